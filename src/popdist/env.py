@@ -1,0 +1,413 @@
+"""The environment contract between the launcher and each instance.
+
+This is the only module in the project that spells the variable names:
+everything else imports the constants below. Programs written for
+Graphcore's PopRun read the ``POPDIST_*``, ``IPUOF_*`` and
+``POPLAR_TARGET_OPTIONS`` names; PopTorch and Horovod read the Open MPI
+names; ``torch.distributed`` reads ``RANK``/``MASTER_*``. Because there is no
+MPI here, we set all of them, consistently, from one ``InstanceEnv``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+
+from simipu.hardware import device_id as _device_id
+from simipu.hardware import parent_device_id as _parent_device_id
+
+# --- PopDist (Graphcore) ---------------------------------------------------
+TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
+IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
+LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
+UNIFORM_REPLICAS = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
+REPLICA_INDEX_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
+LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
+NODE_DEVICE_ID = "POPDIST_NODE_DEVICE_ID"
+EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
+# --- IPU over Fabric: the V-IPU service and partition -----------------------
+VIPU_HOST = "IPUOF_VIPU_API_HOST"
+VIPU_PORT = "IPUOF_VIPU_API_PORT"
+VIPU_PARTITION = "IPUOF_VIPU_API_PARTITION_ID"
+VIPU_TIMEOUT = "IPUOF_VIPU_API_TIMEOUT"
+VIPU_GCD_ID = "IPUOF_VIPU_API_GCD_ID"
+IPUOF_LOG_LEVEL = "IPUOF_LOG_LEVEL"
+TARGET_OPTIONS = "POPLAR_TARGET_OPTIONS"
+# --- Open MPI names (PopTorch, Horovod) --------------------------------------
+OMPI_RANK = "OMPI_COMM_WORLD_RANK"
+OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
+OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
+OMPI_NODE_RANK = "OMPI_COMM_WORLD_NODE_RANK"
+# --- torch.distributed --------------------------------------------------------
+TORCH_RANK = "RANK"
+TORCH_WORLD_SIZE = "WORLD_SIZE"
+TORCH_LOCAL_RANK = "LOCAL_RANK"
+TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+# --- ours ---------------------------------------------------------------------
+RENDEZVOUS_ADDR = "POPRUN_RENDEZVOUS_ADDR"
+RENDEZVOUS_PORT = "POPRUN_RENDEZVOUS_PORT"
+JOB_ID = "POPRUN_JOB_ID"
+OFFLINE = "POPRUN_OFFLINE"
+
+CONTRACT_NAMES: tuple[str, ...] = (
+    TOTAL_REPLICAS, IPUS_PER_REPLICA, LOCAL_REPLICAS, UNIFORM_REPLICAS,
+    REPLICA_INDEX_OFFSET, LOCAL_INSTANCE_INDEX, NODE_DEVICE_ID,
+    EXECUTABLE_CACHE_PATH,
+    VIPU_HOST, VIPU_PORT, VIPU_PARTITION, VIPU_TIMEOUT, VIPU_GCD_ID,
+    IPUOF_LOG_LEVEL, TARGET_OPTIONS,
+    OMPI_RANK, OMPI_SIZE, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK,
+    TORCH_RANK, TORCH_WORLD_SIZE, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT,
+    RENDEZVOUS_ADDR, RENDEZVOUS_PORT, JOB_ID, OFFLINE,
+)
+"""Every name this contract may set; clear them all to simulate 'not under poprun'."""
+
+SOFT_DEFAULTS: Mapping[str, str] = MappingProxyType({IPUOF_LOG_LEVEL: "WARN"})
+"""Names Graphcore's poprun set that are the user's choice: the launcher
+applies these only when the user's environment lacks them (render() never
+includes them, so it cannot override a user's setting)."""
+
+DEFAULT_VIPU_HOST = "localhost"
+DEFAULT_VIPU_PORT = 8090
+DEFAULT_VIPU_TIMEOUT = 10  # seconds, poprun's --vipu-server-timeout default
+
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
+_MAX_PORT = 65535
+
+
+class EnvContractError(ValueError):
+    """A value that breaks the contract; names the field and, if parsed, the variable."""
+
+    def __init__(self, message: str, field: str, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class InstanceEnv:
+    """What one instance is told about its place in the job.
+
+    ``target_options`` is stored as ordered (key, value) pairs so the record
+    stays hashable; a Mapping is accepted and converted. Graphcore's rules
+    hold: instance index = offset // local replicas, instance count =
+    total // local replicas (there is no instance-index variable).
+    """
+
+    num_total_replicas: int
+    num_ipus_per_replica: int
+    num_local_replicas: int
+    replica_index_offset: int
+    local_instance_index: int
+    num_local_instances: int
+    node_device_id: int
+    vipu_host: str
+    vipu_port: int
+    vipu_partition: str
+    vipu_timeout: int
+    gcd_id: int = 0
+    target_options: tuple[tuple[str, str], ...] = ()
+    executable_cache_path: str | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    rendezvous_addr: str = "127.0.0.1"
+    rendezvous_port: int = 0
+    job_id: str = ""
+    offline: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_options, Mapping):
+            object.__setattr__(self, "target_options", tuple(self.target_options.items()))
+        else:
+            object.__setattr__(self, "target_options", tuple(tuple(p) for p in self.target_options))
+        _validate(self)
+
+    @property
+    def instance_index(self) -> int:
+        return self.replica_index_offset // self.num_local_replicas
+
+    @property
+    def num_instances(self) -> int:
+        return self.num_total_replicas // self.num_local_replicas
+
+    @property
+    def num_ipus_in_partition(self) -> int:
+        return self.num_total_replicas * self.num_ipus_per_replica
+
+    @property
+    def num_ipus_per_instance(self) -> int:
+        return self.num_local_replicas * self.num_ipus_per_replica
+
+    @property
+    def device_id(self) -> int:
+        """The Poplar id of the IPU group this instance owns."""
+        return _device_id(self.num_ipus_in_partition, self.num_ipus_per_instance, self.instance_index)
+
+    @property
+    def target_options_dict(self) -> dict[str, str]:
+        return dict(self.target_options)
+
+    def render(self) -> dict[str, str]:
+        """Every contract name this instance gets, mapped to its value.
+
+        MASTER_* and POPRUN_RENDEZVOUS_* are left out while their port is 0
+        (not chosen): a missing variable fails loudly, a port 0 would not.
+        """
+        out = {
+            TOTAL_REPLICAS: str(self.num_total_replicas),
+            IPUS_PER_REPLICA: str(self.num_ipus_per_replica),
+            LOCAL_REPLICAS: str(self.num_local_replicas),
+            UNIFORM_REPLICAS: "1",
+            REPLICA_INDEX_OFFSET: str(self.replica_index_offset),
+            LOCAL_INSTANCE_INDEX: str(self.local_instance_index),
+            NODE_DEVICE_ID: str(self.node_device_id),
+        }
+        if self.executable_cache_path is not None:
+            out[EXECUTABLE_CACHE_PATH] = self.executable_cache_path
+        out.update({
+            VIPU_HOST: self.vipu_host,
+            VIPU_PORT: str(self.vipu_port),
+            VIPU_PARTITION: self.vipu_partition,
+            VIPU_TIMEOUT: str(self.vipu_timeout),
+            VIPU_GCD_ID: str(self.gcd_id),
+            TARGET_OPTIONS: json.dumps(self.target_options_dict, separators=(",", ":")),
+            OMPI_RANK: str(self.instance_index),
+            OMPI_SIZE: str(self.num_instances),
+            OMPI_LOCAL_RANK: str(self.local_instance_index),
+            OMPI_LOCAL_SIZE: str(self.num_local_instances),
+            OMPI_NODE_RANK: str(self.local_instance_index),
+            TORCH_RANK: str(self.instance_index),
+            TORCH_WORLD_SIZE: str(self.num_instances),
+            TORCH_LOCAL_RANK: str(self.local_instance_index),
+            TORCH_LOCAL_WORLD_SIZE: str(self.num_local_instances),
+        })
+        if self.master_port:
+            out[MASTER_ADDR] = self.master_addr
+            out[MASTER_PORT] = str(self.master_port)
+        if self.rendezvous_port:
+            out[RENDEZVOUS_ADDR] = self.rendezvous_addr
+            out[RENDEZVOUS_PORT] = str(self.rendezvous_port)
+        out[JOB_ID] = self.job_id
+        out[OFFLINE] = "1" if self.offline else "0"
+        return out
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> InstanceEnv | None:
+        """Parse the contract back; None when not launched by poprun.
+
+        Only POPDIST_NUM_TOTAL_REPLICAS is required (it marks a launch);
+        other names take PopDist's documented defaults, so environments set
+        by Graphcore's poprun or by hand also parse. The derived names (RANK,
+        OMPI_COMM_WORLD_RANK, ...) are not read back. Raises ValueError
+        naming the variable when a value is malformed or inconsistent.
+        """
+        if TOTAL_REPLICAS not in environ:
+            return None
+        uniform = environ.get(UNIFORM_REPLICAS, "1").strip()
+        if uniform == "0":
+            raise EnvContractError(
+                f"{UNIFORM_REPLICAS}=0: a non-uniform number of replicas per "
+                "instance is not supported; launch with --num-replicas a "
+                "multiple of --num-instances",
+                "num_local_replicas", UNIFORM_REPLICAS,
+            )
+        if uniform != "1":
+            raise EnvContractError(
+                f"{UNIFORM_REPLICAS}={uniform!r} is not 0 or 1", "num_local_replicas", UNIFORM_REPLICAS
+            )
+        total = read_int(environ, TOTAL_REPLICAS, 1)
+        ipus = read_int(environ, IPUS_PER_REPLICA, 1)
+        local_index = read_int(environ, LOCAL_INSTANCE_INDEX, 0)
+        if OMPI_LOCAL_SIZE in environ:
+            local_count = read_int(environ, OMPI_LOCAL_SIZE, 1)
+        else:  # unknown: the least count consistent with the index
+            local_count = read_int(environ, TORCH_LOCAL_WORLD_SIZE, max(local_index, 0) + 1)
+        if NODE_DEVICE_ID in environ or total < 1 or ipus < 1:
+            node_device_id = read_int(environ, NODE_DEVICE_ID, 0)
+        else:
+            node_device_id = _parent_device_id(total * ipus)
+        cache_path = environ.get(EXECUTABLE_CACHE_PATH) or None
+        values = dict(
+            num_total_replicas=total,
+            num_ipus_per_replica=ipus,
+            num_local_replicas=read_int(environ, LOCAL_REPLICAS, 1),
+            replica_index_offset=read_int(environ, REPLICA_INDEX_OFFSET, 0),
+            local_instance_index=local_index,
+            num_local_instances=local_count,
+            node_device_id=node_device_id,
+            vipu_host=environ.get(VIPU_HOST, DEFAULT_VIPU_HOST),
+            vipu_port=read_int(environ, VIPU_PORT, DEFAULT_VIPU_PORT),
+            vipu_partition=environ.get(VIPU_PARTITION, ""),
+            vipu_timeout=read_int(environ, VIPU_TIMEOUT, DEFAULT_VIPU_TIMEOUT),
+            gcd_id=read_int(environ, VIPU_GCD_ID, 0),
+            target_options=_read_target_options(environ),
+            executable_cache_path=cache_path,
+            master_addr=environ.get(MASTER_ADDR, "127.0.0.1"),
+            master_port=read_int(environ, MASTER_PORT, 0),
+            rendezvous_addr=environ.get(RENDEZVOUS_ADDR, "127.0.0.1"),
+            rendezvous_port=read_int(environ, RENDEZVOUS_PORT, 0),
+            job_id=environ.get(JOB_ID, ""),
+            offline=_read_flag(environ, OFFLINE),
+        )
+        try:
+            return cls(**values)
+        except EnvContractError as exc:
+            variable = _FIELD_VARIABLES.get(exc.field)
+            if variable is None:  # derived from several variables
+                raise
+            shown = environ.get(variable)
+            raise EnvContractError(
+                f"{variable}={shown!r} is inconsistent with the rest of the "
+                f"PopDist environment: {exc}",
+                exc.field, variable,
+            ) from exc
+
+
+def read_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    """Parse one integer variable, default when absent; ValueError naming it when malformed."""
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    if not _INTEGER.fullmatch(raw):
+        raise EnvContractError(f"{name}={raw!r} is not an integer", name, name)
+    return int(raw)
+
+
+def is_uniform_replicas(environ: Mapping[str, str]) -> bool:
+    """True unless POPDIST_UNIFORM_REPLICAS_PER_INSTANCE says otherwise (PopDist's default)."""
+    raw = environ.get(UNIFORM_REPLICAS)
+    if raw is None:
+        return True
+    raw = raw.strip()
+    if raw not in ("0", "1"):
+        raise EnvContractError(f"{UNIFORM_REPLICAS}={raw!r} is not 0 or 1", UNIFORM_REPLICAS, UNIFORM_REPLICAS)
+    return raw == "1"
+
+
+def target_options_for(
+    num_ipus_in_partition: int, num_ilds: int, ipus_per_instance: int, gateway_mode: bool
+) -> dict[str, str]:
+    """POPLAR_TARGET_OPTIONS for a partition, in the key order Graphcore's poprun logged.
+
+    Topology and link configuration are always torus / slidingWindow, as
+    every logged launch showed; we found no evidence of other values.
+    """
+    for name, value in (("num_ipus_in_partition", num_ipus_in_partition),
+                        ("num_ilds", num_ilds), ("ipus_per_instance", ipus_per_instance)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if num_ipus_in_partition % num_ilds:
+        raise ValueError(
+            f"{num_ipus_in_partition} IPUs cannot be split evenly across {num_ilds} IPU-Link domains"
+        )
+    if num_ipus_in_partition % ipus_per_instance:
+        raise ValueError(
+            f"{num_ipus_in_partition} IPUs cannot be split evenly into instances of {ipus_per_instance} IPUs"
+        )
+    return {
+        "ipuLinkDomainSize": str(num_ipus_in_partition // num_ilds),
+        "ipuLinkConfiguration": "slidingWindow",
+        "ipuLinkTopology": "torus",
+        "gatewayMode": "true" if gateway_mode else "false",
+        "instanceSize": str(ipus_per_instance),
+    }
+
+
+_FIELD_VARIABLES = {
+    "num_total_replicas": TOTAL_REPLICAS,
+    "num_ipus_per_replica": IPUS_PER_REPLICA,
+    "num_local_replicas": LOCAL_REPLICAS,
+    "replica_index_offset": REPLICA_INDEX_OFFSET,
+    "local_instance_index": LOCAL_INSTANCE_INDEX,
+    "num_local_instances": OMPI_LOCAL_SIZE,
+    "node_device_id": NODE_DEVICE_ID,
+    "vipu_host": VIPU_HOST,
+    "vipu_port": VIPU_PORT,
+    "vipu_partition": VIPU_PARTITION,
+    "vipu_timeout": VIPU_TIMEOUT,
+    "gcd_id": VIPU_GCD_ID,
+    "target_options": TARGET_OPTIONS,
+    "executable_cache_path": EXECUTABLE_CACHE_PATH,
+    "master_addr": MASTER_ADDR,
+    "master_port": MASTER_PORT,
+    "rendezvous_addr": RENDEZVOUS_ADDR,
+    "rendezvous_port": RENDEZVOUS_PORT,
+    "job_id": JOB_ID,
+}
+
+
+def _read_flag(environ: Mapping[str, str], name: str) -> bool:
+    raw = environ.get(name, "0").strip()
+    if raw not in ("0", "1"):
+        raise EnvContractError(f"{name}={raw!r} is not 0 or 1", name, name)
+    return raw == "1"
+
+
+def _read_target_options(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    raw = environ.get(TARGET_OPTIONS)
+    if raw is None or not raw.strip():
+        return ()
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise EnvContractError(f"{TARGET_OPTIONS}={raw!r} is not valid JSON: {exc}", "target_options",
+                               TARGET_OPTIONS) from exc
+    if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
+        raise EnvContractError(
+            f"{TARGET_OPTIONS}={raw!r} must be a JSON object of string values, "
+            'e.g. {"ipuLinkDomainSize":"64"}',
+            "target_options", TARGET_OPTIONS,
+        )
+    return tuple(parsed.items())
+
+
+def _fail(field: str, message: str) -> None:
+    raise EnvContractError(f"InstanceEnv.{field} {message}", field)
+
+
+def _validate(env: InstanceEnv) -> None:
+    """Check types and the arithmetic the derived values rely on (no I/O)."""
+    for f in fields(env):
+        value = getattr(env, f.name)
+        if f.name == "offline":
+            if not isinstance(value, bool):
+                _fail(f.name, f"must be a bool, got {value!r}")
+        elif f.name == "target_options":
+            if not all(len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str) for p in value):
+                _fail(f.name, f"must be pairs of strings, got {value!r}")
+        elif f.name == "executable_cache_path":
+            if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+                _fail(f.name, f"must be None or a non-empty path, got {value!r}")
+        elif f.type in ("int", int):
+            if not isinstance(value, int) or isinstance(value, bool):
+                _fail(f.name, f"must be an integer, got {value!r}")
+            if value < 0:
+                _fail(f.name, f"must be >= 0, got {value}")
+        elif not isinstance(value, str) or "\0" in value:
+            _fail(f.name, f"must be a string without NUL characters, got {value!r}")
+    for name in ("num_total_replicas", "num_ipus_per_replica", "num_local_replicas", "num_local_instances"):
+        if getattr(env, name) < 1:
+            _fail(name, f"must be >= 1, got {getattr(env, name)}")
+    total, local = env.num_total_replicas, env.num_local_replicas
+    if total % local:
+        _fail("num_local_replicas", f"({local}) must divide num_total_replicas ({total})")
+    if env.replica_index_offset >= total or env.replica_index_offset % local:
+        _fail("replica_index_offset", f"({env.replica_index_offset}) must be a multiple of "
+              f"num_local_replicas ({local}) below num_total_replicas ({total})")
+    if env.num_local_instances > total // local:
+        _fail("num_local_instances", f"({env.num_local_instances}) exceeds the number of "
+              f"instances ({total // local})")
+    if env.local_instance_index >= env.num_local_instances:
+        _fail("local_instance_index", f"({env.local_instance_index}) must be below "
+              f"num_local_instances ({env.num_local_instances})")
+    if not 1 <= env.vipu_port <= _MAX_PORT:
+        _fail("vipu_port", f"must be in 1..{_MAX_PORT}, got {env.vipu_port}")
+    for name in ("master_port", "rendezvous_port"):
+        if getattr(env, name) > _MAX_PORT:
+            _fail(name, f"must be in 0..{_MAX_PORT} (0: not chosen), got {getattr(env, name)}")

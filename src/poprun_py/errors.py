@@ -1,0 +1,45 @@
+"""Error categories a user can cause, each with its own exit code.
+
+The CLI maps these to one line on stderr and the code below; nothing else
+in the launcher decides exit codes.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in poprun; run with --vv for the traceback
+EXIT_NO_DEVICES = 69  # EX_UNAVAILABLE: no IPUs to allocate (and not --offline-mode)
+EXIT_UNSUPPORTED = 71  # a feature that this poprun cannot run (yet)
+EXIT_PREFLIGHT = 75  # a host failed its pre-flight checks
+EXIT_STARTUP_TIMEOUT = 124  # instances did not start in time (like timeout(1))
+EXIT_NOT_EXECUTABLE = 126  # the program exists but cannot be executed
+EXIT_NOT_FOUND = 127  # the program does not exist
+
+
+class PoprunError(Exception):
+    """An error with a message a user can act on and a distinct exit code."""
+
+    exit_code: int = EXIT_INTERNAL
+
+
+class UsageError(PoprunError):
+    """Bad options or arguments: say what is wrong and how to fix it."""
+
+    exit_code = EXIT_USAGE
+
+
+class ProgramNotFound(PoprunError):
+    exit_code = EXIT_NOT_FOUND
+
+
+class ProgramNotExecutable(PoprunError):
+    exit_code = EXIT_NOT_EXECUTABLE
+
+
+class DevicesUnavailable(PoprunError):
+    exit_code = EXIT_NO_DEVICES
+
+
+class Unsupported(PoprunError):
+    exit_code = EXIT_UNSUPPORTED

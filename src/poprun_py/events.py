@@ -1,0 +1,107 @@
+"""The event vocabulary every executor speaks to the supervisor.
+
+Executors (local, ssh agent, srun agent) reach the job only through these
+frozen records on one queue, so the supervisor never needs to know where an
+instance runs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Literal, Union
+
+Stream = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class Started:
+    """An instance's process exists and runs the program."""
+
+    instance: int
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """Raw bytes an instance wrote; never decoded, never split into lines here."""
+
+    instance: int
+    stream: Stream
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Exited:
+    """An instance's process has been reaped and all its output delivered.
+
+    Exactly one of ``returncode`` (normal exit) and ``signal`` (killed) is set.
+    ``time`` is ``time.monotonic()`` at reaping, to order failures.
+    """
+
+    instance: int
+    pid: int
+    host: str
+    returncode: int | None
+    signal: int | None
+    time: float
+
+    @property
+    def failed(self) -> bool:
+        return self.signal is not None or self.returncode != 0
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention: the code, or 128 + signal number."""
+        return 128 + self.signal if self.signal is not None else int(self.returncode or 0)
+
+
+@dataclass(frozen=True)
+class HostLost:
+    """The channel to a host closed before its instances reported their exits."""
+
+    host: str
+    instances: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    """The launcher received a signal (turned into an event on the main loop)."""
+
+    signum: int
+
+
+Event = Union[Started, Output, Exited, HostLost, SignalReceived]
+
+
+class EventQueue:
+    """The one queue from executors to the supervisor.
+
+    ``put`` is safe from signal handlers (``SimpleQueue.put`` is reentrant);
+    ``put_output`` blocks once too much output is pending, so a slow console
+    slows the instances down instead of growing memory without bound.
+    """
+
+    def __init__(self, max_pending_output: int = 1024) -> None:
+        self._queue: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
+        self._budget = threading.Semaphore(max_pending_output)
+
+    def put(self, event: Event) -> None:
+        self._queue.put(event)
+
+    def put_output(self, event: Output) -> None:
+        self._budget.acquire()
+        self._queue.put(event)
+
+    def get(self, timeout: float | None) -> Event | None:
+        """The next event, or None when ``timeout`` seconds pass without one."""
+        try:
+            event = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(event, Output):
+            self._budget.release()
+        return event

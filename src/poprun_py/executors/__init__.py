@@ -1,0 +1,1 @@
+"""Executors: where instances run (this host, over SSH, under srun)."""

@@ -1,0 +1,232 @@
+"""The supervisor: one loop over one event queue, first failure wins.
+
+Executors report ``Started``/``Output``/``Exited``/``HostLost``; signals to
+the launcher arrive as ``SignalReceived`` on the same queue. The first
+instance to fail (or the first signal) stops every other instance: the
+signal, then SIGKILL once the grace period is over. One deadline for the
+whole stop; the loop never waits unboundedly.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started
+from .output import OutputRouter
+from .plan import InstancePlan
+
+log = logging.getLogger("poprun.job")
+
+#: How long instances may take to die after SIGKILL before poprun gives up on them.
+REAP_AFTER_KILL_SECONDS = 10.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed instance, as the summary shows it."""
+
+    instance: int
+    host: str
+    pid: int | None
+    returncode: int | None
+    signal: int | None
+    stderr_tail: tuple[str, ...]
+    lost_reason: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.returncode if self.returncode is not None else 1
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """How a job ended: the first failure, the knock-ons, or the signal that stopped it."""
+
+    num_instances: int
+    first_failure: Failure | None
+    knock_ons: tuple[Failure, ...]
+    stopped_by_signal: int | None
+    signalled: frozenset[int]
+    unreaped: tuple[int, ...] = ()
+    pids: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        if self.first_failure is not None:
+            return self.first_failure.exit_code
+        if self.stopped_by_signal is not None:
+            return 128 + self.stopped_by_signal
+        return 0
+
+
+class Executor(Protocol):
+    """What the supervisor needs of an executor (local now; ssh and srun later)."""
+
+    def start(self, plans: Sequence[InstancePlan]) -> None: ...
+    def signal_all(self, signum: int) -> list[int]: ...
+    def kill_all(self) -> list[int]: ...
+    def cleanup(self) -> None: ...
+    def join(self, timeout: float) -> None: ...
+
+
+class Job:
+    """Runs one plan's instances to the end and says how it went."""
+
+    def __init__(self, executor: Executor, events: EventQueue, router: OutputRouter, num_instances: int, grace: float) -> None:
+        self._executor = executor
+        self._events = events
+        self._router = router
+        self._num_instances = num_instances
+        self._grace = grace
+        self._remaining = set(range(num_instances))
+        self._pids: dict[int, int] = {}
+        self._first_failure: Failure | None = None
+        self._knock_ons: list[Failure] = []
+        self._stop_signal: int | None = None
+        self._stopping = False
+        self._kill_deadline: float | None = None
+        self._reap_deadline: float | None = None
+        self._signalled: set[int] = set()
+
+    def run(self, instances: Sequence[InstancePlan]) -> JobReport:
+        previous = self._install_signal_handlers()
+        try:
+            self._executor.start(instances)
+            self._loop()
+        finally:
+            self._restore_signal_handlers(previous)
+            self._executor.join(2.0)
+            self._executor.cleanup()
+            self._router.close()
+        return JobReport(
+            self._num_instances,
+            self._first_failure,
+            tuple(self._knock_ons),
+            self._stop_signal,
+            frozenset(self._signalled),
+            tuple(sorted(self._remaining)),
+            dict(self._pids),
+        )
+
+    # -- the loop ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while self._remaining:
+            event = self._events.get(self._timeout())
+            if event is None:
+                if not self._on_deadline():
+                    return
+            elif isinstance(event, Output):
+                self._router.write(event)
+            elif isinstance(event, Exited):
+                self._on_exited(event)
+            elif isinstance(event, Started):
+                self._pids[event.instance] = event.pid
+            elif isinstance(event, SignalReceived):
+                self._on_signal(event.signum)
+            elif isinstance(event, HostLost):
+                self._on_host_lost(event)
+
+    def _timeout(self) -> float | None:
+        deadline = self._reap_deadline or self._kill_deadline
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _on_deadline(self) -> bool:
+        """The grace period is over: SIGKILL; after that, give up on what will not die."""
+        if self._reap_deadline is None:
+            log.warning("instances %s did not stop within %gs: sending SIGKILL", _ranges(self._remaining), self._grace)
+            self._kill_now()
+            return True
+        log.error("instances %s did not exit even after SIGKILL; giving up on them", _ranges(self._remaining))
+        return False
+
+    def _on_exited(self, event: Exited) -> None:
+        self._remaining.discard(event.instance)
+        self._router.close_instance(event.instance)
+        if event.failed:
+            failure = Failure(
+                event.instance, event.host, event.pid, event.returncode, event.signal, tuple(self._router.tail(event.instance))
+            )
+            self._record_failure(failure)
+        else:
+            log.debug("instance %d (pid %d) exited with code 0", event.instance, event.pid)
+
+    def _on_host_lost(self, event: HostLost) -> None:
+        log.error("lost %s: %s", event.host, event.reason)
+        for index in event.instances:
+            if index in self._remaining:
+                self._remaining.discard(index)
+                self._record_failure(
+                    Failure(index, event.host, self._pids.get(index), None, None, tuple(self._router.tail(index)), event.reason)
+                )
+
+    def _record_failure(self, failure: Failure) -> None:
+        if self._stopping:
+            self._knock_ons.append(failure)
+            return
+        self._first_failure = failure
+        if self._remaining:
+            log.info("instance %d failed: stopping the other %d instances", failure.instance, len(self._remaining))
+        self._begin_stop(signal.SIGTERM)
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping:
+            log.warning("%s again: killing the instances now", name)
+            self._kill_now()
+            return
+        self._stop_signal = signum
+        log.warning(
+            "received %s: stopping %d instances (SIGKILL in %gs; press Ctrl-C again to kill at once)",
+            name, len(self._remaining), self._grace,
+        )
+        self._begin_stop(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    def _begin_stop(self, signum: int) -> None:
+        self._stopping = True
+        self._signalled.update(self._executor.signal_all(signum))
+        self._kill_deadline = time.monotonic() + self._grace
+
+    def _kill_now(self) -> None:
+        self._stopping = True
+        self._signalled.update(self._executor.kill_all())
+        self._reap_deadline = time.monotonic() + REAP_AFTER_KILL_SECONDS
+
+    # -- signals ------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, object]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for signum in STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, lambda s, _f: self._events.put(SignalReceived(s)))
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, object]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _ranges(indices) -> str:
+    """0,1,2,5 -> '0-2, 5': short lists of instance indices for log lines."""
+    items = sorted(indices)
+    parts: list[str] = []
+    start = prev = None
+    for i in items:
+        if start is None:
+            start = prev = i
+        elif i == prev + 1:
+            prev = i
+        else:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = prev = i
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)

@@ -1,0 +1,136 @@
+"""One launch end to end: ``LaunchSpec`` -> allocation -> plan -> job -> exit code.
+
+This is where the outside world is consulted (the program on disk, a free
+port, the executable cache directory) before the pure planning step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import socket
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from popdist.env import SOFT_DEFAULTS
+
+from .errors import DevicesUnavailable, ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
+from .events import EventQueue
+from .executors.guardian import Guardian
+from .executors.local import LocalExecutor
+from .job import Job
+from .output import OutputOptions, OutputRouter
+from .plan import Allocation, Plan, make_plan, offline_allocation
+from .report import log_report
+from .spec import LaunchSpec
+from .topology import render_topology
+
+log = logging.getLogger("poprun")
+
+
+def resolve_program(name: str, environ: Mapping[str, str], cwd: str) -> str:
+    """The program as the OS will run it; like mpirun, one in the current directory needs no ``./``."""
+    if os.sep in name:
+        path = Path(cwd, name)
+        if not path.exists():
+            raise ProgramNotFound(f"program {name!r} not found")
+        if path.is_dir() or not os.access(path, os.X_OK):
+            raise ProgramNotExecutable(f"program {name!r} is not executable (chmod +x, or run it with its interpreter)")
+        return name
+    found = shutil.which(name, path=environ.get("PATH", os.defpath))
+    if found:
+        return found
+    local = Path(cwd, name)
+    if local.is_file():
+        if not os.access(local, os.X_OK):
+            raise ProgramNotExecutable(f"program {name!r} in the current directory is not executable (chmod +x)")
+        return str(local)
+    raise ProgramNotFound(f"program {name!r} not found in PATH or the current directory")
+
+
+def free_port() -> int:
+    """A TCP port for torch.distributed's store; instance 0 binds it (as torchrun does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def allocate(spec: LaunchSpec) -> Allocation:
+    if spec.offline_mode:
+        return offline_allocation(spec)
+    raise DevicesUnavailable(
+        "no IPU devices: this poprun-py has no V-IPU service yet to allocate simulated IPUs from; "
+        "run without devices with --offline-mode=1"
+    )
+
+
+def check_hosts(spec: LaunchSpec) -> None:
+    remote = [str(h) for h in spec.hosts if not h.is_local]
+    if remote:
+        raise Unsupported(
+            f"cannot launch on remote hosts ({', '.join(remote)}): this poprun-py has no SSH support yet; "
+            "use -H localhost or leave out -H"
+        )
+
+
+def _prepare_cache(path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
+
+
+def build_plan(spec: LaunchSpec, environ: Mapping[str, str], cwd: str) -> Plan:
+    check_hosts(spec)
+    program = resolve_program(spec.program[0], environ, cwd)
+    allocation = allocate(spec)
+    _prepare_cache(spec.executable_cache_path)
+    if spec.numa_aware:
+        log.warning("--numa-aware: NUMA binding is not in this poprun-py yet; instances run unpinned")
+    return make_plan(
+        spec,
+        argv=(program, *spec.program[1:]),
+        job_id=secrets.token_hex(8),
+        allocation=allocation,
+        master_port=free_port(),
+        launcher_environ=environ,
+        cwd=cwd,
+    )
+
+
+def print_topology(spec: LaunchSpec, plan: Plan) -> None:
+    table = render_topology([str(h) for h in plan.hosts], spec.num_ilds, spec.num_instances, spec.num_replicas)
+    sys.stderr.write(table if table.endswith("\n") else table + "\n")
+    sys.stderr.flush()
+
+
+def run_launch(spec: LaunchSpec) -> int:
+    """Run a validated launch on this host; the exit code is the job's."""
+    environ = dict(os.environ)
+    plan = build_plan(spec, environ, os.getcwd())
+    if spec.print_topology or spec.verbosity >= 2:
+        print_topology(spec, plan)
+    log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
+    router = OutputRouter(
+        OutputOptions(
+            tag_output=spec.tag_output,
+            timestamp_output=spec.timestamp_output,
+            output_dir=Path(spec.output_filename) if spec.output_filename else None,
+            only_instance=spec.only_output_from_instance,
+        ),
+        spec.num_instances,
+    )
+    events = EventQueue()
+    guardian = Guardian(spec.stop_grace)
+    try:
+        executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
+        report = Job(executor, events, router, spec.num_instances, spec.stop_grace).run(plan.instances)
+    finally:
+        guardian.close()
+    log_report(report)
+    return report.exit_code

@@ -1,0 +1,140 @@
+"""Placement: a ``LaunchSpec`` becomes one ``InstancePlan`` per instance.
+
+Pure: everything that needs the outside world (the launcher's environment,
+a free port, the resolved program path, the device numbering of the
+allocation) is passed in, so placement is testable without processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from popdist.env import CONTRACT_NAMES, InstanceEnv, target_options_for
+from simipu.hardware import parent_device_id
+
+from .hosts import HostSpec, distribute_instances
+from .mpiargs import EnvSetting
+from .spec import LaunchSpec
+
+log = logging.getLogger("poprun.plan")
+
+LOCALHOST = HostSpec("localhost")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The IPUs a launch runs on: a V-IPU partition, or none in offline mode."""
+
+    partition: str
+    node_device_id: int
+    server_host: str
+    server_port: int
+    server_timeout: int
+    gateway_mode: bool
+    offline: bool
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """One instance: where it runs, what it runs, what poprun adds to its environment."""
+
+    index: int
+    host: HostSpec
+    local_index: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: LaunchSpec
+    job_id: str
+    hosts: tuple[HostSpec, ...]
+    instances: tuple[InstancePlan, ...]
+
+
+def offline_allocation(spec: LaunchSpec) -> Allocation:
+    """What instances are told when no IPUs are attached (``--offline-mode``)."""
+    return Allocation(
+        partition=spec.vipu.partition or "offline",
+        node_device_id=parent_device_id(spec.num_ipus),
+        server_host=spec.vipu.server_host or "localhost",
+        server_port=spec.vipu.server_port,
+        server_timeout=spec.vipu.server_timeout,
+        gateway_mode=False,
+        offline=True,
+    )
+
+
+def _resolve_env_settings(
+    settings: Sequence[EnvSetting], launcher_environ: Mapping[str, str], warned: set[str]
+) -> dict[str, str]:
+    """``-x NAME=VALUE`` sets; ``-x NAME`` forwards the launcher's value (warn once if it has none)."""
+    result: dict[str, str] = {}
+    for setting in settings:
+        if setting.value is not None:
+            result[setting.name] = setting.value
+        elif setting.name in launcher_environ:
+            result[setting.name] = launcher_environ[setting.name]
+        elif setting.name not in warned:
+            warned.add(setting.name)
+            log.warning("-x %s: the variable is not set in poprun's environment, so there is nothing to forward", setting.name)
+    return result
+
+
+def make_plan(
+    spec: LaunchSpec,
+    *,
+    argv: Sequence[str],
+    job_id: str,
+    allocation: Allocation,
+    master_port: int,
+    launcher_environ: Mapping[str, str],
+    cwd: str,
+) -> Plan:
+    """Divide instances among hosts in contiguous blocks and give each its environment."""
+    hosts = spec.hosts or (LOCALHOST,)
+    blocks = distribute_instances(len(hosts), spec.num_instances)
+    local_replicas = spec.replicas_per_instance
+    ipus_per_instance = local_replicas * spec.ipus_per_replica
+    target_options = target_options_for(spec.num_ipus, spec.num_ilds, ipus_per_instance, allocation.gateway_mode)
+    master_addr = "127.0.0.1" if hosts[0].is_local else hosts[0].name
+    warned: set[str] = set()
+    shared = _resolve_env_settings(spec.global_args.env + spec.local_args.env, launcher_environ, warned)
+    instances = []
+    for host, block in zip(hosts, blocks):
+        for local_index, index in enumerate(block):
+            user_env = dict(shared)
+            if index in spec.instance_args:
+                user_env.update(_resolve_env_settings(spec.instance_args[index].env, launcher_environ, warned))
+            overridden = sorted(set(user_env) & set(CONTRACT_NAMES))
+            if overridden and index == 0:
+                log.warning("-x cannot change %s: poprun sets them for each instance", ", ".join(overridden))
+            contract = InstanceEnv(
+                num_total_replicas=spec.num_replicas,
+                num_ipus_per_replica=spec.ipus_per_replica,
+                num_local_replicas=local_replicas,
+                replica_index_offset=index * local_replicas,
+                local_instance_index=local_index,
+                num_local_instances=len(block),
+                node_device_id=allocation.node_device_id,
+                vipu_host=allocation.server_host,
+                vipu_port=allocation.server_port,
+                vipu_partition=allocation.partition,
+                vipu_timeout=allocation.server_timeout,
+                target_options=target_options,
+                executable_cache_path=spec.executable_cache_path,
+                master_addr=master_addr,
+                master_port=master_port,
+                job_id=job_id,
+                offline=allocation.offline,
+            )
+            env = {**user_env, **contract.render()}
+            instances.append(
+                InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd)
+            )
+    return Plan(spec, job_id, tuple(hosts), tuple(instances))

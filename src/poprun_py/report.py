@@ -1,0 +1,77 @@
+"""The end-of-job summary: the first failure named, knock-ons apart."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from .job import Failure, JobReport, _ranges
+
+log = logging.getLogger("poprun")
+
+#: What a signal most often means when it ends an instance.
+LIKELY_CAUSES = {
+    signal.SIGKILL: "killed, often by the out-of-memory killer (see dmesg)",
+    signal.SIGSEGV: "a segmentation fault: a crash in native code",
+    signal.SIGABRT: "aborted: a failed assertion or abort() in native code",
+    signal.SIGBUS: "a bus error: often /dev/shm or a memory-mapped file ran out of space",
+    signal.SIGFPE: "an arithmetic error in native code",
+    signal.SIGILL: "an illegal instruction: a binary built for another CPU",
+    signal.SIGTERM: "terminated from outside poprun",
+    signal.SIGINT: "interrupted",
+    signal.SIGPIPE: "it wrote to a pipe nobody reads",
+}
+EXIT_CODE_CAUSES = {
+    126: "the shell could not execute a command",
+    127: "the shell could not find a command",
+    137: "128+9: the program reports it was killed, often out of memory",
+}
+TAIL_LINES = 10
+
+
+def describe_failure(failure: Failure) -> str:
+    """'exited with code 3' / 'was killed by SIGKILL (signal 9): killed, often ...'."""
+    if failure.lost_reason is not None:
+        return f"was lost: {failure.lost_reason}"
+    if failure.signal is not None:
+        try:
+            name = signal.Signals(failure.signal).name
+        except ValueError:
+            name = f"signal {failure.signal}"
+        cause = LIKELY_CAUSES.get(failure.signal)
+        return f"was killed by {name} (signal {failure.signal})" + (f": {cause}" if cause else "")
+    cause = EXIT_CODE_CAUSES.get(failure.returncode or 0)
+    return f"exited with code {failure.returncode}" + (f" ({cause})" if cause else "")
+
+
+def summary_lines(report: JobReport) -> list[str]:
+    """The lines poprun prints at the end of a job that did not succeed."""
+    lines: list[str] = []
+    n = report.num_instances
+    first = report.first_failure
+    if first is not None:
+        pid = f"pid {first.pid}" if first.pid is not None else "pid unknown"
+        lines.append(f"instance {first.instance} of {n} ({pid} on {first.host}) {describe_failure(first)}")
+        if first.stderr_tail:
+            lines.append(f"last lines of instance {first.instance}'s stderr:")
+            lines.extend(f"  {text}" for text in first.stderr_tail[-TAIL_LINES:])
+    elif report.stopped_by_signal is not None:
+        lines.append(f"poprun received {signal.Signals(report.stopped_by_signal).name} and stopped the instances")
+    stopped = sorted(f.instance for f in report.knock_ons if f.instance in report.signalled)
+    independent = [f for f in report.knock_ons if f.instance not in report.signalled]
+    if stopped:
+        lines.append(f"instances stopped by poprun as a consequence: {_ranges(stopped)}")
+    for failure in independent:
+        lines.append(f"also failed: instance {failure.instance} on {failure.host} {describe_failure(failure)}")
+    if report.unreaped:
+        lines.append(f"instances {_ranges(report.unreaped)} could not be reaped (uninterruptible sleep?)")
+    return lines
+
+
+def log_report(report: JobReport) -> None:
+    if report.exit_code == 0:
+        log.info("all %d instances exited with code 0", report.num_instances)
+        return
+    for line in summary_lines(report):
+        log.error("%s", line)
+    log.info("poprun exits with code %d", report.exit_code)

@@ -1,0 +1,299 @@
+"""``LaunchSpec``: the whole launch as one frozen value, validated.
+
+The CLI hands over only the options the user gave (a name -> raw value
+mapping); defaults, ``--import-config`` merging and validation all happen
+here, so a launch replayed from a config file is checked like one typed in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import UsageError
+from .hosts import HostListError, HostSpec, parse_host_list, read_host_file, reject_duplicate_hosts
+from .mpiargs import MpiArgs, parse_instance_args, parse_mpi_args, warn_ignored
+
+log = logging.getLogger("poprun.spec")
+
+CONFIG_FORMAT = "poprun-py-config/1"
+
+#: The guide's defaults (Table 3.1) and those of later releases. ``None`` = not set.
+DEFAULTS: dict[str, Any] = {
+    "host": None,
+    "host_file": None,
+    "num_replicas": 1,
+    "ipus_per_replica": 1,
+    "num_instances": None,
+    "num_ilds": 1,
+    "vipu_server_host": None,
+    "vipu_server_port": 8090,
+    "vipu_server_timeout": 10,
+    "vipu_partition": None,
+    "vipu_cluster": None,
+    "vipu_allocation": None,
+    "vipu_partition_attempts": 1,
+    "update_partition": "no",
+    "reset_partition": None,
+    "remove_partition": "yes",
+    "ipu_link_routing_type": None,
+    "gw_link_routing_type": None,
+    "sync_type": None,
+    "executable_cache_path": None,
+    "mpi_global_args": [],
+    "mpi_local_args": [],
+    "instance_mpi_local_args": [],
+    "numa_aware": None,
+    "process_placement": "spreadnuma",
+    "print_topology": "no",
+    "only_output_from_instance": None,
+    "offline_mode": "no",
+    "allow_run_as_root": "no",
+    "stop_grace": 5.0,
+    "verbose": 0,
+    "vv": False,
+}
+
+#: Options that add up when repeated on the command line and in a config file.
+MERGED_LISTS = ("mpi_global_args", "mpi_local_args", "instance_mpi_local_args")
+
+_TRUE = {"1", "yes", "true", "on", "y"}
+_FALSE = {"0", "no", "false", "off", "n"}
+PROCESS_PLACEMENTS = ("spreadnuma", "disabled")
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse_bool(name: str, value: Any) -> bool:
+    """yes/no, true/false, on/off, 1/0, as users of Graphcore's poprun wrote them."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise UsageError(f"{option_flag(name)}: {value!r} is not a boolean; use yes/no, true/false or 1/0")
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option_flag(name)}: {value!r} is not a whole number") from None
+    if number < minimum:
+        raise UsageError(f"{option_flag(name)}: must be at least {minimum}, got {number}")
+    return number
+
+
+@dataclass(frozen=True)
+class VipuSettings:
+    """What the V-IPU side of a launch asks for (used when not offline)."""
+
+    server_host: str | None
+    server_port: int
+    server_timeout: int
+    partition: str | None
+    cluster: str | None
+    allocation: str | None
+    partition_attempts: int
+    update_partition: bool
+    reset_partition: bool | None
+    remove_partition: bool
+    ipu_link_routing_type: str | None
+    gw_link_routing_type: str | None
+    sync_type: str | None
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One launch: what to run, how many, where, and how to present it."""
+
+    program: tuple[str, ...]
+    num_replicas: int
+    ipus_per_replica: int
+    num_instances: int
+    num_ilds: int
+    hosts: tuple[HostSpec, ...]
+    vipu: VipuSettings
+    executable_cache_path: str | None
+    global_args: MpiArgs
+    local_args: MpiArgs
+    instance_args: Mapping[int, MpiArgs] = field(default_factory=dict)
+    numa_aware: bool | None = None
+    process_placement: str = "spreadnuma"
+    print_topology: bool = False
+    only_output_from_instance: int | None = None
+    offline_mode: bool = False
+    stop_grace: float = 5.0
+    verbosity: int = 0
+
+    @property
+    def replicas_per_instance(self) -> int:
+        return self.num_replicas // self.num_instances
+
+    @property
+    def num_ipus(self) -> int:
+        return self.num_replicas * self.ipus_per_replica
+
+    @property
+    def tag_output(self) -> bool:
+        return self.global_args.tag_output or self.local_args.tag_output
+
+    @property
+    def timestamp_output(self) -> bool:
+        return self.global_args.timestamp_output or self.local_args.timestamp_output
+
+    @property
+    def output_filename(self) -> str | None:
+        return self.local_args.output_filename or self.global_args.output_filename
+
+
+def merge_options(file_options: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Config-file values under command-line ones; repeated list options add up."""
+    merged = dict(file_options)
+    for name, value in given.items():
+        if name in MERGED_LISTS:
+            merged[name] = list(file_options.get(name, [])) + list(value)
+        else:
+            merged[name] = value
+    return merged
+
+
+def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
+    """Read a saved launch: (options, program)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--import-config: no such file {path!r}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--import-config: cannot read {path!r}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != CONFIG_FORMAT:
+        raise UsageError(f"--import-config: {path!r} is not a poprun-py config (expected format {CONFIG_FORMAT})")
+    options = data.get("options", {})
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise UsageError(f"--import-config: {path!r} has unknown options: {', '.join(map(option_flag, unknown))}")
+    return dict(options), list(data.get("program", []))
+
+
+def save_config(path: str, options: Mapping[str, Any], program: list[str], overwrite: bool) -> None:
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise UsageError(f"--export-config: {path!r} exists; add --overwrite-config=yes to replace it")
+    body = {"format": CONFIG_FORMAT, "options": dict(options), "program": program}
+    try:
+        target.write_text(json.dumps(body, indent=2) + "\n")
+    except OSError as exc:
+        raise UsageError(f"--export-config: cannot write {path!r}: {exc.strerror}") from None
+    log.info("Saved the launch to %s", path)
+
+
+def _hosts(options: Mapping[str, Any]) -> tuple[HostSpec, ...]:
+    try:
+        hosts: tuple[HostSpec, ...] = ()
+        for text in options.get("host") or []:
+            hosts += parse_host_list(text)
+        if options.get("host_file"):
+            hosts += read_host_file(options["host_file"])
+        reject_duplicate_hosts(hosts, "--host/--host-file")
+    except HostListError as exc:
+        raise UsageError(str(exc)) from None
+    return hosts
+
+
+def _optional_str(options: Mapping[str, Any], name: str) -> str | None:
+    value = options.get(name)
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise UsageError(f"{option_flag(name)}: the value is empty")
+    return str(value)
+
+
+def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
+    """Validate the effective options (defaults filled in here) into a ``LaunchSpec``."""
+    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
+    hosts = _hosts(o)
+    num_replicas = _positive("num_replicas", o["num_replicas"])
+    ipus_per_replica = _positive("ipus_per_replica", o["ipus_per_replica"])
+    num_instances = _positive("num_instances", o["num_instances"] if o["num_instances"] is not None else max(1, len(hosts)))
+    num_ilds = _positive("num_ilds", o["num_ilds"])
+    if num_replicas % num_instances:
+        raise UsageError(
+            f"--num-replicas {num_replicas} cannot be divided evenly among --num-instances {num_instances}; "
+            "use a number of replicas that is a multiple of the number of instances"
+        )
+    if hosts and num_instances % len(hosts):
+        raise UsageError(
+            f"--num-instances {num_instances} cannot be divided evenly among {len(hosts)} hosts; "
+            f"use a multiple of {len(hosts)}"
+        )
+    only = o["only_output_from_instance"]
+    if only is not None:
+        only = _positive("only_output_from_instance", only, minimum=0)
+        if only >= num_instances:
+            raise UsageError(
+                f"--only-output-from-instance {only}: there are {num_instances} instances (0 to {num_instances - 1})"
+            )
+    placement = str(o["process_placement"]).lower()
+    if placement not in PROCESS_PLACEMENTS:
+        raise UsageError(f"--process-placement: {o['process_placement']!r} is not one of {', '.join(PROCESS_PLACEMENTS)}")
+    try:
+        stop_grace = float(o["stop_grace"])
+    except (TypeError, ValueError):
+        raise UsageError(f"--stop-grace: {o['stop_grace']!r} is not a number of seconds") from None
+    if stop_grace < 0:
+        raise UsageError("--stop-grace: must be 0 or more seconds")
+    global_args = parse_mpi_args(o["mpi_global_args"], "--mpi-global-args")
+    local_args = parse_mpi_args(o["mpi_local_args"], "--mpi-local-args")
+    instance_args = parse_instance_args(o["instance_mpi_local_args"], num_instances)
+    warn_ignored(global_args, "--mpi-global-args")
+    warn_ignored(local_args, "--mpi-local-args")
+    for index, args in instance_args.items():
+        warn_ignored(args, f"--instance-mpi-local-args={index}")
+        if args.tag_output or args.timestamp_output or args.output_filename:
+            log.warning("--instance-mpi-local-args=%d: only -x applies per instance; output options go in --mpi-global-args", index)
+    vipu = VipuSettings(
+        server_host=_optional_str(o, "vipu_server_host"),
+        server_port=_positive("vipu_server_port", o["vipu_server_port"]),
+        server_timeout=_positive("vipu_server_timeout", o["vipu_server_timeout"]),
+        partition=_optional_str(o, "vipu_partition"),
+        cluster=_optional_str(o, "vipu_cluster"),
+        allocation=_optional_str(o, "vipu_allocation"),
+        partition_attempts=_positive("vipu_partition_attempts", o["vipu_partition_attempts"]),
+        update_partition=parse_bool("update_partition", o["update_partition"]),
+        reset_partition=None if o["reset_partition"] is None else parse_bool("reset_partition", o["reset_partition"]),
+        remove_partition=parse_bool("remove_partition", o["remove_partition"]),
+        ipu_link_routing_type=_optional_str(o, "ipu_link_routing_type"),
+        gw_link_routing_type=_optional_str(o, "gw_link_routing_type"),
+        sync_type=_optional_str(o, "sync_type"),
+    )
+    if vipu.server_port > 65535:
+        raise UsageError(f"--vipu-server-port: {vipu.server_port} is not a TCP port (1-65535)")
+    parse_bool("allow_run_as_root", o["allow_run_as_root"])  # accepted; poprun-py never needs root
+    return LaunchSpec(
+        program=tuple(program),
+        num_replicas=num_replicas,
+        ipus_per_replica=ipus_per_replica,
+        num_instances=num_instances,
+        num_ilds=num_ilds,
+        hosts=hosts,
+        vipu=vipu,
+        executable_cache_path=_optional_str(o, "executable_cache_path"),
+        global_args=global_args,
+        local_args=local_args,
+        instance_args=instance_args,
+        numa_aware=None if o["numa_aware"] is None else parse_bool("numa_aware", o["numa_aware"]),
+        process_placement=placement,
+        print_topology=parse_bool("print_topology", o["print_topology"]),
+        only_output_from_instance=only,
+        offline_mode=parse_bool("offline_mode", o["offline_mode"]),
+        stop_grace=stop_grace,
+        verbosity=2 if o["vv"] else min(int(o["verbose"]), 2),
+    )
