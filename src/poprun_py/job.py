@@ -141,10 +141,10 @@ class Job:
     def _on_deadline(self) -> bool:
         """The grace period is over: SIGKILL; after that, give up on what will not die."""
         if self._reap_deadline is None:
-            log.warning("instances %s did not stop within %gs: sending SIGKILL", _ranges(self._remaining), self._grace)
+            log.warning("instances %s did not stop within %gs: sending SIGKILL", format_indices(self._remaining), self._grace)
             self._kill_now()
             return True
-        log.error("instances %s did not exit even after SIGKILL; giving up on them", _ranges(self._remaining))
+        log.error("instances %s did not exit even after SIGKILL; giving up on them", format_indices(self._remaining))
         return False
 
     def _on_exited(self, event: Exited) -> None:
@@ -214,19 +214,13 @@ class Job:
             signal.signal(signum, handler)
 
 
-def _ranges(indices) -> str:
-    """0,1,2,5 -> '0-2, 5': short lists of instance indices for log lines."""
-    items = sorted(indices)
-    parts: list[str] = []
-    start = prev = None
-    for i in items:
-        if start is None:
-            start = prev = i
-        elif i == prev + 1:
-            prev = i
+def format_indices(indices) -> str:
+    """0,1,2,5 -> '0-2, 5': short lists of instance indices for log lines (pairs stay '0, 1')."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
         else:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = prev = i
-    if start is not None:
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
+            runs.append([i])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
     return ", ".join(parts)

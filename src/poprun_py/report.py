@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 
-from .job import Failure, JobReport, _ranges
+from .job import Failure, JobReport, format_indices
 
 log = logging.getLogger("poprun")
 
@@ -60,11 +60,11 @@ def summary_lines(report: JobReport) -> list[str]:
     stopped = sorted(f.instance for f in report.knock_ons if f.instance in report.signalled)
     independent = [f for f in report.knock_ons if f.instance not in report.signalled]
     if stopped:
-        lines.append(f"instances stopped by poprun as a consequence: {_ranges(stopped)}")
+        lines.append(f"instances stopped by poprun as a consequence: {format_indices(stopped)}")
     for failure in independent:
         lines.append(f"also failed: instance {failure.instance} on {failure.host} {describe_failure(failure)}")
     if report.unreaped:
-        lines.append(f"instances {_ranges(report.unreaped)} could not be reaped (uninterruptible sleep?)")
+        lines.append(f"instances {format_indices(report.unreaped)} could not be reaped (uninterruptible sleep?)")
     return lines
 
 

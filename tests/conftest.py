@@ -1,0 +1,46 @@
+"""Shared test plumbing: bounded poprun runs and a leak check after every test.
+
+Every process a test starts inherits ``POPRUN_TEST_MARKER=<unique id>`` from
+the test's environment; after the test, no live process may carry it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Iterator
+
+import psutil
+import pytest
+
+MARKER = "POPRUN_TEST_MARKER"
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get(MARKER) == marker:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Fail the test if anything it started is still running (after a bounded wait)."""
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, marker)
+    yield marker
+    leftovers = marked_processes(marker)
+    if not leftovers:
+        return
+    _, alive = psutil.wait_procs(leftovers, timeout=10)
+    for proc in alive:
+        proc.kill()
+    assert not alive, f"processes left running: {[(p.pid, p.cmdline()) for p in alive]}"

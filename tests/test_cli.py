@@ -1,0 +1,193 @@
+"""The command line: the guide's launch lines, value syntax, config replay, bad input."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
+from poprun_py.errors import EXIT_NO_DEVICES, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_UNSUPPORTED, EXIT_USAGE
+from poprun_py.mpiargs import EnvSetting
+
+from support import run_poprun
+
+
+def spec_of(command: str):
+    line = parse_command_line(shlex.split(command)[1:])
+    assert isinstance(line, CommandLine)
+    spec, _, _ = resolve_launch(line)
+    return spec
+
+
+GUIDE_LINES = {
+    "validation": 'poprun --num-instances 2 --num-replicas 2 --offline-mode=1 echo "Hello world!"',
+    "single instance": "poprun --numa-aware=yes --vipu-server-host=10.3.7.150 --vipu-partition=P8 "
+    '--vipu-cluster=A8 --mpi-global-args="--tag-output" --num-replicas=4 --num-instances=1 python3 train.py',
+    "multi instance single host": "poprun --numa-aware=yes --vipu-server-host=10.3.7.150 --vipu-partition=A8 "
+    '--vipu-cluster=A8 --mpi-global-args="--tag-output" --num-replicas=8 --num-instances=2 python3 train.py',
+    "multi host": "poprun --host 10.3.7.153,10.3.7.154 --numa-aware=yes --vipu-server-host=10.3.7.150 "
+    '--vipu-partition=P8 --vipu-cluster=A8 --num-ilds=1 --mpi-global-args="--tag-output" '
+    '--mpi-local-args="-x PYTHONPATH" --num-replicas=8 --num-instances=2 python3 train.py',
+    "multi pod": "poprun --host 10.3.7.153,10.3.8.153 --numa-aware=yes --vipu-server-host=10.3.7.150 "
+    '--vipu-partition=P8 --vipu-cluster=P8 --num-ilds=2 --mpi-global-args="--tag-output" '
+    '--mpi-local-args="-x PYTHONPATH" --num-replicas=8 --num-instances=2 python3 train.py',
+    "pytorch example": "poprun --vipu-partition=MyPartition --vipu-server-host=127.0.0.1 --num-replicas=4 "
+    "--num-instances=1 --numa-aware=yes -v python main.py",
+}
+
+
+@pytest.mark.parametrize("name", GUIDE_LINES)
+def test_guide_command_lines_parse(name: str) -> None:
+    spec = spec_of(GUIDE_LINES[name])
+    assert spec.program[0] in ("echo", "python3", "python")
+    assert spec.num_replicas % spec.num_instances == 0
+
+
+def test_multi_pod_line_in_detail() -> None:
+    spec = spec_of(GUIDE_LINES["multi pod"])
+    assert [h.name for h in spec.hosts] == ["10.3.7.153", "10.3.8.153"]
+    assert (spec.num_replicas, spec.num_instances, spec.num_ilds) == (8, 2, 2)
+    assert spec.vipu.server_host == "10.3.7.150" and spec.vipu.partition == "P8" and spec.vipu.cluster == "P8"
+    assert spec.numa_aware is True and spec.tag_output
+    assert spec.local_args.env == (EnvSetting("PYTHONPATH"),)
+    assert spec.program == ("python3", "train.py")
+
+
+def test_defaults_are_the_guides() -> None:
+    spec = spec_of("poprun prog")
+    assert (spec.num_replicas, spec.ipus_per_replica, spec.num_instances, spec.num_ilds) == (1, 1, 1, 1)
+    assert spec.vipu.server_port == 8090 and spec.vipu.server_timeout == 10
+    assert spec.vipu.update_partition is False and spec.vipu.remove_partition is True
+    assert spec.vipu.reset_partition is None
+    assert not spec.offline_mode and not spec.print_topology and spec.numa_aware is None
+
+
+@pytest.mark.parametrize("value,expected", [("yes", True), ("no", False), ("true", True), ("False", False), ("1", True), ("0", False)])
+def test_booleans_as_users_write_them(value: str, expected: bool) -> None:
+    assert spec_of(f"poprun --offline-mode={value} prog").offline_mode is expected
+    assert spec_of(f"poprun --offline-mode {value} prog").offline_mode is expected
+
+
+def test_value_token_starting_with_dashes_and_repeats_merge() -> None:
+    spec = spec_of(
+        "poprun --mpi-global-args --tag-output --mpi-global-args=--timestamp-output "
+        "--mpi-local-args '-x A=1' --mpi-local-args='-x B' --num-replicas 4 prog"
+    )
+    assert spec.tag_output and spec.timestamp_output and spec.num_replicas == 4
+    assert spec.local_args.env == (EnvSetting("A", "1"), EnvSetting("B"))
+
+
+def test_first_non_option_is_the_program_and_the_rest_is_its() -> None:
+    spec = spec_of("poprun --num-replicas 2 --num-instances 2 python3 train.py --num-replicas 9 -v")
+    assert spec.program == ("python3", "train.py", "--num-replicas", "9", "-v")
+    assert spec.num_replicas == 2 and spec.verbosity == 0
+
+
+def test_verbosity_spellings() -> None:
+    assert spec_of("poprun -v prog").verbosity == 1
+    assert spec_of("poprun -vv prog").verbosity == 2
+    assert spec_of("poprun --vv prog").verbosity == 2
+
+
+def test_mpi_pass_through_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = spec_of(
+        "poprun --mpi-global-args='--tag-output --allow-run-as-root --output-filename out --bind-to none "
+        "--mca btl tcp,self' --mpi-local-args='-x PATH -x V=\"a b\"' --instance-mpi-local-args='1:-x ONLY=1' "
+        "--num-replicas 2 --num-instances 2 prog"
+    )
+    assert spec.output_filename == "out" and spec.tag_output
+    assert spec.local_args.env == (EnvSetting("PATH"), EnvSetting("V", "a b"))
+    assert spec.instance_args[1].env == (EnvSetting("ONLY", "1"),)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if " POPRUN [W] " in line]
+    assert any("--mca btl tcp,self" in w for w in warnings), warnings
+    assert not any("bind-to" in w or "allow-run-as-root" in w for w in warnings)
+
+
+def test_config_export_then_import_with_override(tmp_path) -> None:
+    config = tmp_path / "launch.json"
+    line = parse_command_line(
+        ["--export-config", str(config), "--num-replicas", "4", "--num-instances", "2",
+         "--mpi-global-args=--tag-output", "--offline-mode=yes", "prog", "arg"]
+    )
+    spec, _, _ = resolve_launch(line)
+    saved = json.loads(config.read_text())
+    assert saved["program"] == ["prog", "arg"] and saved["options"]["num_replicas"] == 4
+    replay = parse_command_line(["--import-config", str(config), "--num-replicas", "8", "--mpi-global-args=--timestamp-output"])
+    again, _, _ = resolve_launch(replay)
+    assert again.num_replicas == 8 and again.num_instances == 2 and again.offline_mode
+    assert again.tag_output and again.timestamp_output
+    assert again.program == ("prog", "arg")
+
+
+def test_export_refuses_to_overwrite_unless_asked(tmp_path) -> None:
+    config = tmp_path / "launch.json"
+    config.write_text("{}")
+    result = run_poprun("--export-config", str(config), "true")
+    assert result.returncode == EXIT_USAGE and b"--overwrite-config" in result.stderr
+    result = run_poprun("--export-config", str(config), "--overwrite-config=yes", "--num-replicas", "3")
+    assert result.returncode == 0 and json.loads(config.read_text())["options"]["num_replicas"] == 3
+
+
+BAD_INPUT = [
+    (["--num-replicas", "3", "--num-instances", "2", "true"], b"divided evenly"),
+    (["--num-replicas", "0", "true"], b"at least 1"),
+    (["--num-instances", "-1", "true"], b"at least 1"),
+    (["--num-replicas", "x", "true"], b"not a valid"),
+    (["--frobnicate", "true"], b"No such option"),
+    (["--offline-mode=maybe", "true"], b"not a boolean"),
+    (["--numa-aware", "perhaps", "true"], b"not a boolean"),
+    (["--num-instances", "2", "--num-replicas", "2"], b"no program"),
+    (["--only-output-from-instance", "5", "--num-instances", "2", "--num-replicas", "2", "true"], b"only-output-from-instance"),
+    (["--process-placement", "everywhere", "true"], b"spreadnuma"),
+    (["--instance-mpi-local-args=9:-x A=1", "true"], b"instance 9 does not exist"),
+    (["--mpi-global-args", "'unclosed", "true"], b"quotes"),
+    (["--mpi-local-args", "-x 1BAD=2", "true"], b"valid variable name"),
+    (["-H", "node[3-1]", "true"], b"node[3-1]"),
+    (["-H", "a,b", "--num-instances", "3", "--num-replicas", "3", "true"], b"2 hosts"),
+    (["--import-config", "/nonexistent/launch.json", "true"], b"no such file"),
+    (["--vipu-server-port", "70000", "true"], b"TCP port"),
+    (["--num-replicas"], b"requires an argument"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: bytes) -> None:
+    result = run_poprun(*args)
+    assert result.returncode == EXIT_USAGE, result.stderr
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("poprun: error:") and needle in result.stderr
+    assert b"Traceback" not in result.stderr and result.stdout == b""
+
+
+def test_missing_program_is_127(tmp_path) -> None:
+    result = run_poprun("--offline-mode=1", "no-such-program-xyz", cwd=tmp_path)
+    assert result.returncode == EXIT_NOT_FOUND
+    assert result.stderr.decode().splitlines() == [
+        "poprun: error: program 'no-such-program-xyz' not found in PATH or the current directory"
+    ]
+
+
+def test_program_not_executable_is_126(tmp_path) -> None:
+    (tmp_path / "script.sh").write_text("echo hi\n")
+    result = run_poprun("--offline-mode=1", "./script.sh", cwd=tmp_path)
+    assert result.returncode == EXIT_NOT_EXECUTABLE and b"chmod +x" in result.stderr
+
+
+def test_without_offline_mode_says_how(tmp_path) -> None:
+    result = run_poprun("true")
+    assert result.returncode == EXIT_NO_DEVICES
+    assert b"--offline-mode=1" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_remote_hosts_are_refused_clearly() -> None:
+    result = run_poprun("-H", "10.3.7.153,10.3.7.154", "--num-instances", "2", "--num-replicas", "2", "--offline-mode=1", "true")
+    assert result.returncode == EXIT_UNSUPPORTED and b"10.3.7.153" in result.stderr
+
+
+def test_help_and_version_exit_0() -> None:
+    assert run_poprun("--help").returncode == 0
+    version = run_poprun("--version")
+    assert version.returncode == 0 and version.stdout.startswith(b"poprun (poprun-py)")

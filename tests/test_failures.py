@@ -1,0 +1,164 @@
+"""Failure policy: first failure wins and is named; signals; no orphans, even after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+
+import psutil
+import pytest
+
+from support import RUN_TIMEOUT, poprun_command, python_program, run_poprun
+
+OFFLINE = "--offline-mode=1"
+
+# mode -> (exit code, words the summary must contain)
+MODES = {
+    "exit3": (3, "exited with code 3"),
+    "exception": (1, "exited with code 1"),
+    "sysexit_msg": (1, "exited with code 1"),
+    "keyboardinterrupt": (130, "SIGINT"),
+    "sigkill": (137, "killed by SIGKILL (signal 9): killed, often by the out-of-memory killer"),
+    "sigsegv": (139, "SIGSEGV (signal 11): a segmentation fault"),
+}
+
+
+@pytest.mark.parametrize("instances,failing", [(1, 0), (3, 1)])
+@pytest.mark.parametrize("mode", MODES)
+def test_exit_status_matrix(instances: int, failing: int, mode: str) -> None:
+    code, words = MODES[mode]
+    n = str(instances)
+    result = run_poprun(OFFLINE, "--num-instances", n, "--num-replicas", n, "--stop-grace", "10",
+                        *python_program("behave.py", "--fail", str(failing), mode, "--others", "sleep"))
+    assert result.returncode == code, result.stderr
+    errors = [line for line in result.stderr.decode().splitlines() if " POPRUN [E] " in line]
+    assert errors and f"instance {failing} of {instances} (pid " in errors[0] and words in errors[0], errors
+    if instances > 1:
+        assert any("stopped by poprun as a consequence: 0, 2" in line for line in errors), errors
+
+
+def test_summary_carries_the_stderr_tail() -> None:
+    result = run_poprun(OFFLINE, "--num-instances", "2", "--num-replicas", "2", "--only-output-from-instance", "0",
+                        *python_program("behave.py", "--fail", "1", "exception", "--others", "sleep"))
+    assert result.returncode == 1
+    stderr = result.stderr.decode()
+    # instance 1's output is hidden, but its failure and traceback are not
+    assert "RuntimeError: instance 1 broke on purpose" in stderr
+    assert "last lines of instance 1's stderr:" in stderr
+
+
+def test_successful_instances_do_not_stop_the_others() -> None:
+    result = run_poprun(OFFLINE, "--num-instances", "2", "--num-replicas", "2",
+                        *python_program("behave.py", "--others", "exit0"))
+    assert result.returncode == 0 and result.stderr == b""
+
+
+class Launch:
+    """A poprun in the background whose output the test reads line by line."""
+
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.process = subprocess.Popen(poprun_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.stderr = b""
+        self._stderr_thread = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_thread.start()
+
+    def _read_stderr(self) -> None:
+        self.stderr = self.process.stderr.read()
+
+    def wait_for_lines(self, prefix: bytes, count: int) -> list[bytes]:
+        found = []
+        while len(found) < count:
+            line = self.process.stdout.readline()
+            assert line, f"poprun ended before {count} lines starting with {prefix!r}: {self.finish()}"
+            if line.startswith(prefix):
+                found.append(line)
+        return found
+
+    def finish(self, timeout: float = RUN_TIMEOUT) -> int:
+        code = self.process.wait(timeout)
+        self._stderr_thread.join(timeout)
+        self.process.stdout.close()
+        return code
+
+
+def pids_of(ready_lines: list[bytes]) -> list[int]:
+    return [int(line.split()[2]) for line in ready_lines]
+
+
+def assert_all_gone(pids: list[int]) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=15)
+    assert not alive, [p.pid for p in alive]
+
+
+def test_sigint_stops_all_instances() -> None:
+    launch = Launch(OFFLINE, "--num-instances", "3", "--num-replicas", "3",
+                    *python_program("behave.py", "--ready", "--others", "sleep"))
+    pids = pids_of(launch.wait_for_lines(b"ready", 3))
+    launch.process.send_signal(signal.SIGINT)
+    assert launch.finish() == 130
+    assert b"received SIGINT" in launch.stderr
+    assert_all_gone(pids)
+
+
+def test_instances_ignoring_sigterm_get_sigkill_after_the_grace_period() -> None:
+    launch = Launch(OFFLINE, "--num-instances", "2", "--num-replicas", "2", "--stop-grace", "1",
+                    *python_program("behave.py", "--ready", "--others", "ignore_term"))
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    launch.process.send_signal(signal.SIGTERM)
+    assert launch.finish() == 128 + signal.SIGTERM
+    assert b"did not stop within 1s: sending SIGKILL" in launch.stderr
+    assert_all_gone(pids)
+
+
+def test_second_ctrl_c_kills_at_once() -> None:
+    launch = Launch(OFFLINE, "--num-instances", "2", "--num-replicas", "2", "--stop-grace", "600",
+                    *python_program("behave.py", "--ready", "--others", "ignore_term"))
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    launch.process.send_signal(signal.SIGINT)
+    launch.wait_for_lines(b"instance", 2)  # both said they ignore SIGINT
+    launch.process.send_signal(signal.SIGINT)
+    assert launch.finish(timeout=30) == 130  # far sooner than the 600 s grace
+    assert b"killing the instances now" in launch.stderr
+    assert_all_gone(pids)
+
+
+def test_failure_stops_instances_that_ignore_sigterm(tmp_path) -> None:
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    launch = Launch(OFFLINE, "--num-instances", "3", "--num-replicas", "3", "--stop-grace", "1",
+                    *python_program("behave.py", "--ready", "--fail", "2", "exit3", "--others", "ignore_term"),
+                    env={**os.environ, "BEHAVE_GO_FIFO": str(fifo)})
+    pids = pids_of(launch.wait_for_lines(b"ready", 3))
+    os.close(os.open(fifo, os.O_WRONLY))  # every handler is in place: let instance 2 fail
+    assert launch.finish() == 3
+    stderr = launch.stderr.decode()
+    assert "instance 2 of 3" in stderr and "exited with code 3" in stderr
+    assert "sending SIGKILL" in stderr and "stopped by poprun as a consequence: 0, 1" in stderr
+    assert_all_gone(pids)
+
+
+def test_sigkill_of_poprun_leaves_no_instance_alive() -> None:
+    launch = Launch(OFFLINE, "--num-instances", "3", "--num-replicas", "3",
+                    *python_program("behave.py", "--ready", "--child", "--others", "sleep"))
+    lines = launch.wait_for_lines(b"ready", 3)
+    pids = pids_of(lines)
+    launch.process.kill()
+    launch.finish()
+    assert_all_gone(pids)  # and the autouse leak check covers the grandchildren
+
+
+def test_children_left_behind_are_killed_at_the_end() -> None:
+    result = run_poprun(OFFLINE, "--num-instances", "2", "--num-replicas", "2",
+                        *python_program("behave.py", "--child", "--others", "exit0"))
+    assert result.returncode == 0
+    child_pids = [int(line.split()[2]) for line in result.stdout.splitlines() if line.startswith(b"child")]
+    assert len(child_pids) == 2
+    assert_all_gone(child_pids)
