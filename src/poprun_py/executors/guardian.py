@@ -46,8 +46,6 @@ class Guardian:
             self._stdin.close()
         except BrokenPipeError:
             pass
-        try:
-            self._process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        # It exits as soon as it reads the final line; a plain wait does not
+        # sleep-poll the way Popen.wait(timeout=...) does.
+        self._process.wait()
