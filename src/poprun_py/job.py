@@ -19,6 +19,7 @@ from typing import Mapping, Protocol, Sequence
 from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started
 from .output import OutputRouter
 from .plan import InstancePlan
+from .status import StatusLine
 
 log = logging.getLogger("poprun.job")
 
@@ -80,7 +81,16 @@ class Executor(Protocol):
 class Job:
     """Runs one plan's instances to the end and says how it went."""
 
-    def __init__(self, executor: Executor, events: EventQueue, router: OutputRouter, num_instances: int, grace: float) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        events: EventQueue,
+        router: OutputRouter,
+        num_instances: int,
+        grace: float,
+        status: StatusLine | None = None,
+    ) -> None:
+        self._status = status or StatusLine(num_instances, enabled=False)
         self._executor = executor
         self._events = events
         self._router = router
@@ -105,6 +115,7 @@ class Job:
             self._restore_signal_handlers(previous)
             self._executor.join(2.0)
             self._executor.cleanup()
+            self._status.hide()
             self._router.close()
         return JobReport(
             self._num_instances,
@@ -124,11 +135,16 @@ class Job:
                 if not self._on_deadline():
                     return
             elif isinstance(event, Output):
+                self._status.hide()
                 self._router.write(event)
+                self._status.show()
             elif isinstance(event, Exited):
+                self._status.hide()
                 self._on_exited(event)
+                self._status.exited(event.failed)
             elif isinstance(event, Started):
                 self._pids[event.instance] = event.pid
+                self._status.started()
             elif isinstance(event, SignalReceived):
                 self._on_signal(event.signum)
             elif isinstance(event, HostLost):

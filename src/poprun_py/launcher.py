@@ -26,6 +26,7 @@ from .output import OutputOptions, OutputRouter
 from .plan import Allocation, Plan, make_plan, offline_allocation
 from .report import log_report
 from .spec import LaunchSpec
+from .status import StatusLine
 from .topology import render_topology
 
 log = logging.getLogger("poprun")
@@ -126,11 +127,17 @@ def run_launch(spec: LaunchSpec) -> int:
         spec.num_instances,
     )
     events = EventQueue()
+    status = StatusLine(spec.num_instances)
+    log_filter = status.log_filter()
+    for handler in logging.getLogger("poprun").handlers:
+        handler.addFilter(log_filter)
     guardian = Guardian(spec.stop_grace)
     try:
         executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
-        report = Job(executor, events, router, spec.num_instances, spec.stop_grace).run(plan.instances)
+        report = Job(executor, events, router, spec.num_instances, spec.stop_grace, status).run(plan.instances)
     finally:
         guardian.close()
+        for handler in logging.getLogger("poprun").handlers:
+            handler.removeFilter(log_filter)
     log_report(report)
     return report.exit_code
