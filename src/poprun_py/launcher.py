@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import socket
 import sys
@@ -27,7 +26,6 @@ from .plan import Allocation, Plan, make_plan, offline_allocation
 from .report import log_report
 from .spec import LaunchSpec
 from .status import StatusLine
-from .topology import render_topology
 
 log = logging.getLogger("poprun")
 
@@ -96,7 +94,7 @@ def build_plan(spec: LaunchSpec, environ: Mapping[str, str], cwd: str) -> Plan:
     return make_plan(
         spec,
         argv=(program, *spec.program[1:]),
-        job_id=secrets.token_hex(8),
+        job_id=os.urandom(8).hex(),  # an id, not a secret
         allocation=allocation,
         master_port=free_port(),
         launcher_environ=environ,
@@ -105,6 +103,8 @@ def build_plan(spec: LaunchSpec, environ: Mapping[str, str], cwd: str) -> Plan:
 
 
 def print_topology(spec: LaunchSpec, plan: Plan) -> None:
+    from .topology import render_topology  # only when asked: start-up time matters
+
     table = render_topology([str(h) for h in plan.hosts], spec.num_ilds, spec.num_instances, spec.num_replicas)
     sys.stderr.write(table if table.endswith("\n") else table + "\n")
     sys.stderr.flush()
