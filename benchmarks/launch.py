@@ -12,17 +12,23 @@ What it measures, side by side in one run:
    Each repetition runs every tool once, in a rotating order, so machine noise
    hits all of them alike; one unmeasured warm-up run per tool and N comes
    first. The table shows medians and the ratios poprun/mpirun and
-   poprun/torchrun.
+   poprun/torchrun. Exits are caught through a pidfd, not ``Popen.wait``'s
+   sleep-polling (which rounds up by as much as 50 ms). A run that does not
+   end within its timeout is killed and counted as hung, outside the median.
 
 2. Tagged-output throughput: 4 instances each write 250,000 lines
-   ``<rank> <seq>`` as fast as C can, through
+   ``<rank> <seq>`` (rank from OMPI_COMM_WORLD_RANK) through
    ``poprun ... --mpi-global-args=--tag-output`` and ``mpirun --tag-output``,
-   stdout to a file. Every ``[1,r]<stdout>:r seq`` line is checked: lost,
-   duplicated, torn (malformed) and reordered lines are counted. The writers
-   alone (no launcher, one file each) give the ceiling.
+   stdout to a file. Three C-speed writers (a Python one-shot write, ``seq -f``,
+   ``seq | awk``) are first timed alone, no launcher, one file each: that is
+   the ceiling, and the cheapest one feeds the launchers. Every
+   ``[1,r]<stdout>:r seq`` line is checked: lost, duplicated, torn (malformed)
+   and reordered lines are counted. lines/s = all lines / wall time, launch
+   included.
 
-3. Where poprun's own time goes at N=2: interpreter start-up, imports, and
-   the whole launch.
+3. Where poprun's own time goes at N=2: interpreter start-up, imports, the
+   whole launch, and the launch without a bytecode cache for the project's
+   modules (as under PYTHONDONTWRITEBYTECODE=1 with an editable install).
 
 Anchors missing on this machine are installed first (skip with
 ``--skip-install``): ``apt-get install -y openmpi-bin`` (as root) and
@@ -32,7 +38,7 @@ that cannot be had is skipped with a note; the rest still runs.
 Run it with the project's interpreter, so that ``poprun`` and ``torchrun`` are
 the ones beside it::
 
-    .venv/bin/python benchmarks/launch.py            # full run, about 3-5 minutes
+    .venv/bin/python benchmarks/launch.py            # full run, about 3 minutes
     .venv/bin/python benchmarks/launch.py --quick    # fewer repetitions
     .venv/bin/python benchmarks/launch.py --skip-install
 
@@ -48,6 +54,7 @@ import json
 import os
 import platform
 import re
+import select
 import shutil
 import signal
 import statistics
@@ -67,15 +74,25 @@ CORES = os.cpu_count() or 1
 
 LAUNCH_SIZES = (2, 16, 64)
 #: Repetitions per N: (poprun and mpirun, torchrun). torchrun costs ~2 s a run.
-FULL_REPS = {2: (15, 7), 16: (11, 5), 64: (7, 4)}
+FULL_REPS = {2: (21, 9), 16: (15, 7), 64: (11, 5)}
 QUICK_REPS = {2: (5, 3), 16: (3, 2), 64: (3, 2)}
-RUN_TIMEOUT = 120.0  # seconds for one launch before it is killed and counted as failed
+#: Seconds before a launch of ``true`` is killed and counted as hung (mpirun 4.1 sometimes
+#: never returns when 32+ instances exit at once); torchrun gets longer.
+LAUNCH_TIMEOUT = 5.0
+TORCHRUN_TIMEOUT = 60.0
+RUN_TIMEOUT = 120.0  # any other run
 
 TP_INSTANCES = 4
 TP_LINES = 250_000
-TP_REPS_FULL = 3
+TP_REPS_FULL = 5
 TP_REPS_QUICK = 1
 TARGET_LINES_PER_S = 1_000_000
+
+#: poprun-py is an editable install: without a bytecode cache every launch compiles
+#: its modules again. Where the environment forbids writing bytecode next to the
+#: sources (PYTHONDONTWRITEBYTECODE), poprun's runs cache it under results/ instead,
+#: as a normal install would have it; the breakdown shows the price of not doing so.
+PYCACHE_DIR = RESULTS_DIR / "pycache"
 
 
 # -- small helpers ---------------------------------------------------------------------
@@ -90,17 +107,14 @@ def note(text: str) -> None:
     print(f"# {text}", file=sys.stderr, flush=True)
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain, aligned text table (numbers right-aligned)."""
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
+    """A plain, aligned text table; ``align`` has one 'l' or 'r' per column (default: 'l' then 'r's)."""
+    align = align or "l" + "r" * (len(headers) - 1)
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
 
     def line(row: list[str]) -> str:
-        out = []
-        for i, cell in enumerate(row):
-            numeric = bool(re.fullmatch(r"[-+]?[\d.,]+[a-z%x]*( \(.*\))?", cell))
-            out.append(cell.rjust(widths[i]) if numeric else cell.ljust(widths[i]))
-        return "  ".join(out).rstrip()
+        return "  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
@@ -126,30 +140,42 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def wait_exact(proc: subprocess.Popen, timeout: float) -> int | None:
+    """Wait for ``proc`` to exit, waking at once when it does; None after ``timeout`` seconds.
+
+    ``Popen.wait(timeout=...)`` polls with sleeps of up to 50 ms, which would round
+    every launch time up to the next poll: a pidfd wakes the moment the process exits.
+    """
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    return proc.wait() if ready else None
+
+
 def run_command(
     argv: Sequence[str],
     *,
     stdout: Any = subprocess.DEVNULL,
     env: dict[str, str] | None = None,
     timeout: float = RUN_TIMEOUT,
-) -> tuple[float, int, str]:
+) -> tuple[float, int | None, str]:
     """Run ``argv`` in a session of its own; return (wall seconds, exit code, stderr tail).
 
-    On timeout the whole session (and only it) is killed and the code is -9.
+    On timeout the whole session (and only it) is killed and the code is None (hung).
     """
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err, env=env, start_new_session=True)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        code = wait_exact(proc, timeout)
+        wall = time.perf_counter() - start
+        if code is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             proc.wait()
-            code = -9
-        wall = time.perf_counter() - start
         err.seek(0)
         tail = err.read()[-2000:].decode("utf-8", "replace")
     return wall, code, tail
@@ -175,6 +201,24 @@ class Anchor:
     version: str = ""
     note: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+
+
+def python_env(bytecode_cache: bool = True) -> dict[str, str]:
+    """The environment for poprun and the Python steps.
+
+    With ``bytecode_cache``, compiled modules are cached (under results/ if the
+    environment forbids writing them beside the sources); without, the project's
+    own modules are compiled at every start, as under PYTHONDONTWRITEBYTECODE=1
+    with no .pyc written yet (installed packages keep the .pyc pip wrote).
+    """
+    env = dict(os.environ)
+    if bytecode_cache:
+        if env.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+            env["PYTHONPYCACHEPREFIX"] = str(PYCACHE_DIR)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    return env
 
 
 def find_poprun() -> Anchor:
@@ -299,6 +343,7 @@ class LaunchResult:
     command: str
     samples: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    hung: int = 0  # runs killed after the timeout; not in the median
 
     @property
     def median(self) -> float | None:
@@ -312,6 +357,8 @@ def bench_launch(anchors: dict[str, Anchor], quick: bool) -> list[LaunchResult]:
         "mpirun": lambda n: mpirun_argv(anchors["mpirun"], n) + ["true"],
         "torchrun": lambda n: torchrun_argv(anchors["torchrun"], n) + ["true"],
     }
+    envs = {"poprun": python_env(), "mpirun": None, "torchrun": None}
+    timeouts = {"poprun": LAUNCH_TIMEOUT, "mpirun": LAUNCH_TIMEOUT, "torchrun": TORCHRUN_TIMEOUT}
     tools = [t for t in ("poprun", "mpirun", "torchrun") if anchors[t].path]
     results: list[LaunchResult] = []
     for n in LAUNCH_SIZES:
@@ -319,15 +366,17 @@ def bench_launch(anchors: dict[str, Anchor], quick: bool) -> list[LaunchResult]:
         by_tool = {t: LaunchResult(n, t, " ".join(builders[t](n))) for t in tools}
         note(f"launch N={n}: {reps} repetitions ({torch_reps} for torchrun), after one warm-up each")
         for tool in tools:  # warm-up: page cache, Python bytecode caches
-            run_command(builders[tool](n))
+            run_command(builders[tool](n), env=envs[tool], timeout=timeouts[tool])
         for rep in range(reps):
             order = tools[rep % len(tools):] + tools[: rep % len(tools)]
             for tool in order:
                 if tool == "torchrun" and rep >= torch_reps:
                     continue
-                wall, code, tail = run_command(builders[tool](n))
+                wall, code, tail = run_command(builders[tool](n), env=envs[tool], timeout=timeouts[tool])
                 if code == 0:
                     by_tool[tool].samples.append(wall)
+                elif code is None:
+                    by_tool[tool].hung += 1
                 else:
                     last = tail.strip().splitlines()[-1:] or [""]
                     by_tool[tool].failures.append(f"exit {code}: {last[0][:200]}")
@@ -340,6 +389,8 @@ def launch_table(results: list[LaunchResult]) -> tuple[str, list[dict[str, Any]]
         if r is None:
             return "skipped"
         text = fmt_s(r.median)
+        if r.hung:
+            text += f" ({r.hung} hung)"
         return f"{text} ({len(r.failures)} failed)" if r.failures else text
 
     rows, summary = [], []
@@ -355,25 +406,30 @@ def launch_table(results: list[LaunchResult]) -> tuple[str, list[dict[str, Any]]
             fmt_ratio(ratio(medians["poprun"], medians["torchrun"])),
             "/".join(str(len(got[t].samples)) if t in got else "-" for t in ("poprun", "mpirun", "torchrun")),
         ])
-        summary.append({"n": n, **{f"{t}_median_s": m for t, m in medians.items()},
-                        "poprun_over_mpirun": ratio(medians["poprun"], medians["mpirun"]),
-                        "poprun_over_torchrun": ratio(medians["poprun"], medians["torchrun"])})
+        summary.append({
+            "n": n,
+            **{f"{t}_median_s": m for t, m in medians.items()},
+            **{f"{t}_unfinished": len(r.failures) + r.hung for t, r in got.items()},
+            "poprun_over_mpirun": ratio(medians["poprun"], medians["mpirun"]),
+            "poprun_over_torchrun": ratio(medians["poprun"], medians["torchrun"]),
+        })
     headers = ["N", "poprun", "mpirun", "torchrun", "poprun/mpirun", "poprun/torchrun", "runs p/m/t"]
-    return format_table(headers, rows), summary
+    return format_table(headers, rows, "r" * len(headers)), summary
 
 
 def launch_targets(summary: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
     by_n = {row["n"]: row for row in summary}
     two, big = by_n.get(2, {}), by_n.get(64, {})
 
-    def check(value: float | None, limit: float) -> bool | None:
-        return None if value is None else value < limit
+    def check(value: float | None, limit: float, row: dict[str, Any]) -> bool | None:
+        """Under the limit, and no poprun run failed or hung at that N."""
+        return None if value is None else value < limit and not row.get("poprun_unfinished")
 
     pm, pt, p64 = two.get("poprun_over_mpirun"), two.get("poprun_over_torchrun"), big.get("poprun_median_s")
     return [
-        ("N=2: poprun within 3x mpirun", check(pm, 3.0), fmt_ratio(pm)),
-        ("N=2: poprun under 0.1x torchrun", check(pt, 0.1), fmt_ratio(pt)),
-        ("N=64: poprun under 1 s", check(p64, 1.0), fmt_s(p64)),
+        ("N=2: poprun within 3x mpirun", check(pm, 3.0, two), fmt_ratio(pm)),
+        ("N=2: poprun under 0.1x torchrun", check(pt, 0.1, two), fmt_ratio(pt)),
+        ("N=64: poprun under 1 s", check(p64, 1.0, big), fmt_s(p64)),
     ]
 
 
@@ -383,7 +439,7 @@ def launch_targets(summary: list[dict[str, Any]]) -> list[tuple[str, bool | None
 #: Each is measured alone; the cheapest feeds the launchers.
 WRITER_SOURCES: dict[str, Callable[[int], list[str]]] = {
     "python-block": lambda lines: [
-        shutil.which("python3") or sys.executable, "-S", "-c",
+        sys.executable, "-I", "-S", "-c",  # not a pyenv shim on PATH: that is a bash script
         "import os,sys\n"
         "p=os.environ.get('OMPI_COMM_WORLD_RANK','0')+' '\n"
         f"sys.stdout.buffer.write((p+('\\n'+p).join(map(str,range({lines})))+'\\n').encode())",
@@ -484,7 +540,8 @@ class ThroughputResult:
 
 def writers_alone(argv: list[str], instances: int, lines: int, workdir: Path) -> ThroughputRun:
     """The writers with no launcher: all started at once, one file each; the ceiling."""
-    files = [open(workdir / f"alone.{r}", "wb") for r in range(instances)]
+    paths = [workdir / f"alone.{r}" for r in range(instances)]
+    files = [open(path, "wb") for path in paths]
     try:
         start = time.perf_counter()
         procs = [
@@ -492,26 +549,33 @@ def writers_alone(argv: list[str], instances: int, lines: int, workdir: Path) ->
                              env={**os.environ, "OMPI_COMM_WORLD_RANK": str(r)})
             for r in range(instances)
         ]
-        codes = [p.wait(RUN_TIMEOUT) for p in procs]
+        codes = [wait_exact(proc, RUN_TIMEOUT) for proc in procs]
         wall = time.perf_counter() - start
+        for proc, code in zip(procs, codes):
+            if code is None:
+                proc.kill()
+                proc.wait()
     finally:
         for f in files:
             f.close()
-    data = b"".join((workdir / f"alone.{r}").read_bytes() for r in range(instances))
+    data = b"".join(path.read_bytes() for path in paths)
     integrity = check_output(data, instances, lines, tagged=False)
-    total = instances * lines
-    return ThroughputRun(wall, max(codes, key=abs), total / wall, len(data) / wall / 1e6, integrity)
+    worst = max((-9 if c is None else c for c in codes), key=abs)
+    return ThroughputRun(wall, worst, instances * lines / wall, len(data) / wall / 1e6, integrity)
 
 
-def launched(argv: list[str], instances: int, lines: int, workdir: Path) -> ThroughputRun:
+def launched(
+    argv: list[str], instances: int, lines: int, workdir: Path, env: dict[str, str] | None = None
+) -> ThroughputRun:
     """One launcher run with stdout to a file; then every line is checked."""
     out_path = workdir / "launched.out"
     with open(out_path, "wb") as out:
-        wall, code, tail = run_command(argv, stdout=out)
+        wall, code, tail = run_command(argv, stdout=out, env=env)
     data = out_path.read_bytes()
     integrity = check_output(data, instances, lines, tagged=True)
     out_path.unlink()
     total = instances * lines
+    code = -9 if code is None else code
     return ThroughputRun(wall, code, total / wall, len(data) / wall / 1e6, integrity, tail[-500:] if code else "")
 
 
@@ -542,7 +606,8 @@ def bench_throughput(anchors: dict[str, Anchor], quick: bool) -> tuple[dict[str,
         for rep in range(reps):
             names = list(commands)
             for name in names[rep % len(names):] + names[: rep % len(names)]:
-                results[name].runs.append(launched(commands[name], TP_INSTANCES, TP_LINES, workdir))
+                env = python_env() if name.startswith("poprun") else None
+                results[name].runs.append(launched(commands[name], TP_INSTANCES, TP_LINES, workdir, env))
     return results, fastest
 
 
@@ -580,20 +645,25 @@ def bench_breakdown(anchors: dict[str, Anchor], quick: bool) -> tuple[str, list[
     """Interpreter start-up, poprun's imports, and the whole N=2 launch, interleaved."""
     reps = 5 if quick else 15
     py = sys.executable
-    steps: dict[str, list[str]] = {
-        "python -c pass (interpreter start-up)": [py, "-c", "pass"],
-        "python -c 'import poprun_py.cli' (+ CLI imports)": [py, "-c", "import poprun_py.cli"],
-        "python -c 'import poprun_py.launcher' (+ launch imports)": [py, "-c", "import poprun_py.cli, poprun_py.launcher"],
-        "poprun --help": [anchors["poprun"].path or "poprun", "--help"],
-        "poprun ... N=2 true (whole launch)": poprun_argv(anchors["poprun"], 2) + ["true"],
+    cached, uncached = python_env(True), python_env(False)
+    launch = poprun_argv(anchors["poprun"], 2) + ["true"]
+    steps: dict[str, tuple[list[str], dict[str, str]]] = {
+        "python -c pass (interpreter start-up)": ([py, "-c", "pass"], cached),
+        "python -c 'import poprun_py.cli' (+ CLI imports)": ([py, "-c", "import poprun_py.cli"], cached),
+        "python -c 'import ...cli, ...launcher' (+ launch imports)": (
+            [py, "-c", "import poprun_py.cli, poprun_py.launcher"], cached),
+        "poprun ... N=2 true (whole launch)": (launch, cached),
+        "poprun ... N=2 true, PYTHONDONTWRITEBYTECODE=1": (launch, uncached),
+        "poprun --help": ([anchors["poprun"].path or "poprun", "--help"], cached),
     }
     samples: dict[str, list[float]] = {name: [] for name in steps}
-    for argv in steps.values():
-        run_command(argv)  # warm-up
+    for argv, env in steps.values():
+        run_command(argv, env=env)  # warm-up
     for rep in range(reps):
         names = list(steps)
         for name in names[rep % len(names):] + names[: rep % len(names)]:
-            wall, code, _ = run_command(steps[name])
+            argv, env = steps[name]
+            wall, code, _ = run_command(argv, env=env)
             if code == 0:
                 samples[name].append(wall)
     rows, data = [], []
@@ -608,12 +678,21 @@ def bench_breakdown(anchors: dict[str, Anchor], quick: bool) -> tuple[str, list[
 
 def targets_table(targets: list[tuple[str, bool | None, str]]) -> str:
     verdict = {True: "PASS", False: "FAIL", None: "n/a"}
-    return format_table(["target", "result", "measured"], [[t, verdict[ok], m] for t, ok, m in targets])
+    return format_table(["target", "result", "measured"], [[t, verdict[ok], m] for t, ok, m in targets], "lll")
+
+
+def git_state() -> dict[str, str]:
+    """The commit measured, and whether src/ differs from it."""
+    head = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    dirty = command_output(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"])
+    return {"commit": head, "src_modified": "yes" if dirty else "no"}
 
 
 def machine_info(anchors: dict[str, Anchor]) -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_state(),
+        "pythondontwritebytecode_in_env": "PYTHONDONTWRITEBYTECODE" in os.environ,
         "python": sys.version.split()[0],
         "executable": sys.executable,
         "platform": platform.platform(),
@@ -642,9 +721,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         note(anchors["poprun"].note)
         return 2
 
-    say(f"poprun-py launch benchmark ({'quick' if args.quick else 'full'}), {CORES} cores, Python {sys.version.split()[0]}")
+    git = git_state()
+    say(f"poprun-py launch benchmark ({'quick' if args.quick else 'full'}), {CORES} cores, "
+        f"Python {sys.version.split()[0]}, commit {git['commit']}"
+        + (" (src/ modified)" if git["src_modified"] == "yes" else ""))
     for a in anchors.values():
         say(f"  {a.name:9} {a.path + '  (' + a.version + ')' if a.path else 'SKIPPED: ' + a.note}")
+    if "PYTHONDONTWRITEBYTECODE" in os.environ:
+        say(f"  (PYTHONDONTWRITEBYTECODE is set here: poprun runs cache bytecode in {PYCACHE_DIR.relative_to(ROOT)}/)")
     say()
 
     launch_results = bench_launch(anchors, args.quick)
@@ -652,18 +736,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     say("1. Launch wall time of `true`, median of interleaved runs")
     say(table)
     for r in launch_results:
+        if r.n == LAUNCH_SIZES[-1]:
+            say(f"   {r.tool}: {r.command}")
+    for r in launch_results:
         if r.failures:
             say(f"   {r.tool} N={r.n}: {len(r.failures)} failed runs, e.g. {r.failures[0]}")
+        if r.hung:
+            say(f"   {r.tool} N={r.n}: {r.hung} of {r.hung + len(r.samples) + len(r.failures)} runs hung "
+                f"(killed after {TORCHRUN_TIMEOUT if r.tool == 'torchrun' else LAUNCH_TIMEOUT:.0f} s; "
+                "the median is of the runs that finished)")
     say()
 
     tp_results, writer = bench_throughput(anchors, args.quick)
     say(f"2. Tagged output, {TP_INSTANCES} instances x {TP_LINES:,} lines, stdout to a file "
         f"(launchers use the cheapest writer: {writer})")
     say(throughput_table(tp_results))
+    for name in ("poprun --tag-output", "mpirun --tag-output"):
+        if name in tp_results:
+            say(f"   {tp_results[name].command}")
     for r in tp_results.values():
         for run in r.runs:
             if run.exit_code:
                 say(f"   {r.name}: exit {run.exit_code}: {run.stderr_tail.strip()[-200:]}")
+    mpi = tp_results.get("mpirun --tag-output")
+    if mpi is not None and (mpi.total("lost") or mpi.total("torn")):
+        say("   mpirun's losses are Open MPI 4.1's own: it tags each read of up to 4 KiB into an 8 KiB buffer\n"
+            "   and drops the rest of the read once that is full (ORTE_IOF_BASE_TAGGED_OUT_MAX in\n"
+            "   orte/mca/iof/base/iof_base_output.c); the cut also tears the tag it stops in.")
     say()
 
     breakdown_table, breakdown = bench_breakdown(anchors, args.quick)

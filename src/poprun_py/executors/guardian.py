@@ -40,12 +40,11 @@ class Guardian:
         self._send(f"-{pgid}")
 
     def close(self) -> None:
-        """Normal end: every group has been stopped by the launcher itself."""
-        self._send(".")
+        """Normal end: the launcher has already stopped every group, so the guardian has
+        nothing left to do; kill it rather than wait for its start-up to finish reading."""
         try:
             self._stdin.close()
         except BrokenPipeError:
             pass
-        # It exits as soon as it reads the final line; a plain wait does not
-        # sleep-poll the way Popen.wait(timeout=...) does.
+        self._process.kill()
         self._process.wait()

@@ -3,9 +3,10 @@
 Run as ``python -I -S guardian_process.py GRACE`` in a session of its own
 (standard library only, so it starts in milliseconds). The launcher writes
 ``+PGID`` for each instance's process group and ``-PGID`` once a group is
-gone. End of input without a final ``.`` line means the launcher died
-(even by SIGKILL): every group still listed gets SIGTERM, then SIGKILL after
-GRACE seconds. One guardian per job, not a process per instance.
+gone. End of input means the launcher died (even by SIGKILL): every group
+still listed gets SIGTERM, then SIGKILL after GRACE seconds. At a normal end
+the launcher stops every group itself and then kills the guardian.
+One guardian per job, not a process per instance.
 """
 
 import os
@@ -49,8 +50,6 @@ def main():
     groups = set()
     for line in sys.stdin.buffer:
         line = line.strip()
-        if line == b".":
-            return
         if line[:1] == b"+":
             groups.add(int(line[1:]))
         elif line[:1] == b"-":
