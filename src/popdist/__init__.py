@@ -20,4 +20,7 @@ from popdist.core import (
     isPopdistEnvSet,
     isUniformReplicasPerInstance,
 )
-from popdist.core import __all__ as __all__
+from popdist.collectives import execute_on_instances, synchronize
+from popdist.core import __all__ as _core_all
+
+__all__ = [*_core_all, "execute_on_instances", "synchronize"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
+from popdist.backend import _backend, connect
 from popdist.env import InstanceEnv, is_uniform_replicas
 from simipu.hardware import parent_device_id
 
@@ -126,17 +126,6 @@ def getDeviceId(ipus_per_replica: int | None = None, *, ipusPerReplica: int | No
     return launch.device_id
 
 
-class _Backend:
-    """Whether init() has run; the one place a later fabric connection will live."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.initialised = False
-
-
-_backend = _Backend()
-
-
 def init() -> None:
     """Initialise PopDist for this process; harmless outside poprun.
 
@@ -150,6 +139,7 @@ def init() -> None:
                 "first to initialise it again"
             )
         launch = _launch()
+        _backend.fabric = connect(launch)
         _backend.initialised = True
     if launch is None:
         logger.debug("popdist initialised outside poprun (single instance)")
@@ -169,4 +159,7 @@ def finalizeBackend() -> None:
     with _backend.lock:
         if _backend.initialised:
             logger.debug("popdist finalised")
+        fabric, _backend.fabric = _backend.fabric, None
         _backend.initialised = False
+    if fabric is not None:
+        fabric.close()

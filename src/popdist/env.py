@@ -1,7 +1,7 @@
 """The environment contract between the launcher and each instance.
 
-This is the only module in the project that spells the variable names:
-everything else imports the constants below. Programs written for
+The variable names are spelled once, in ``popdist.env_names``, and
+re-exported here; everything else imports the constants. Programs written for
 Graphcore's PopRun read the ``POPDIST_*``, ``IPUOF_*`` and
 ``POPLAR_TARGET_OPTIONS`` names; PopTorch and Horovod read the Open MPI
 names; ``torch.distributed`` reads ``RANK``/``MASTER_*``. Because there is no
@@ -13,65 +13,20 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from types import MappingProxyType
+from dataclasses import dataclass, field, fields
 
 from simipu.hardware import device_id as _device_id
 from simipu.hardware import parent_device_id as _parent_device_id
 
-# --- PopDist (Graphcore) ---------------------------------------------------
-TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
-IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
-LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
-UNIFORM_REPLICAS = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
-REPLICA_INDEX_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
-LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
-NODE_DEVICE_ID = "POPDIST_NODE_DEVICE_ID"
-EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
-# --- IPU over Fabric: the V-IPU service and partition -----------------------
-VIPU_HOST = "IPUOF_VIPU_API_HOST"
-VIPU_PORT = "IPUOF_VIPU_API_PORT"
-VIPU_PARTITION = "IPUOF_VIPU_API_PARTITION_ID"
-VIPU_TIMEOUT = "IPUOF_VIPU_API_TIMEOUT"
-VIPU_GCD_ID = "IPUOF_VIPU_API_GCD_ID"
-IPUOF_LOG_LEVEL = "IPUOF_LOG_LEVEL"
-TARGET_OPTIONS = "POPLAR_TARGET_OPTIONS"
-# --- Open MPI names (PopTorch, Horovod) --------------------------------------
-OMPI_RANK = "OMPI_COMM_WORLD_RANK"
-OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
-OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
-OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
-OMPI_NODE_RANK = "OMPI_COMM_WORLD_NODE_RANK"
-# --- torch.distributed --------------------------------------------------------
-TORCH_RANK = "RANK"
-TORCH_WORLD_SIZE = "WORLD_SIZE"
-TORCH_LOCAL_RANK = "LOCAL_RANK"
-TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
-MASTER_ADDR = "MASTER_ADDR"
-MASTER_PORT = "MASTER_PORT"
-# --- ours ---------------------------------------------------------------------
-RENDEZVOUS_ADDR = "POPRUN_RENDEZVOUS_ADDR"
-RENDEZVOUS_PORT = "POPRUN_RENDEZVOUS_PORT"
-JOB_ID = "POPRUN_JOB_ID"
-OFFLINE = "POPRUN_OFFLINE"
-
-CONTRACT_NAMES: tuple[str, ...] = (
-    TOTAL_REPLICAS, IPUS_PER_REPLICA, LOCAL_REPLICAS, UNIFORM_REPLICAS,
-    REPLICA_INDEX_OFFSET, LOCAL_INSTANCE_INDEX, NODE_DEVICE_ID,
-    EXECUTABLE_CACHE_PATH,
-    VIPU_HOST, VIPU_PORT, VIPU_PARTITION, VIPU_TIMEOUT, VIPU_GCD_ID,
-    IPUOF_LOG_LEVEL, TARGET_OPTIONS,
-    OMPI_RANK, OMPI_SIZE, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK,
-    TORCH_RANK, TORCH_WORLD_SIZE, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT,
-    RENDEZVOUS_ADDR, RENDEZVOUS_PORT, JOB_ID, OFFLINE,
+from popdist.env_names import *  # noqa: F401,F403 - the names are part of this module's API
+from popdist.env_names import (
+    CONTRACT_NAMES, EXECUTABLE_CACHE_PATH, FABRIC_TIMEOUT, FABRIC_TRANSPORT, IPUOF_LOG_LEVEL, IPUS_PER_REPLICA,
+    JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
+    OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK, OMPI_RANK, OMPI_SIZE, RENDEZVOUS_ADDR, RENDEZVOUS_PORT,
+    REPLICA_INDEX_OFFSET, SOFT_DEFAULTS, STARTUP_TIMEOUT, TARGET_OPTIONS, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
+    TORCH_RANK, TORCH_WORLD_SIZE, TOTAL_REPLICAS, UNIFORM_REPLICAS, VIPU_GCD_ID, VIPU_HOST, VIPU_PARTITION,
+    VIPU_PORT, VIPU_TIMEOUT,
 )
-"""Every name this contract may set; clear them all to simulate 'not under poprun'."""
-
-SOFT_DEFAULTS: Mapping[str, str] = MappingProxyType({IPUOF_LOG_LEVEL: "WARN"})
-"""Names Graphcore's poprun set that are the user's choice: the launcher
-applies these only when the user's environment lacks them (render() never
-includes them, so it cannot override a user's setting)."""
 
 DEFAULT_VIPU_HOST = "localhost"
 DEFAULT_VIPU_PORT = 8090
@@ -79,6 +34,50 @@ DEFAULT_VIPU_TIMEOUT = 10  # seconds, poprun's --vipu-server-timeout default
 
 _INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 _MAX_PORT = 65535
+
+
+FABRIC_TRANSPORTS = ("auto", "tcp")
+
+
+@dataclass(frozen=True)
+class FabricSettings:
+    """How an instance joins the job's collectives fabric (our names, POPRUN_*)."""
+
+    token: str = field(default="", repr=False)
+    transport: str = "auto"
+    timeout: float = 10.0
+    startup_timeout: float = 60.0
+
+    def render(self) -> dict[str, str]:
+        if not self.token:
+            return {}
+        return {
+            JOB_TOKEN: self.token,
+            FABRIC_TRANSPORT: self.transport,
+            FABRIC_TIMEOUT: f"{self.timeout:g}",
+            STARTUP_TIMEOUT: f"{self.startup_timeout:g}",
+        }
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "FabricSettings":
+        transport = environ.get(FABRIC_TRANSPORT, "auto")
+        if transport not in FABRIC_TRANSPORTS:
+            raise EnvContractError(f"{FABRIC_TRANSPORT}={transport!r} is not one of {FABRIC_TRANSPORTS}", "transport", FABRIC_TRANSPORT)
+        return cls(environ.get(JOB_TOKEN, ""), transport, _read_seconds(environ, FABRIC_TIMEOUT, 10.0),
+                   _read_seconds(environ, STARTUP_TIMEOUT, 60.0))
+
+
+def _read_seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise EnvContractError(f"{name}={text!r} is not a number of seconds", name, name) from None
+    if value <= 0:
+        raise EnvContractError(f"{name}={text!r} must be more than 0 seconds", name, name)
+    return value
 
 
 class EnvContractError(ValueError):
@@ -120,6 +119,7 @@ class InstanceEnv:
     rendezvous_port: int = 0
     job_id: str = ""
     offline: bool = False
+    fabric: FabricSettings = FabricSettings()
 
     def __post_init__(self) -> None:
         if isinstance(self.target_options, Mapping):
@@ -195,6 +195,7 @@ class InstanceEnv:
             out[RENDEZVOUS_PORT] = str(self.rendezvous_port)
         out[JOB_ID] = self.job_id
         out[OFFLINE] = "1" if self.offline else "0"
+        out.update(self.fabric.render())
         return out
 
     @classmethod
@@ -254,6 +255,7 @@ class InstanceEnv:
             rendezvous_port=read_int(environ, RENDEZVOUS_PORT, 0),
             job_id=environ.get(JOB_ID, ""),
             offline=_read_flag(environ, OFFLINE),
+            fabric=FabricSettings.from_environ(environ),
         )
         try:
             return cls(**values)
@@ -375,7 +377,10 @@ def _validate(env: InstanceEnv) -> None:
     """Check types and the arithmetic the derived values rely on (no I/O)."""
     for f in fields(env):
         value = getattr(env, f.name)
-        if f.name == "offline":
+        if f.name == "fabric":
+            if not isinstance(value, FabricSettings):
+                _fail(f.name, f"must be FabricSettings, got {type(value).__name__}")
+        elif f.name == "offline":
             if not isinstance(value, bool):
                 _fail(f.name, f"must be a bool, got {value!r}")
         elif f.name == "target_options":

@@ -68,13 +68,21 @@ class HostLost:
 
 
 @dataclass(frozen=True)
+class StartupTimedOut:
+    """Some instances did not join the job's fabric in time (the rendezvous says which)."""
+
+    missing: tuple[int, ...]
+    message: str
+
+
+@dataclass(frozen=True)
 class SignalReceived:
     """The launcher received a signal (turned into an event on the main loop)."""
 
     signum: int
 
 
-Event = Union[Started, Output, Exited, HostLost, SignalReceived]
+Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived]
 
 
 class EventQueue:

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
-from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started
+from .errors import EXIT_STARTUP_TIMEOUT
+from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut
 from .output import OutputRouter
 from .plan import InstancePlan
 from .status import StatusLine
@@ -58,9 +59,12 @@ class JobReport:
     signalled: frozenset[int]
     unreaped: tuple[int, ...] = ()
     pids: Mapping[int, int] = field(default_factory=dict)
+    startup_timeout: StartupTimedOut | None = None
 
     @property
     def exit_code(self) -> int:
+        if self.startup_timeout is not None:
+            return EXIT_STARTUP_TIMEOUT
         if self.first_failure is not None:
             return self.first_failure.exit_code
         if self.stopped_by_signal is not None:
@@ -105,6 +109,7 @@ class Job:
         self._kill_deadline: float | None = None
         self._reap_deadline: float | None = None
         self._signalled: set[int] = set()
+        self._startup_timeout: StartupTimedOut | None = None
 
     def run(self, instances: Sequence[InstancePlan]) -> JobReport:
         previous = self._install_signal_handlers()
@@ -125,6 +130,7 @@ class Job:
             frozenset(self._signalled),
             tuple(sorted(self._remaining)),
             dict(self._pids),
+            self._startup_timeout,
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -149,6 +155,8 @@ class Job:
                 self._on_signal(event.signum)
             elif isinstance(event, HostLost):
                 self._on_host_lost(event)
+            elif isinstance(event, StartupTimedOut):
+                self._on_startup_timeout(event)
 
     def _timeout(self) -> float | None:
         deadline = self._reap_deadline or self._kill_deadline
@@ -182,6 +190,13 @@ class Job:
                 self._record_failure(
                     Failure(index, event.host, self._pids.get(index), None, None, tuple(self._router.tail(index)), event.reason)
                 )
+
+    def _on_startup_timeout(self, event: StartupTimedOut) -> None:
+        """The root cause when it comes first: what instances do next are knock-ons."""
+        if self._stopping:
+            return
+        self._startup_timeout = event
+        self._begin_stop(signal.SIGTERM)
 
     def _record_failure(self, failure: Failure) -> None:
         if self._stopping:

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from popdist.env import SOFT_DEFAULTS
+from popdist.env import SOFT_DEFAULTS, FabricSettings
+from simipu.fabric.rendezvous import RendezvousServer
 
 from .errors import DevicesUnavailable, ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
-from .events import EventQueue
+from .events import EventQueue, StartupTimedOut
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor
 from .job import Job
@@ -84,7 +85,13 @@ def _prepare_cache(path: str | None) -> None:
         raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
 
 
-def build_plan(spec: LaunchSpec, environ: Mapping[str, str], cwd: str) -> Plan:
+def build_plan(
+    spec: LaunchSpec,
+    environ: Mapping[str, str],
+    cwd: str,
+    rendezvous: tuple[str, int] = ("127.0.0.1", 0),
+    fabric: FabricSettings = FabricSettings(),
+) -> Plan:
     check_hosts(spec)
     program = resolve_program(spec.program[0], environ, cwd)
     allocation = allocate(spec)
@@ -99,6 +106,8 @@ def build_plan(spec: LaunchSpec, environ: Mapping[str, str], cwd: str) -> Plan:
         master_port=free_port(),
         launcher_environ=environ,
         cwd=cwd,
+        rendezvous=rendezvous,
+        fabric=fabric,
     )
 
 
@@ -113,7 +122,28 @@ def print_topology(spec: LaunchSpec, plan: Plan) -> None:
 def run_launch(spec: LaunchSpec) -> int:
     """Run a validated launch on this host; the exit code is the job's."""
     environ = dict(os.environ)
-    plan = build_plan(spec, environ, os.getcwd())
+    events = EventQueue()
+    token = os.urandom(32).hex()  # reaches instances through their environment only
+    rendezvous = RendezvousServer(
+        spec.num_instances,
+        token.encode(),
+        bind_host="127.0.0.1",
+        checkin_timeout=spec.startup_timeout,
+        heartbeat_timeout=spec.fabric_timeout,
+        on_timeout=lambda missing, message: events.put(StartupTimedOut(missing, message)),
+    )
+    try:
+        return _run_with_rendezvous(spec, environ, events, rendezvous, token)
+    finally:
+        rendezvous.close()
+
+
+def _run_with_rendezvous(
+    spec: LaunchSpec, environ: dict[str, str], events: EventQueue, rendezvous: RendezvousServer, token: str
+) -> int:
+    fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
+    plan = build_plan(spec, environ, os.getcwd(), rendezvous.address, fabric)
+    rendezvous.start()
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
@@ -126,7 +156,6 @@ def run_launch(spec: LaunchSpec) -> int:
         ),
         spec.num_instances,
     )
-    events = EventQueue()
     status = StatusLine(spec.num_instances)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:

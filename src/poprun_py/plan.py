@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from popdist.env import CONTRACT_NAMES, InstanceEnv, target_options_for
+from popdist.env import CONTRACT_NAMES, FabricSettings, InstanceEnv, target_options_for
 from simipu.hardware import parent_device_id
 
 from .hosts import HostSpec, distribute_instances
@@ -95,6 +95,8 @@ def make_plan(
     master_port: int,
     launcher_environ: Mapping[str, str],
     cwd: str,
+    rendezvous: tuple[str, int] = ("127.0.0.1", 0),
+    fabric: FabricSettings = FabricSettings(),
 ) -> Plan:
     """Divide instances among hosts in contiguous blocks and give each its environment."""
     hosts = spec.hosts or (LOCALHOST,)
@@ -132,6 +134,9 @@ def make_plan(
                 master_port=master_port,
                 job_id=job_id,
                 offline=allocation.offline,
+                rendezvous_addr=rendezvous[0],
+                rendezvous_port=rendezvous[1],
+                fabric=fabric,
             )
             env = {**user_env, **contract.render()}
             instances.append(

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from popdist.env import FABRIC_TRANSPORTS
+
 from .errors import UsageError
 from .hosts import HostListError, HostSpec, parse_host_list, read_host_file, reject_duplicate_hosts
 from .mpiargs import MpiArgs, parse_instance_args, parse_mpi_args, warn_ignored
@@ -53,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
     "offline_mode": "no",
     "allow_run_as_root": "no",
     "stop_grace": 5.0,
+    "fabric_transport": "auto",
+    "fabric_timeout": 10.0,
+    "startup_timeout": 60.0,
     "verbose": 0,
     "vv": False,
 }
@@ -89,6 +94,16 @@ def _positive(name: str, value: Any, minimum: int = 1) -> int:
     if number < minimum:
         raise UsageError(f"{option_flag(name)}: must be at least {minimum}, got {number}")
     return number
+
+
+def _seconds(name: str, value: Any, allow_zero: bool = False) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option_flag(name)}: {value!r} is not a number of seconds") from None
+    if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
+        raise UsageError(f"{option_flag(name)}: must be more than 0 seconds, got {value!r}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -131,6 +146,9 @@ class LaunchSpec:
     only_output_from_instance: int | None = None
     offline_mode: bool = False
     stop_grace: float = 5.0
+    fabric_transport: str = "auto"
+    fabric_timeout: float = 10.0
+    startup_timeout: float = 60.0
     verbosity: int = 0
 
     @property
@@ -244,12 +262,10 @@ def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
     placement = str(o["process_placement"]).lower()
     if placement not in PROCESS_PLACEMENTS:
         raise UsageError(f"--process-placement: {o['process_placement']!r} is not one of {', '.join(PROCESS_PLACEMENTS)}")
-    try:
-        stop_grace = float(o["stop_grace"])
-    except (TypeError, ValueError):
-        raise UsageError(f"--stop-grace: {o['stop_grace']!r} is not a number of seconds") from None
-    if stop_grace < 0:
-        raise UsageError("--stop-grace: must be 0 or more seconds")
+    stop_grace = _seconds("stop_grace", o["stop_grace"], allow_zero=True)
+    transport = str(o["fabric_transport"]).lower()
+    if transport not in FABRIC_TRANSPORTS:
+        raise UsageError(f"--fabric-transport: {o['fabric_transport']!r} is not one of {', '.join(FABRIC_TRANSPORTS)}")
     global_args = parse_mpi_args(o["mpi_global_args"], "--mpi-global-args")
     local_args = parse_mpi_args(o["mpi_local_args"], "--mpi-local-args")
     instance_args = parse_instance_args(o["instance_mpi_local_args"], num_instances)
@@ -295,5 +311,8 @@ def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
         only_output_from_instance=only,
         offline_mode=parse_bool("offline_mode", o["offline_mode"]),
         stop_grace=stop_grace,
+        fabric_transport=transport,
+        fabric_timeout=_seconds("fabric_timeout", o["fabric_timeout"]),
+        startup_timeout=_seconds("startup_timeout", o["startup_timeout"]),
         verbosity=2 if o["vv"] else min(int(o["verbose"]), 2),
     )

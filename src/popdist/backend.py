@@ -1,0 +1,131 @@
+"""This process's link to the job's fabric: made by ``init()``, used by the collectives.
+
+Under poprun with more than one instance, ``init()`` checks in with the
+launcher's rendezvous and connects to every peer; with one instance, or
+outside poprun, a ``LoneFabric`` gives the same results without any socket.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+
+from popdist.env import InstanceEnv
+
+if TYPE_CHECKING:  # numpy is imported when a collective runs, not with popdist
+    import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class Collectives(Protocol):
+    """What the instance-level collectives need of a fabric."""
+
+    instance: int
+    num_instances: int
+
+    def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray: ...
+    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None) -> np.ndarray: ...
+    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray: ...
+    def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray: ...
+    def barrier(self, group: Sequence[int] | None = None) -> None: ...
+    def close(self) -> None: ...
+
+
+class LoneFabric:
+    """One instance alone: every collective is a copy (the mean of one array is itself)."""
+
+    instance = 0
+    num_instances = 1
+
+    def allreduce(self, array, op="sum", group=None):
+        import numpy as np
+
+        array = np.ascontiguousarray(array)
+        return array / 1 if op == "mean" and not np.issubdtype(array.dtype, np.floating) else array.copy()
+
+    def broadcast(self, array, root=0, group=None):
+        import numpy as np
+
+        if root != 0:
+            raise ValueError(f"broadcast root {root} does not exist: there is 1 instance")
+        return np.ascontiguousarray(array).copy()
+
+    def allgather(self, array, group=None):
+        import numpy as np
+
+        return np.ascontiguousarray(array)[np.newaxis].copy()
+
+    def reduce_scatter(self, array, op="sum", group=None):
+        return self.allreduce(array, op)
+
+    def barrier(self, group=None):
+        return None
+
+    def close(self):
+        return None
+
+
+class _Backend:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.initialised = False
+        self.fabric: Collectives | None = None
+        self.groups = threading.local()
+
+
+_backend = _Backend()
+
+
+def connect(launch: InstanceEnv | None) -> Collectives:
+    """The fabric for this launch (blocking until every instance has checked in)."""
+    if launch is None or launch.num_instances == 1 or not launch.fabric.token:
+        return LoneFabric()
+    from simipu.fabric.connect import connect as connect_fabric  # numpy and sockets only when needed
+
+    settings = launch.fabric
+    fabric = connect_fabric(
+        (launch.rendezvous_addr, launch.rendezvous_port),
+        settings.token.encode(),
+        job_id=launch.job_id,
+        instance=launch.instance_index,
+        num_instances=launch.num_instances,
+        transport=settings.transport,
+        timeout=settings.timeout,
+        startup_timeout=settings.startup_timeout,
+    )
+    atexit.register(fabric.close)
+    return fabric
+
+
+def current_fabric() -> Collectives:
+    """The initialised fabric; the first collective initialises PopDist if nobody has."""
+    fabric = _backend.fabric
+    if fabric is None:
+        from popdist.core import init
+
+        with _backend.lock:
+            already = _backend.initialised
+        if not already:
+            init()
+        fabric = _backend.fabric
+        assert fabric is not None
+    return fabric
+
+
+def current_group() -> tuple[int, ...] | None:
+    return getattr(_backend.groups, "members", None)
+
+
+@contextmanager
+def instance_group(members: tuple[int, ...]) -> Iterator[None]:
+    """Collectives inside span only ``members`` (used by execute_on_instances)."""
+    previous = current_group()
+    _backend.groups.members = members
+    try:
+        yield
+    finally:
+        _backend.groups.members = previous

@@ -1,0 +1,119 @@
+"""Instance-level collectives on NumPy arrays: what PopDist programs used Horovod for.
+
+Every instance calls the same collective in the same order (SPMD). Results
+are deterministic: the reduction order is fixed by instance index, so the
+same inputs give bit-identical results on every run and every instance.
+Under ``execute_on_instances`` a collective spans only the named instances.
+The first collective initialises PopDist if the program has not.
+
+Horovod-shaped names are here too (``rank``, ``size``, ``local_rank``,
+``local_size``, ``grouped_allreduce`` and the ops ``Sum``, ``Average``, ...),
+so code written for ``horovod`` beside PopDist ports by changing an import.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, TypeVar
+
+from popdist import core
+from popdist.backend import current_fabric, current_group, instance_group
+
+__all__ = [
+    "Average", "Max", "Min", "Product", "Sum",
+    "allgather", "allreduce", "barrier", "broadcast", "execute_on_instances", "grouped_allreduce",
+    "local_rank", "local_size", "rank", "reduce_scatter", "size", "synchronize",
+]
+
+Sum, Average, Max, Min, Product = "sum", "mean", "max", "min", "prod"
+_OPS = {
+    "sum": Sum, "mean": Average, "average": Average, "avg": Average,
+    "max": Max, "min": Min, "prod": Product, "product": Product,
+}
+T = TypeVar("T")
+
+
+def _op(op: str) -> str:
+    try:
+        return _OPS[str(op).lower()]
+    except KeyError:
+        raise ValueError(f"unknown reduction {op!r}; use one of sum, mean, max, min, prod") from None
+
+
+def _array(value: Any):
+    import numpy as np
+
+    array = np.asarray(value)
+    if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise TypeError(f"collectives take numeric arrays, not {array.dtype}")
+    return array
+
+
+def allreduce(array: Any, op: str = Sum):
+    """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod)."""
+    return current_fabric().allreduce(_array(array), _op(op), current_group())
+
+
+def grouped_allreduce(arrays: Iterable[Any], op: str = Sum) -> list:
+    """Allreduce several arrays; the results come back in the same order."""
+    return [allreduce(array, op) for array in arrays]
+
+
+def broadcast(array: Any, root: int = 0):
+    """Every instance gets the root instance's array."""
+    return current_fabric().broadcast(_array(array), int(root), current_group())
+
+
+def allgather(array: Any):
+    """Every instance's array, stacked in instance order: shape (instances, *shape)."""
+    return current_fabric().allgather(_array(array), current_group())
+
+
+def reduce_scatter(array: Any, op: str = Sum):
+    """Reduce across instances, and give instance k the k-th of equal parts along axis 0."""
+    return current_fabric().reduce_scatter(_array(array), _op(op), current_group())
+
+
+def barrier() -> None:
+    """Return only once every instance (of the current group) has called it."""
+    current_fabric().barrier(current_group())
+
+
+def synchronize() -> None:
+    """PopDist's barrier across instances."""
+    barrier()
+
+
+def execute_on_instances(instances: Iterable[int], func: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """Run ``func`` on the named instances only (None elsewhere).
+
+    Collectives inside ``func`` span only those instances, e.g. a checkpoint
+    saved by instance 0 alone: ``execute_on_instances({0}, save, model)``.
+    """
+    members = tuple(sorted({int(i) for i in instances}))
+    count = core.getNumInstances()
+    bad = [i for i in members if not 0 <= i < count]
+    if bad:
+        raise ValueError(f"execute_on_instances: instances {bad} do not exist (0 to {count - 1})")
+    if core.getInstanceIndex() not in members:
+        return None
+    with instance_group(members):
+        return func(*args, **kwargs)
+
+
+def rank() -> int:
+    return core.getInstanceIndex()
+
+
+def size() -> int:
+    return core.getNumInstances()
+
+
+def local_rank() -> int:
+    return core.getLocalInstanceIndex()
+
+
+def local_size() -> int:
+    launch = core._launch()
+    return 1 if launch is None else launch.num_local_instances
+
+

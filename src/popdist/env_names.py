@@ -1,0 +1,68 @@
+"""Every environment variable name of the launcher-instance contract, spelled once.
+
+``popdist.env`` re-exports these; nothing else in the project spells them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+# --- PopDist (Graphcore) ---------------------------------------------------
+TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
+IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
+LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
+UNIFORM_REPLICAS = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
+REPLICA_INDEX_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
+LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
+NODE_DEVICE_ID = "POPDIST_NODE_DEVICE_ID"
+EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
+# --- IPU over Fabric: the V-IPU service and partition -----------------------
+VIPU_HOST = "IPUOF_VIPU_API_HOST"
+VIPU_PORT = "IPUOF_VIPU_API_PORT"
+VIPU_PARTITION = "IPUOF_VIPU_API_PARTITION_ID"
+VIPU_TIMEOUT = "IPUOF_VIPU_API_TIMEOUT"
+VIPU_GCD_ID = "IPUOF_VIPU_API_GCD_ID"
+IPUOF_LOG_LEVEL = "IPUOF_LOG_LEVEL"
+TARGET_OPTIONS = "POPLAR_TARGET_OPTIONS"
+# --- Open MPI names (PopTorch, Horovod) --------------------------------------
+OMPI_RANK = "OMPI_COMM_WORLD_RANK"
+OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
+OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
+OMPI_NODE_RANK = "OMPI_COMM_WORLD_NODE_RANK"
+# --- torch.distributed --------------------------------------------------------
+TORCH_RANK = "RANK"
+TORCH_WORLD_SIZE = "WORLD_SIZE"
+TORCH_LOCAL_RANK = "LOCAL_RANK"
+TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+# --- ours ---------------------------------------------------------------------
+RENDEZVOUS_ADDR = "POPRUN_RENDEZVOUS_ADDR"
+RENDEZVOUS_PORT = "POPRUN_RENDEZVOUS_PORT"
+JOB_ID = "POPRUN_JOB_ID"
+OFFLINE = "POPRUN_OFFLINE"
+JOB_TOKEN = "POPRUN_JOB_TOKEN"  # the fabric's per-job secret: environment only, never argv or logs
+FABRIC_TRANSPORT = "POPRUN_FABRIC_TRANSPORT"
+FABRIC_TIMEOUT = "POPRUN_FABRIC_TIMEOUT"
+STARTUP_TIMEOUT = "POPRUN_STARTUP_TIMEOUT"
+
+CONTRACT_NAMES: tuple[str, ...] = (
+    TOTAL_REPLICAS, IPUS_PER_REPLICA, LOCAL_REPLICAS, UNIFORM_REPLICAS,
+    REPLICA_INDEX_OFFSET, LOCAL_INSTANCE_INDEX, NODE_DEVICE_ID,
+    EXECUTABLE_CACHE_PATH,
+    VIPU_HOST, VIPU_PORT, VIPU_PARTITION, VIPU_TIMEOUT, VIPU_GCD_ID,
+    IPUOF_LOG_LEVEL, TARGET_OPTIONS,
+    OMPI_RANK, OMPI_SIZE, OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK,
+    TORCH_RANK, TORCH_WORLD_SIZE, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT,
+    RENDEZVOUS_ADDR, RENDEZVOUS_PORT, JOB_ID, OFFLINE,
+    JOB_TOKEN, FABRIC_TRANSPORT, FABRIC_TIMEOUT, STARTUP_TIMEOUT,
+)
+"""Every name this contract may set; clear them all to simulate 'not under poprun'."""
+
+SOFT_DEFAULTS: Mapping[str, str] = MappingProxyType({IPUOF_LOG_LEVEL: "WARN"})
+"""Names Graphcore's poprun set that are the user's choice: the launcher
+applies these only when the user's environment lacks them (render() never
+includes them, so it cannot override a user's setting)."""

@@ -1,0 +1,164 @@
+"""An instance's side of the rendezvous: check in, wait for the peers, keep the line open."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import socket
+import threading
+import time
+from typing import Any
+
+from .errors import PeerLostError, RendezvousError, RendezvousTimeout
+from .frames import HEARTBEAT_INTERVAL, LAUNCHER, FrameReader, challenge_answer, encode_frame
+from .membership import Membership, Peer
+
+
+class ControlChannel:
+    """An instance's open line to the rendezvous: heartbeats out, loss notices in."""
+
+    def __init__(self, sock: socket.socket, reader: FrameReader) -> None:
+        self._sock = sock
+        self._reader = reader
+        self._lost: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._closing = False
+        self._wake_r, self._wake_w = os.pipe()
+        self.wake_fd = self._wake_r
+        self._thread = threading.Thread(target=self._run, name="poprun-fabric-control", daemon=True)
+        self._thread.start()
+
+    def lost(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._lost)
+
+    def raise_if_lost(self, among: set[int] | None = None) -> None:
+        """Raise PeerLostError for the first lost instance (of ``among``, if given)."""
+        for instance, reason in sorted(self.lost().items()):
+            if instance == LAUNCHER or among is None or instance in among:
+                raise PeerLostError(instance, reason)
+
+    def _mark_lost(self, instance: int, reason: str) -> None:
+        with self._lock:
+            first = not self._lost
+            self._lost.setdefault(instance, reason)
+        if first:
+            os.write(self._wake_w, b"x")
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        if "lost" in message:
+            self._mark_lost(int(message["lost"]), str(message.get("reason", "")))
+
+    def _run(self) -> None:
+        while (message := self._reader.pop()) is not None:  # frames that came with the peer table
+            self._handle(message)
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+        while not self._closing:
+            timeout = max(0.0, next_beat - time.monotonic())
+            try:
+                readable, _, _ = select.select([self._sock], [], [], timeout)
+                if readable:
+                    data = self._sock.recv(65536)
+                    if not data:
+                        raise ConnectionResetError("the rendezvous closed the connection")
+                    for message in self._reader.feed(data):
+                        self._handle(message)
+                if time.monotonic() >= next_beat:
+                    with self._lock:
+                        if not self._closing:
+                            self._sock.sendall(encode_frame({"hb": 1}))
+                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+            except (OSError, ValueError) as exc:
+                if not self._closing:
+                    self._mark_lost(LAUNCHER, f"the launcher's rendezvous is unreachable ({exc})")
+                return
+
+    def close(self) -> None:
+        """Leave cleanly: the others are not told this instance was lost."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            try:
+                self._sock.sendall(encode_frame({"bye": 1}))
+            except OSError:
+                pass
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._thread.join(5)
+        self._sock.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def join(
+    address: tuple[str, int],
+    token: bytes,
+    me: Peer,
+    num_instances: int,
+    *,
+    job_id: str,
+    timeout: float,
+) -> tuple[Membership, ControlChannel]:
+    """Check in, wait (at most ``timeout`` seconds) for every peer, and keep the line open."""
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection(address, timeout=timeout)
+    except OSError as exc:
+        raise RendezvousError(f"cannot reach the job's rendezvous at {address[0]}:{address[1]}: {exc}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reader = FrameReader()
+    try:
+        hello = _receive(sock, reader, deadline)
+        nonce = bytes.fromhex(str(hello.get("nonce", "")))
+        sock.sendall(encode_frame({
+            "auth": challenge_answer(token, nonce),
+            "peer": dataclasses.asdict(me),
+            "num_instances": num_instances,
+        }))
+        while True:
+            message = _receive(sock, reader, deadline)
+            if "peers" in message:
+                peers = tuple(_peer(entry) for entry in message["peers"])
+                sock.settimeout(None)
+                return Membership(job_id, me.instance, peers), ControlChannel(sock, reader)
+            if "error" in message:
+                missing = tuple(message.get("missing", ()))
+                if missing:
+                    raise RendezvousTimeout(str(message["error"]), missing)
+                raise RendezvousError(str(message["error"]))
+            if "lost" in message:
+                raise PeerLostError(int(message["lost"]), f"during start-up: {message.get('reason', '')}")
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _receive(sock: socket.socket, reader: FrameReader, deadline: float) -> dict[str, Any]:
+    while (message := reader.pop()) is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RendezvousError("timed out waiting for the job's rendezvous")
+        sock.settimeout(left)
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            raise RendezvousError("timed out waiting for the job's rendezvous") from None
+        if not data:
+            raise RendezvousError("the job's rendezvous closed the connection")
+        reader.add(data)
+    return message
+
+
+def _peer(entry: dict[str, Any]) -> Peer:
+    return Peer(
+        instance=int(entry["instance"]),
+        host_id=str(entry["host_id"]),
+        hostname=str(entry["hostname"]),
+        tcp_addr=(str(entry["tcp_addr"][0]), int(entry["tcp_addr"][1])),
+        unix_name=entry.get("unix_name"),
+        pid=int(entry["pid"]),
+    )

@@ -1,0 +1,156 @@
+"""One program per local replica, with in-program cross-replica collectives.
+
+An instance holds ``num_local_replicas`` replicas; each runs the same function
+in a thread of its own (NumPy releases the GIL in the heavy parts). A
+cross-replica op first combines the instance's replicas in local-index order,
+then one instance-level collective combines the instances in instance order,
+so every replica of every instance gets the same, deterministic result; a
+replica's global index is the instance's replica offset + its local index.
+If one replica raises, the others are released (not left waiting) and
+``run_replicas`` re-raises the first error.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+
+class InstanceCollectives(Protocol):
+    def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray: ...
+    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None) -> np.ndarray: ...
+    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ReplicaLayout:
+    """Where this instance's replicas sit among all replicas."""
+
+    num_total_replicas: int
+    num_local_replicas: int
+    replica_offset: int
+
+    @property
+    def instance(self) -> int:
+        return self.replica_offset // self.num_local_replicas
+
+
+class _ReplicaMeeting:
+    """The instance's replicas meet here for each op; replica 0 does the instance-level part."""
+
+    def __init__(self, fabric: InstanceCollectives, layout: ReplicaLayout) -> None:
+        self.fabric = fabric
+        self.layout = layout
+        self.barrier = threading.Barrier(layout.num_local_replicas)
+        self.slots: list[Any] = [None] * layout.num_local_replicas
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def exchange(self, local_index: int, value: np.ndarray, combine: Callable[[list[np.ndarray]], np.ndarray]) -> np.ndarray:
+        self.slots[local_index] = np.ascontiguousarray(value)
+        self.barrier.wait()
+        if local_index == 0:
+            try:
+                self.result = combine(self.slots)
+            except BaseException:
+                self.barrier.abort()
+                raise
+        self.barrier.wait()
+        result = self.result
+        self.barrier.wait()  # everyone has the result before the next op reuses the slots
+        return result.copy()
+
+
+class ReplicaContext:
+    """What one replica's program sees: its indices and the cross-replica ops."""
+
+    def __init__(self, local_index: int, meeting: _ReplicaMeeting) -> None:
+        self._meeting = meeting
+        layout = meeting.layout
+        self.local_index = local_index
+        self.index = layout.replica_offset + local_index
+        self.num_replicas = layout.num_total_replicas
+        self.num_local_replicas = layout.num_local_replicas
+
+    def _reduce(self, value: Any, op: str) -> np.ndarray:
+        fabric = self._meeting.fabric
+
+        def combine(slots: list[np.ndarray]) -> np.ndarray:
+            local = slots[0].copy()
+            for other in slots[1:]:  # local-index order: deterministic
+                if op == "sum":
+                    local += other
+                elif op == "max":
+                    np.maximum(local, other, out=local)
+                else:
+                    np.minimum(local, other, out=local)
+            return fabric.allreduce(local, op)
+
+        return self._meeting.exchange(self.local_index, np.asarray(value), combine)
+
+    def cross_replica_sum(self, value: Any) -> np.ndarray:
+        return self._reduce(value, "sum")
+
+    def cross_replica_mean(self, value: Any) -> np.ndarray:
+        total = self._reduce(value, "sum")
+        return total / self.num_replicas
+
+    def cross_replica_max(self, value: Any) -> np.ndarray:
+        return self._reduce(value, "max")
+
+    def cross_replica_min(self, value: Any) -> np.ndarray:
+        return self._reduce(value, "min")
+
+    def cross_replica_allgather(self, value: Any) -> np.ndarray:
+        """Every replica's value in global replica order: shape (replicas, *shape)."""
+        fabric, layout = self._meeting.fabric, self._meeting.layout
+
+        def combine(slots: list[np.ndarray]) -> np.ndarray:
+            gathered = fabric.allgather(np.stack(slots))
+            return gathered.reshape((layout.num_total_replicas, *slots[0].shape))
+
+        return self._meeting.exchange(self.local_index, np.asarray(value), combine)
+
+    def cross_replica_broadcast(self, value: Any, root: int = 0) -> np.ndarray:
+        """Every replica gets replica ``root``'s value."""
+        fabric, layout = self._meeting.fabric, self._meeting.layout
+        if not 0 <= root < layout.num_total_replicas:
+            raise ValueError(f"replica {root} does not exist (0 to {layout.num_total_replicas - 1})")
+        owner, local_root = divmod(root, layout.num_local_replicas)
+
+        def combine(slots: list[np.ndarray]) -> np.ndarray:
+            return fabric.broadcast(slots[local_root], root=owner)
+
+        return self._meeting.exchange(self.local_index, np.asarray(value), combine)
+
+
+def run_replicas(fn: Callable[..., Any], fabric: InstanceCollectives, layout: ReplicaLayout, *args: Any, **kwargs: Any) -> list[Any]:
+    """Run ``fn(replica, *args, **kwargs)`` once per local replica; results in local order."""
+    meeting = _ReplicaMeeting(fabric, layout)
+    results: list[Any] = [None] * layout.num_local_replicas
+    errors: list[tuple[int, BaseException]] = []
+
+    def body(local_index: int) -> None:
+        try:
+            results[local_index] = fn(ReplicaContext(local_index, meeting), *args, **kwargs)
+        except threading.BrokenBarrierError as exc:
+            errors.append((local_index, exc))
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+            errors.append((local_index, exc))
+            meeting.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(i,), name=f"replica-{layout.replica_offset + i}")
+               for i in range(1, layout.num_local_replicas)]
+    for thread in threads:
+        thread.start()
+    body(0)
+    for thread in threads:
+        thread.join()
+    real = [e for e in errors if not isinstance(e[1], threading.BrokenBarrierError)]
+    if real or errors:
+        local_index, error = (real or errors)[0]
+        raise error
+    return results

@@ -1,0 +1,175 @@
+"""The job's rendezvous, over real sockets: check-in, refusal, start-up deadline, losses."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from simipu.fabric import Peer, PeerLostError, RendezvousError, RendezvousTimeout
+from simipu.fabric.frames import FrameReader, challenge_answer, encode_frame
+from simipu.fabric.rendezvous import RendezvousServer, join
+
+TOKEN = os.urandom(32)
+BOUND = 10.0  # seconds: every wait in these tests is bounded by this
+
+
+def peer(i: int) -> Peer:
+    return Peer(i, "host-a", "localhost", ("127.0.0.1", 40000 + i), None, 1000 + i)
+
+
+@pytest.fixture
+def server_factory():
+    servers = []
+
+    def make(n: int, **kwargs) -> RendezvousServer:
+        server = RendezvousServer(n, TOKEN, **kwargs)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def rendezvous_log():
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    logger = logging.getLogger("poprun.rendezvous")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def join_all(server: RendezvousServer, indices, n: int, **kwargs):
+    with ThreadPoolExecutor(len(indices)) as pool:
+        futures = [pool.submit(join, server.address, TOKEN, peer(i), n, job_id="j", timeout=BOUND, **kwargs) for i in indices]
+        return [f.result(timeout=BOUND) for f in futures]
+
+
+def wait_readable(fd: int) -> bool:
+    readable, _, _ = select.select([fd], [], [], BOUND)
+    return bool(readable)
+
+
+def test_every_instance_gets_the_same_peer_table(server_factory) -> None:
+    server = server_factory(4)
+    joined = join_all(server, range(4), 4)
+    tables = {m.peers for m, _ in joined}
+    assert len(tables) == 1 and [p.instance for p in tables.pop()] == [0, 1, 2, 3]
+    assert [m.instance for m, _ in joined] == [0, 1, 2, 3]
+    for _, channel in joined:
+        channel.close()
+
+
+def test_a_connection_without_the_token_is_refused_and_logged(server_factory, rendezvous_log) -> None:
+    server = server_factory(1)
+    with pytest.raises(RendezvousError, match="does not know this job's token"):
+        join(server.address, b"wrong", peer(0), 1, job_id="j", timeout=BOUND)
+    assert any("refused a fabric connection" in r.getMessage() for r in rendezvous_log)
+    membership, channel = join(server.address, TOKEN, peer(0), 1, job_id="j", timeout=BOUND)
+    assert membership.num_instances == 1
+    channel.close()
+
+
+def test_the_token_never_crosses_the_wire(server_factory) -> None:
+    server = server_factory(1)
+    with socket.create_connection(server.address, timeout=BOUND) as sock:
+        reader = FrameReader()
+        hello = reader.feed(sock.recv(65536))[0]
+        nonce = bytes.fromhex(hello["nonce"])
+        sent = encode_frame({"auth": challenge_answer(TOKEN, nonce), "peer": vars(peer(0)) | {"tcp_addr": ["127.0.0.1", 1]}, "num_instances": 1})
+        assert TOKEN not in sent and TOKEN.hex().encode() not in sent
+        sock.sendall(sent)
+        answer = reader.feed(sock.recv(65536))[0]
+        assert [p["instance"] for p in answer["peers"]] == [0]
+
+
+def test_missing_instances_are_named_when_start_up_times_out(server_factory) -> None:
+    timeouts = []
+    server = server_factory(3, checkin_timeout=0.5, on_timeout=lambda missing, message: timeouts.append(missing))
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(join, server.address, TOKEN, peer(i), 3, job_id="j", timeout=BOUND) for i in (0, 1)]
+        for future in futures:
+            with pytest.raises(RendezvousTimeout, match="instances 2 did not check in") as info:
+                future.result(timeout=BOUND)
+            assert info.value.missing == (2,)
+    assert timeouts == [(2,)]
+
+
+def test_a_duplicate_instance_is_refused(server_factory) -> None:
+    server = server_factory(2)
+    joined = join_all(server, range(2), 2)
+    with pytest.raises(RendezvousError, match="instance 0 has already checked in"):
+        join(server.address, TOKEN, peer(0), 2, job_id="j", timeout=BOUND)
+    for _, channel in joined:
+        assert channel.lost() == {}  # the refused duplicate did not disturb the job
+        channel.close()
+
+
+def test_a_vanished_instance_is_reported_to_the_others(server_factory) -> None:
+    server = server_factory(3)
+    (m0, c0), (m1, c1), (m2, c2) = join_all(server, range(3), 3)
+    c2._sock.close()  # as if the process died: no clean leave
+    for channel in (c0, c1):
+        assert wait_readable(channel.wake_fd)
+        assert 2 in channel.lost()
+        with pytest.raises(PeerLostError, match="instance 2 is gone"):
+            channel.raise_if_lost()
+    c0.close(), c1.close()
+
+
+def test_a_clean_leave_is_not_a_loss(server_factory) -> None:
+    server = server_factory(2)
+    (m0, c0), (m1, c1) = join_all(server, range(2), 2)
+    c1.close()
+    readable, _, _ = select.select([c0.wake_fd], [], [], 0.5)
+    assert not readable and c0.lost() == {}
+    c0.close()
+
+
+def test_a_silent_instance_is_lost_after_the_heartbeat_timeout(server_factory) -> None:
+    server = server_factory(2, heartbeat_timeout=1.5)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(j=join(server.address, TOKEN, peer(0), 2, job_id="j", timeout=BOUND)))
+    thread.start()
+    # instance 1 checks in by hand and then says nothing: its host "went away"
+    with socket.create_connection(server.address, timeout=BOUND) as silent:
+        reader = FrameReader()
+        nonce = bytes.fromhex(reader.feed(silent.recv(65536))[0]["nonce"])
+        silent.sendall(encode_frame({"auth": challenge_answer(TOKEN, nonce),
+                                     "peer": {**vars(peer(1)), "tcp_addr": ["127.0.0.1", 1]}, "num_instances": 2}))
+        thread.join(BOUND)
+        _, channel = result["j"]
+        assert wait_readable(channel.wake_fd)
+        assert "no heartbeat" in channel.lost()[1]
+    channel.close()
+
+
+def test_the_launcher_going_away_wakes_the_members(server_factory) -> None:
+    server = server_factory(1)
+    _, channel = join(server.address, TOKEN, peer(0), 1, job_id="j", timeout=BOUND)
+    server.close()
+    assert wait_readable(channel.wake_fd)
+    assert -1 in channel.lost()
+    channel.close()
+
+
+def test_unreachable_rendezvous_is_a_clear_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = sock.getsockname()  # bound but not listening: connection refused
+        with pytest.raises(RendezvousError, match="cannot reach"):
+            join(address, TOKEN, peer(0), 1, job_id="j", timeout=BOUND)
