@@ -1,0 +1,133 @@
+"""What every allreduce worker shares: the plan, the input data, the timing loop, the result file.
+
+A worker runs as a script (``python <worker>.py --plan ... --out ...``) under its
+launcher, so this module is imported from the script's own directory. It needs
+NumPy only; each worker brings its library's allreduce, barrier and gather.
+
+Per size, on every instance:
+
+1. barrier; one allreduce of a known pattern, every element checked
+   (``N * (i % 251) + 1000 * N(N-1)/2``, exact in float32);
+2. ``warmup`` untimed allreduces, then a barrier;
+3. ``iters`` allreduces, each timed alone with ``perf_counter``;
+4. the last timed result is checked too; then every instance's timings and
+   checks are gathered (outside the timing) and instance 0 keeps, per
+   iteration, the slowest instance's time (and its own, for comparison).
+
+Instance 0 writes all of it as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+DTYPE = np.float32
+PATTERN_PERIOD = 251  # values stay small integers: every sum is exact in float32
+RANK_OFFSET = 1000.0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--plan", required=True, help="bytes:warmup:iters[,bytes:warmup:iters...]")
+    parser.add_argument("--out", required=True, help="JSON written by instance 0")
+    parser.add_argument("--label", default="", help="recorded in the JSON")
+    return parser.parse_args()
+
+
+def parse_plan(text: str) -> list[tuple[int, int, int]]:
+    plan = []
+    for item in text.split(","):
+        nbytes, warmup, iters = (int(v) for v in item.split(":"))
+        plan.append((nbytes, warmup, iters))
+    return plan
+
+
+def pattern(count: int, rank: int) -> np.ndarray:
+    x = (np.arange(count, dtype=np.int64) % PATTERN_PERIOD).astype(DTYPE)
+    x += DTYPE(RANK_OFFSET * rank)
+    return x
+
+
+def expected(count: int, n: int) -> np.ndarray:
+    x = (np.arange(count, dtype=np.int64) % PATTERN_PERIOD).astype(DTYPE) * DTYPE(n)
+    x += DTYPE(RANK_OFFSET * n * (n - 1) / 2)
+    return x
+
+
+def first_difference(got: np.ndarray, want: np.ndarray) -> str:
+    got = np.asarray(got).reshape(-1)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"got {got.dtype}{list(got.shape)}, want {want.dtype}{list(want.shape)}"
+    if np.array_equal(got, want):
+        return ""
+    bad = np.flatnonzero(got != want)
+    i = int(bad[0])
+    return f"{bad.size} of {want.size} elements wrong, e.g. [{i}] = {float(got[i])!r}, want {float(want[i])!r}"
+
+
+def run(
+    *,
+    tool: str,
+    rank: int,
+    n: int,
+    allreduce: Callable[[np.ndarray], np.ndarray],
+    barrier: Callable[[], None],
+    gather: Callable[[object], list],
+    init_s: float,
+    timed_input: Callable[[np.ndarray], np.ndarray] = lambda x: x,
+    extra: dict | None = None,
+) -> None:
+    """The measurement loop (see the module docstring); ``gather`` returns every rank's object, in rank order.
+
+    ``allreduce(x)`` returns the reduced array (it may be ``x`` itself, reduced in
+    place). ``timed_input(checked)`` gives the array the timed loop reduces
+    (in-place libraries get zeros, so that repeated sums stay finite).
+    """
+    args = parse_args()
+    report: dict = {"tool": tool, "label": args.label, "n": n, "init_s": init_s, "sizes": [],
+                    "pid0": os.getpid(), **(extra or {})}
+    for nbytes, warmup, iters in parse_plan(args.plan):
+        count = nbytes // np.dtype(DTYPE).itemsize
+        x = pattern(count, rank)
+        barrier()
+        problems = []
+        wrong = first_difference(allreduce(x.copy()), expected(count, n))
+        if wrong:
+            problems.append(f"check before timing: {wrong}")
+        x = timed_input(x)
+        want_after = np.asarray(allreduce(x.copy())).reshape(-1).copy()  # what every timed call must give
+        for _ in range(warmup):
+            allreduce(x)
+        times = np.empty(iters, dtype=np.float64)
+        barrier()
+        clock = time.perf_counter
+        for i in range(iters):
+            start = clock()
+            result = allreduce(x)
+            times[i] = clock() - start
+        wrong = first_difference(result, want_after)
+        if wrong:
+            problems.append(f"check of the last timed call: {wrong}")
+        everyone = gather({"times": times.tolist(), "problems": problems})
+        if rank == 0:
+            table = np.array([r["times"] for r in everyone])  # (n, iters) seconds
+            report["sizes"].append({
+                "bytes": nbytes,
+                "warmup": warmup,
+                "iters": iters,
+                "problems": {str(r): p["problems"] for r, p in enumerate(everyone) if p["problems"]},
+                "max_us": (table.max(axis=0) * 1e6).round(3).tolist(),
+                "rank0_us": (table[0] * 1e6).round(3).tolist(),
+            })
+    barrier()
+    if rank == 0:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f)
+        os.replace(tmp, args.out)

@@ -1,0 +1,269 @@
+"""Joining the job's fabric: listen, check in at the rendezvous, connect the data mesh.
+
+Each instance listens on a TCP port (``bind_host``, port 0) and, unless the
+transport is forced to TCP, on an abstract-namespace Unix socket
+``\\0poprun-<job_id>-<instance>`` (abstract, so nothing is left on disk even
+after SIGKILL; ``Peer.unix_name`` holds the name without the leading NUL).
+Instances on the same host (same hostname and boot id) talk over the Unix
+socket, the others over TCP with TCP_NODELAY.
+
+Instance i connects to every j > i and accepts from every j < i. A data
+connection opens with a hello carrying (from, to, a fresh nonce) and an
+HMAC-SHA256 of them under the job's token; the acceptor answers with an HMAC
+over the same nonce. A connection that cannot prove it knows the token is
+closed and logged, and the job goes on: two jobs on one host never mix.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import logging
+import os
+import select
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+from .engine import Fabric
+from .errors import FabricError, PeerLostError, RendezvousError
+from .member import ControlChannel, join
+from .membership import Membership, Peer
+from .transport import Link
+
+log = logging.getLogger("poprun.fabric")
+
+_HELLO = struct.Struct("<4sII16s32s")  # magic, from, to, nonce, mac
+_ACK = struct.Struct("<4s32s")  # magic, mac
+_HELLO_MAGIC, _ACK_MAGIC = b"PFH1", b"PFA1"
+#: Socket buffers for same-host links: big enough that a large frame moves in few system calls.
+UNIX_BUFFER_BYTES = 4 * 1024 * 1024
+TRANSPORTS = ("auto", "tcp")
+
+
+def connect(rendezvous: tuple[str, int], token: bytes, *, job_id: str, instance: int, num_instances: int,
+            transport: str = "auto", timeout: float = 10.0, startup_timeout: float = 60.0,
+            bind_host: str = "127.0.0.1") -> Fabric:
+    """Join the job's fabric and return this instance's end of it.
+
+    ``startup_timeout`` bounds the wait for every instance to check in;
+    ``timeout`` bounds connecting the data mesh once they have (and, later,
+    the clean-up after a collective mismatch; see ``engine``).
+    """
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown fabric transport {transport!r}; use one of {', '.join(TRANSPORTS)}")
+    listeners = Listeners.open(job_id, instance, transport, bind_host)
+    try:
+        me = listeners.peer(instance, transport)
+        membership, control = join(rendezvous, token, me, num_instances, job_id=job_id, timeout=startup_timeout)
+    except BaseException:
+        listeners.close()
+        raise
+    try:
+        links = build_mesh(membership, listeners, control, token, transport=transport, timeout=timeout)
+    except BaseException:
+        control.close()
+        raise
+    finally:
+        listeners.close()
+    log.debug("fabric: instance %d of %d connected (%s)", instance, num_instances, transport)
+    return Fabric(membership, links, control, timeout=timeout, on_close=control.close)
+
+
+def host_id() -> str:
+    """Instances with the same host id share a machine: the hostname and this boot's id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()
+    except OSError:
+        boot_id = ""
+    return f"{socket.gethostname()}:{boot_id}"
+
+
+@dataclass
+class Listeners:
+    """This instance's listening sockets, open before check-in so peers can connect as soon as they know us."""
+
+    tcp: socket.socket
+    unix: socket.socket | None
+    unix_name: str | None
+    advertised_host: str
+
+    @classmethod
+    def open(cls, job_id: str, instance: int, transport: str, bind_host: str) -> Listeners:
+        tcp = socket.create_server((bind_host, 0), backlog=128)
+        unix = unix_name = None
+        if transport != "tcp":
+            unix_name = f"poprun-{job_id}-{instance}"
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                unix.bind("\0" + unix_name)
+            except OSError as exc:
+                tcp.close()
+                unix.close()
+                if exc.errno == errno.EADDRINUSE:
+                    raise FabricError(f"another process already listens as instance {instance} of job {job_id!r} "
+                                      "on this host; each job needs its own job id") from None
+                raise
+            unix.listen(128)
+        advertised = bind_host if bind_host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        return cls(tcp, unix, unix_name, advertised)
+
+    def peer(self, instance: int, transport: str) -> Peer:
+        ident = host_id() if transport != "tcp" else f"{host_id()}:tcp-{instance}"
+        return Peer(instance=instance, host_id=ident, hostname=socket.gethostname(),
+                    tcp_addr=(self.advertised_host, self.tcp.getsockname()[1]),
+                    unix_name=self.unix_name, pid=os.getpid())
+
+    def sockets(self) -> list[socket.socket]:
+        return [s for s in (self.tcp, self.unix) if s is not None]
+
+    def close(self) -> None:
+        for sock in self.sockets():
+            sock.close()
+
+
+def _mac(token: bytes, what: bytes, job_id: str, sender: int, receiver: int, nonce: bytes) -> bytes:
+    message = b"poprun-fabric-%s\0%s\0%d\0%d\0" % (what, job_id.encode(), sender, receiver) + nonce
+    return hmac.new(token, message, hashlib.sha256).digest()
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A data connection being set up: ours to ``peer`` (awaiting the ack), or an unknown one (awaiting a hello)."""
+
+    sock: socket.socket
+    peer: int | None = None
+    nonce: bytes = b""
+    connected: bool = True
+    received: bytearray = field(default_factory=bytearray)
+    where: str = ""
+
+
+def build_mesh(membership: Membership, listeners: Listeners, control: ControlChannel | None, token: bytes, *,
+               transport: str = "auto", timeout: float = 10.0) -> dict[int, Link]:
+    """Connect to every higher instance, accept every lower one, authenticate both ways; bounded by ``timeout``."""
+    me, job_id = membership.instance, membership.job_id
+    deadline = time.monotonic() + timeout
+    links: dict[int, Link] = {}
+    pending: dict[int, _Pending] = {}
+    try:
+        for peer in membership.peers[me + 1:]:
+            item = _start_connect(membership, peer, transport)
+            pending[item.sock.fileno()] = item
+        by_fd = {s.fileno(): s for s in listeners.sockets()}
+        while len(links) < membership.num_instances - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [i for i in range(membership.num_instances) if i != me and i not in links]
+                raise RendezvousError(f"instance {me} could not connect its data links to instances {missing} "
+                                      f"within {timeout:g} s; are they running and reachable?")
+            poller = select.poll()
+            for fd in by_fd:
+                poller.register(fd, select.POLLIN)
+            for fd, item in pending.items():
+                poller.register(fd, select.POLLIN if item.connected else select.POLLOUT)
+            if control is not None:
+                poller.register(control.wake_fd, select.POLLIN)
+            for fd, _ in poller.poll(left * 1000):
+                if control is not None and fd == control.wake_fd:
+                    control.raise_if_lost(set(range(membership.num_instances)) - {me})
+                elif fd in by_fd:
+                    _accept(by_fd[fd], pending)
+                elif fd in pending:
+                    item = pending[fd]
+                    if _advance(item, job_id, me, token, links):
+                        del pending[fd]
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
+    finally:
+        for item in pending.values():
+            item.sock.close()
+    return links
+
+
+def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pending:
+    local = transport != "tcp" and peer.unix_name is not None and membership.same_host(peer.instance)
+    if local:
+        sock, address, where = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), "\0" + str(peer.unix_name), "unix"
+    else:
+        sock, address, where = socket.socket(socket.AF_INET, socket.SOCK_STREAM), peer.tcp_addr, "tcp"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    code = sock.connect_ex(address)
+    if code not in (0, errno.EINPROGRESS):
+        sock.close()
+        raise PeerLostError(peer.instance, f"its data socket ({where}) refused the connection: "
+                                           f"{os.strerror(code)}; the process may have exited")
+    return _Pending(sock, peer.instance, os.urandom(16), connected=False, where=where)
+
+
+def _accept(listener: socket.socket, pending: dict[int, _Pending]) -> None:
+    try:
+        sock, address = listener.accept()
+    except (BlockingIOError, InterruptedError):
+        return
+    sock.setblocking(False)
+    where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else "a local socket"
+    pending[sock.fileno()] = _Pending(sock, where=where)
+
+
+def _advance(item: _Pending, job_id: str, me: int, token: bytes, links: dict[int, Link]) -> bool:
+    """Move one connection's handshake along; True when it is finished (a link, or refused and closed)."""
+    if not item.connected:  # our connect completed (or failed): send the hello
+        code = item.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        assert item.peer is not None
+        if code:
+            raise PeerLostError(item.peer, f"its data socket ({item.where}) refused the connection: "
+                                           f"{os.strerror(code)}; the process may have exited")
+        item.connected = True
+        item.sock.send(_HELLO.pack(_HELLO_MAGIC, me, item.peer, item.nonce,
+                                   _mac(token, b"hello", job_id, me, item.peer, item.nonce)))
+        return False
+    want = _ACK.size if item.peer is not None else _HELLO.size
+    try:
+        data = item.sock.recv(want - len(item.received))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        data = b""
+    if not data:
+        if item.peer is not None:
+            raise PeerLostError(item.peer, "it closed the data connection during the handshake")
+        item.sock.close()
+        return True
+    item.received += data
+    if len(item.received) < want:
+        return False
+    if item.peer is not None:  # the ack to our hello
+        magic, mac = _ACK.unpack(item.received)
+        if magic != _ACK_MAGIC or not hmac.compare_digest(mac, _mac(token, b"ack", job_id, me, item.peer, item.nonce)):
+            raise RendezvousError(f"the data socket announced by instance {item.peer} ({item.where}) did not prove "
+                                  "it knows the job's token; another job may be using the same address")
+        links[item.peer] = _link(item.peer, item.sock, item.where)
+        return True
+    magic, sender, receiver, nonce, mac = _HELLO.unpack(item.received)
+    good = (magic == _HELLO_MAGIC and receiver == me and 0 <= sender < me and sender not in links
+            and hmac.compare_digest(mac, _mac(token, b"hello", job_id, sender, receiver, nonce)))
+    if not good:
+        log.warning("fabric: instance %d refused a data connection from %s: it does not know this job's token",
+                    me, item.where)
+        item.sock.close()
+        return True
+    item.sock.send(_ACK.pack(_ACK_MAGIC, _mac(token, b"ack", job_id, sender, receiver, nonce)))
+    links[sender] = _link(sender, item.sock, item.where)
+    return True
+
+
+def _link(peer: int, sock: socket.socket, where: str) -> Link:
+    if sock.family == socket.AF_UNIX:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, option, UNIX_BUFFER_BYTES)
+    else:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    log.debug("fabric: link to instance %d over %s", peer, where)
+    return Link(peer, sock)

@@ -1,0 +1,124 @@
+"""One instance of a fabric test job: connect, run a scenario, report.
+
+usage: fabric_worker.py SCENARIO OUT_DIR
+
+The job comes from the environment (never argv: the token is a secret):
+FABRIC_ADDRESS=host:port, FABRIC_TOKEN=hex, FABRIC_JOB, FABRIC_INSTANCE,
+FABRIC_INSTANCES, FABRIC_TRANSPORT. Results go to OUT_DIR/<instance>.npz;
+errors are printed as one JSON line {"error": type, "instance": ..., "message": ...}.
+
+Scenarios:
+  suite     every case of fabric_cases.suite(n), in order
+  mismatch  allreduce with a dtype (instance 1) or shape (instance 2) unlike the others'
+  loop      allreduce 4 MiB arrays until an error; prints "ready" after the first
+  group     instances 0 and n-1 run collectives together; the others close at once
+  barrier   connect, print "ready", one barrier
+  bystander print "ready", read a line from stdin; then instances 0 and 2 run allreduces as a
+            group and a barrier with everyone (the test kills instance 1 first)
+  late      print "ready"; instance 0 enters a barrier at once, the others only after reading
+            a line from stdin (so the test decides how late they are)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fabric_cases import make_input, suite  # noqa: E402
+
+from simipu.fabric import FabricError, PeerLostError  # noqa: E402
+from simipu.fabric.connect import connect  # noqa: E402
+
+
+def report(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def run_suite(fabric, instance: int, n: int, out: Path) -> None:
+    results = {}
+    for case in suite(n):
+        if instance in case.members(n):
+            results[case.name] = case.run(fabric, instance, n)
+    np.savez(out / f"{instance}.npz", **results)
+
+
+def run_mismatch(fabric, instance: int, n: int) -> None:
+    dtype = "float64" if instance == 1 else "float32"
+    shape = (5, 3) if instance == 2 else (4, 3)
+    fabric.allreduce(np.ones(shape, dtype=dtype))
+
+
+def run_loop(fabric, instance: int, n: int) -> None:
+    array = make_input("loop", instance, "float32", (1 << 20,))
+    fabric.allreduce(array)
+    report(ready=instance, pid=os.getpid())
+    while True:
+        fabric.allreduce(array)
+
+
+def run_group(fabric, instance: int, n: int, out: Path) -> None:
+    pair = (0, n - 1)
+    if instance not in pair:
+        return
+    results = {"small": fabric.allreduce(make_input("group", instance, "float64", (10,)), group=pair),
+               "large": fabric.allreduce(make_input("group", instance, "float32", (500_000,)), group=pair),
+               "gather": fabric.allgather(np.array([instance]), group=pair)}
+    fabric.barrier(group=pair)
+    np.savez(out / f"{instance}.npz", **results)
+
+
+def main() -> int:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    host, port = os.environ["FABRIC_ADDRESS"].rsplit(":", 1)
+    instance, n = int(os.environ["FABRIC_INSTANCE"]), int(os.environ["FABRIC_INSTANCES"])
+    try:
+        fabric = connect((host, int(port)), bytes.fromhex(os.environ["FABRIC_TOKEN"]), job_id=os.environ["FABRIC_JOB"],
+                         instance=instance, num_instances=n, transport=os.environ.get("FABRIC_TRANSPORT", "auto"),
+                         timeout=float(os.environ.get("FABRIC_TIMEOUT", "10")), startup_timeout=30)
+    except FabricError as exc:
+        report(error=type(exc).__name__, instance=getattr(exc, "instance", None), message=str(exc))
+        return 3
+    started = time.monotonic()
+    try:
+        if scenario == "suite":
+            run_suite(fabric, instance, n, out)
+        elif scenario == "mismatch":
+            run_mismatch(fabric, instance, n)
+        elif scenario == "loop":
+            run_loop(fabric, instance, n)
+        elif scenario == "group":
+            run_group(fabric, instance, n, out)
+        elif scenario == "barrier":
+            report(ready=instance, pid=os.getpid())
+            fabric.barrier()
+        elif scenario == "bystander":
+            report(ready=instance, pid=os.getpid())
+            sys.stdin.readline()
+            results = {f"r{k}": fabric.allreduce(np.full(4, k + instance, np.int64), group=(0, 2)) for k in range(3)}
+            np.savez(out / f"{instance}.npz", **results)
+            fabric.barrier()
+        elif scenario == "late":
+            report(ready=instance, pid=os.getpid())
+            if instance != 0:
+                sys.stdin.readline()
+            fabric.barrier()
+        else:
+            raise SystemExit(f"unknown scenario {scenario!r}")
+    except FabricError as exc:
+        lost = exc.instance if isinstance(exc, PeerLostError) else None
+        report(error=type(exc).__name__, instance=lost, message=str(exc), seconds=time.monotonic() - started)
+        return 3
+    finally:
+        fabric.close()
+    report(done=instance)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
