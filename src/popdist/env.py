@@ -21,7 +21,7 @@ from simipu.hardware import parent_device_id as _parent_device_id
 from popdist.env_names import *  # noqa: F401,F403 - the names are part of this module's API
 from popdist.env_names import (
     CONTRACT_NAMES, EXECUTABLE_CACHE_PATH, FABRIC_TIMEOUT, FABRIC_TRANSPORT, IPUOF_LOG_LEVEL, IPUS_PER_REPLICA,
-    JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
+    HOST_LABEL, JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
     OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK, OMPI_RANK, OMPI_SIZE, RENDEZVOUS_ADDR, RENDEZVOUS_PORT,
     REPLICA_INDEX_OFFSET, SOFT_DEFAULTS, STARTUP_TIMEOUT, TARGET_OPTIONS, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
     TORCH_RANK, TORCH_WORLD_SIZE, TOTAL_REPLICAS, UNIFORM_REPLICAS, VIPU_GCD_ID, VIPU_HOST, VIPU_PARTITION,
@@ -119,6 +119,7 @@ class InstanceEnv:
     rendezvous_port: int = 0
     job_id: str = ""
     offline: bool = False
+    host_label: str = ""
     fabric: FabricSettings = FabricSettings()
 
     def __post_init__(self) -> None:
@@ -195,6 +196,8 @@ class InstanceEnv:
             out[RENDEZVOUS_PORT] = str(self.rendezvous_port)
         out[JOB_ID] = self.job_id
         out[OFFLINE] = "1" if self.offline else "0"
+        if self.host_label:
+            out[HOST_LABEL] = self.host_label
         out.update(self.fabric.render())
         return out
 
@@ -255,6 +258,7 @@ class InstanceEnv:
             rendezvous_port=read_int(environ, RENDEZVOUS_PORT, 0),
             job_id=environ.get(JOB_ID, ""),
             offline=_read_flag(environ, OFFLINE),
+            host_label=environ.get(HOST_LABEL, ""),
             fabric=FabricSettings.from_environ(environ),
         )
         try:

@@ -136,6 +136,7 @@ def make_plan(
                 offline=allocation.offline,
                 rendezvous_addr=rendezvous[0],
                 rendezvous_port=rendezvous[1],
+                host_label=host.name,
                 fabric=fabric,
             )
             env = {**user_env, **contract.render()}
