@@ -1,0 +1,114 @@
+"""The one V-IPU interface the launcher codes against, and where state lives by default.
+
+``VipuService`` (in-process, over a SQLite state file) and ``VipuClient``
+(HTTP JSON to ``simipu vipu-server``) both satisfy ``VipuApi``, so a launch
+with ``--vipu-server-host`` and one without differ only in which is built.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Protocol, runtime_checkable
+
+from simipu.vipu.models import Cluster, Partition, PartitionRequest
+
+DEFAULT_PORT = 8090
+"""The V-IPU server's port, as Graphcore's (``IPUOF_VIPU_API_PORT``)."""
+DEFAULT_TIMEOUT = 10.0
+"""Seconds a client waits for one reply (PopRun's ``--vipu-server-timeout`` default)."""
+STATE_FILE_NAME = "vipu.sqlite"
+
+
+@runtime_checkable
+class VipuApi(Protocol):
+    """Partitions and clusters of a V-IPU service; every method may raise a ``VipuError``."""
+
+    def create_partition(self, request: PartitionRequest) -> Partition:
+        """Allocate IPUs atomically and record the partition (state PS_ACTIVE)."""
+        ...
+
+    def get_partition(self, name: str) -> Partition:
+        ...
+
+    def list_partitions(self) -> list[Partition]:
+        """All partitions, sorted by name."""
+        ...
+
+    def update_partition(self, name: str, request: PartitionRequest) -> Partition:
+        """Reconfigure (and resize, if the IPUs are free) partition ``name``; back to PS_ACTIVE."""
+        ...
+
+    def reset_partition(self, name: str) -> Partition:
+        """Return the partition to PS_ACTIVE and count the reset."""
+        ...
+
+    def remove_partition(self, name: str) -> Partition:
+        """Free the partition's IPUs; returns the partition as it was."""
+        ...
+
+    def cluster(self, name: Optional[str] = None) -> Cluster:
+        """The named cluster, or the service's default one."""
+        ...
+
+    def list_clusters(self) -> list[Cluster]:
+        ...
+
+    def mark_failed(self, name: str) -> Partition:
+        """Put the partition into PS_FAILED, as a hardware error would (a test and admin hook)."""
+        ...
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/poprun-py``, or ``~/.local/state/poprun-py`` (relative XDG paths are ignored)."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".local" / "state"
+    return root / "poprun-py"
+
+
+def default_state_path() -> Path:
+    """Where the embedded service keeps partitions unless told otherwise."""
+    return default_state_dir() / STATE_FILE_NAME
+
+
+def parse_server(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """Split ``HOST[:PORT]`` (or ``[v6addr]:PORT``) into host and port."""
+    text = address.strip()
+    port_text = ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":"):
+                raise ValueError(f"invalid server address {address!r}: expected [HOST]:PORT")
+            port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host = text
+    if not host:
+        raise ValueError(f"invalid server address {address!r}: no host")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"invalid server address {address!r}: {port_text!r} is not a TCP port (1-65535)")
+    return host, int(port_text)
+
+
+def open_vipu(host: Optional[str] = None, port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT,
+              state_path: Optional[os.PathLike[str] | str] = None, cluster_name: Optional[str] = None) -> VipuApi:
+    """Return a client for the server at ``host``, or, with no host, the embedded service.
+
+    This is what ``--vipu-server-host`` means: given, talk HTTP; absent, use
+    the same service in-process over ``state_path`` (default
+    :func:`default_state_path`). For the embedded service, ``cluster_name``
+    (``--vipu-cluster``) is its default cluster, created as a POD64 if the
+    state does not have it yet; a server only knows the clusters it has.
+    """
+    if host:
+        from simipu.vipu.client import VipuClient
+
+        return VipuClient(host, port=port, timeout=timeout)
+    from simipu.vipu.models import DEFAULT_CLUSTER_NAME
+    from simipu.vipu.service import VipuService
+
+    return VipuService(state_path, cluster_name=cluster_name or DEFAULT_CLUSTER_NAME)

@@ -1,0 +1,281 @@
+"""The V-IPU service over a SQLite state file: partitions survive restarts, allocation is atomic.
+
+Every operation opens its own connection and runs in one transaction;
+writes start with ``BEGIN IMMEDIATE``, so reading the taken IPUs, choosing
+free ones and recording them is one step no other process or thread can
+interleave with (the race of the guide's "Known issues" cannot happen).
+The ``UNIQUE(cluster, ipu)`` constraint is the second line of defence.
+A connection per operation also makes one service object safe to share
+between the HTTP server's threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+from simipu import hardware
+from simipu.vipu.allocation import choose_ipus
+from simipu.vipu.api import default_state_path
+from simipu.vipu.errors import (
+    ClusterMismatch, ClusterNotFound, InvalidPartitionRequest, NotEnoughIpus, PartitionExists,
+    PartitionNotFound, VipuStateError,
+)
+from simipu.vipu.models import (
+    DEFAULT_CLUSTER_NAME, PS_ACTIVE, PS_FAILED, Cluster, Partition, PartitionRequest, check_cluster_name,
+    check_partition_name,
+)
+
+log = logging.getLogger("simipu.vipu")
+
+SCHEMA_VERSION = "1"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clusters (name TEXT PRIMARY KEY, size INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS partitions (
+    name TEXT PRIMARY KEY,
+    cluster TEXT NOT NULL REFERENCES clusters(name),
+    size INTEGER NOT NULL,
+    num_ilds INTEGER NOT NULL,
+    num_gcds INTEGER NOT NULL,
+    reconfigurable INTEGER NOT NULL,
+    ipu_link_routing_type TEXT NOT NULL,
+    gw_link_routing_type TEXT NOT NULL,
+    sync_type TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reset_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS partition_ipus (
+    cluster TEXT NOT NULL,
+    ipu INTEGER NOT NULL,
+    partition TEXT NOT NULL REFERENCES partitions(name),
+    position INTEGER NOT NULL,
+    UNIQUE (cluster, ipu)
+);
+CREATE INDEX IF NOT EXISTS partition_ipus_by_partition ON partition_ipus (partition, position);
+"""
+_COLUMNS = ("name, cluster, size, num_ilds, num_gcds, reconfigurable, ipu_link_routing_type, "
+            "gw_link_routing_type, sync_type, state, reset_count")
+
+
+class VipuService:
+    """The embedded V-IPU service (implements ``VipuApi``) over ``state_path``.
+
+    ``cluster`` sizes the default cluster ``cluster_name`` when the state file
+    does not have it yet: ``pod16``, ``pod64`` (the default), ``pod128``,
+    ``pod256`` or a number of IPUs. Naming a different size for a cluster the
+    file already holds raises ``ClusterMismatch`` rather than silently
+    changing hardware under existing partitions.
+    """
+
+    def __init__(self, state_path: Optional[os.PathLike[str] | str] = None, cluster: Optional[str | int] = None,
+                 cluster_name: str = DEFAULT_CLUSTER_NAME, busy_timeout: float = 30.0) -> None:
+        self.state_path = Path(state_path) if state_path is not None else default_state_path()
+        self.default_cluster = check_cluster_name(cluster_name)
+        self._busy_timeout = busy_timeout
+        try:
+            size = hardware.parse_cluster_size(cluster if cluster is not None else "pod64")
+        except ValueError as exc:
+            raise InvalidPartitionRequest(f"cluster {cluster_name}: {exc}") from None
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise VipuStateError(f"cannot create the directory of the V-IPU state file {self.state_path}: {exc}") from None
+        with self._transaction() as db:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                db.execute(statement)
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise VipuStateError(
+                    f"the V-IPU state file {self.state_path} has schema version {row[0]}, this simipu reads "
+                    f"{SCHEMA_VERSION}; use another --state file"
+                )
+            stored = db.execute("SELECT size FROM clusters WHERE name = ?", (cluster_name,)).fetchone()
+            if stored is None:
+                db.execute("INSERT INTO clusters VALUES (?, ?)", (cluster_name, size))
+                log.info("created cluster %s of %d IPUs in %s", cluster_name, size, self.state_path)
+            elif cluster is not None and stored[0] != size:
+                raise ClusterMismatch(
+                    f"the V-IPU state file {self.state_path} holds cluster {cluster_name} of {stored[0]} IPUs, "
+                    f"not {size}; drop --cluster, or use another --state file"
+                )
+
+    def __repr__(self) -> str:
+        return f"VipuService({str(self.state_path)!r}, cluster_name={self.default_cluster!r})"
+
+    # -- transactions ----------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """One connection, one transaction; SQLite errors become VipuStateError naming the file."""
+        db: Optional[sqlite3.Connection] = None
+        try:
+            db = sqlite3.connect(self.state_path, timeout=self._busy_timeout, isolation_level=None)
+            db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            yield db
+            db.execute("COMMIT")
+        except sqlite3.IntegrityError as exc:
+            # Cannot happen under BEGIN IMMEDIATE; if it ever does, it is a lost allocation race.
+            raise NotEnoughIpus(f"allocation conflict in {self.state_path}: {exc}; try again") from None
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise VipuStateError(
+                    f"the V-IPU state file {self.state_path} stayed locked for {self._busy_timeout:g} s by another "
+                    "process; try again"
+                ) from None
+            raise VipuStateError(f"cannot use the V-IPU state file {self.state_path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise VipuStateError(
+                f"{self.state_path} is not a usable V-IPU state file ({exc}); move it away or use another --state"
+            ) from None
+        finally:
+            if db is not None:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                db.close()
+
+    # -- reading ---------------------------------------------------------
+
+    def _cluster(self, db: sqlite3.Connection, name: Optional[str]) -> Cluster:
+        name = name or self.default_cluster
+        row = db.execute("SELECT name, size FROM clusters WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            known = ", ".join(r[0] for r in db.execute("SELECT name FROM clusters ORDER BY name"))
+            raise ClusterNotFound(f"no V-IPU cluster named {name!r} (known: {known or 'none'})")
+        return Cluster(name=row[0], size=row[1])
+
+    def _partitions(self, db: sqlite3.Connection, name: Optional[str] = None) -> list[Partition]:
+        where, args = ("WHERE name = ?", (name,)) if name is not None else ("", ())
+        rows = db.execute(f"SELECT {_COLUMNS} FROM partitions {where} ORDER BY name", args).fetchall()
+        ipus: dict[str, list[int]] = {}
+        ipu_where = "WHERE partition = ?" if name is not None else ""
+        for partition, ipu in db.execute(
+            f"SELECT partition, ipu FROM partition_ipus {ipu_where} ORDER BY partition, position", args
+        ):
+            ipus.setdefault(partition, []).append(ipu)
+        clusters = {n: Cluster(n, s) for n, s in db.execute("SELECT name, size FROM clusters")}
+        found = []
+        for row in rows:
+            owned = tuple(ipus.get(row[0], ()))
+            cluster = clusters[row[1]]
+            ilds = tuple(dict.fromkeys(cluster.ild_of(i) for i in owned))
+            found.append(Partition(
+                name=row[0], cluster=row[1], size=row[2], num_ilds=row[3], num_gcds=row[4],
+                reconfigurable=bool(row[5]), ipu_link_routing_type=row[6], gw_link_routing_type=row[7],
+                sync_type=row[8], state=row[9], ipus=owned, ilds=ilds, reset_count=row[10],
+            ))
+        return found
+
+    def _partition(self, db: sqlite3.Connection, name: str) -> Partition:
+        check_partition_name(name)
+        found = self._partitions(db, name)
+        if not found:
+            raise PartitionNotFound(f"no V-IPU partition named {name!r}; create it first (simipu vipu create partition)")
+        return found[0]
+
+    def _taken(self, db: sqlite3.Connection, cluster: str, excluding: Optional[str] = None) -> set[int]:
+        return {ipu for ipu, in db.execute(
+            "SELECT ipu FROM partition_ipus WHERE cluster = ? AND partition IS NOT ?", (cluster, excluding)
+        )}
+
+    def _store_ipus(self, db: sqlite3.Connection, cluster: str, name: str, ipus: tuple[int, ...]) -> None:
+        db.execute("DELETE FROM partition_ipus WHERE partition = ?", (name,))
+        db.executemany("INSERT INTO partition_ipus (cluster, ipu, partition, position) VALUES (?, ?, ?, ?)",
+                       [(cluster, ipu, name, i) for i, ipu in enumerate(ipus)])
+
+    # -- VipuApi ---------------------------------------------------------
+
+    def create_partition(self, request: PartitionRequest) -> Partition:
+        with self._transaction() as db:
+            cluster = self._cluster(db, request.cluster)
+            if db.execute("SELECT 1 FROM partitions WHERE name = ?", (request.name,)).fetchone():
+                raise PartitionExists(
+                    f"a V-IPU partition named {request.name!r} exists already; use it, or remove it first "
+                    "(simipu vipu remove partition)"
+                )
+            ipus = choose_ipus(cluster, self._taken(db, cluster.name), request)
+            db.execute(
+                f"INSERT INTO partitions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (request.name, cluster.name, request.size, request.num_ilds, request.num_gcds,
+                 int(request.reconfigurable), request.resolved_ipu_link_routing_type(),
+                 request.resolved_gw_link_routing_type(), request.resolved_sync_type(), PS_ACTIVE),
+            )
+            self._store_ipus(db, cluster.name, request.name, ipus)
+            partition = self._partition(db, request.name)
+        log.info("created partition %s: %d IPUs %s of %s", partition.name, partition.size, list(ipus), cluster.name)
+        return partition
+
+    def get_partition(self, name: str) -> Partition:
+        with self._transaction(write=False) as db:
+            return self._partition(db, name)
+
+    def list_partitions(self) -> list[Partition]:
+        with self._transaction(write=False) as db:
+            return self._partitions(db)
+
+    def update_partition(self, name: str, request: PartitionRequest) -> Partition:
+        if request.name != name:
+            raise InvalidPartitionRequest(
+                f"cannot update partition {name!r} with a request for {request.name!r}; partitions are not renamed"
+            )
+        with self._transaction() as db:
+            current = self._partition(db, name)
+            cluster = self._cluster(db, request.cluster or current.cluster)
+            same_place = (cluster.name, request.size, request.num_ilds) == (current.cluster, current.size, current.num_ilds)
+            ipus = current.ipus if same_place else choose_ipus(cluster, self._taken(db, cluster.name, name), request)
+            if request.sync_type or request.reconfigurable != current.reconfigurable:
+                sync_type = request.resolved_sync_type()
+            else:
+                sync_type = current.sync_type
+            db.execute(
+                "UPDATE partitions SET cluster = ?, size = ?, num_ilds = ?, num_gcds = ?, reconfigurable = ?, "
+                "ipu_link_routing_type = ?, gw_link_routing_type = ?, sync_type = ?, state = ? WHERE name = ?",
+                (cluster.name, request.size, request.num_ilds, request.num_gcds, int(request.reconfigurable),
+                 request.ipu_link_routing_type or current.ipu_link_routing_type,
+                 request.gw_link_routing_type or current.gw_link_routing_type,
+                 sync_type, PS_ACTIVE, name),
+            )
+            if not same_place:
+                self._store_ipus(db, cluster.name, name, ipus)
+            partition = self._partition(db, name)
+        log.info("updated partition %s: %d IPUs %s", name, partition.size, list(partition.ipus))
+        return partition
+
+    def _set_state(self, name: str, state: str, count_reset: bool) -> Partition:
+        with self._transaction() as db:
+            self._partition(db, name)
+            db.execute("UPDATE partitions SET state = ?, reset_count = reset_count + ? WHERE name = ?",
+                       (state, int(count_reset), name))
+            return self._partition(db, name)
+
+    def reset_partition(self, name: str) -> Partition:
+        partition = self._set_state(name, PS_ACTIVE, count_reset=True)
+        log.info("reset partition %s (reset %d)", name, partition.reset_count)
+        return partition
+
+    def mark_failed(self, name: str) -> Partition:
+        partition = self._set_state(name, PS_FAILED, count_reset=False)
+        log.info("partition %s marked %s", name, PS_FAILED)
+        return partition
+
+    def remove_partition(self, name: str) -> Partition:
+        with self._transaction() as db:
+            partition = self._partition(db, name)
+            db.execute("DELETE FROM partition_ipus WHERE partition = ?", (name,))
+            db.execute("DELETE FROM partitions WHERE name = ?", (name,))
+        log.info("removed partition %s, freeing IPUs %s", name, list(partition.ipus))
+        return partition
+
+    def cluster(self, name: Optional[str] = None) -> Cluster:
+        with self._transaction(write=False) as db:
+            return self._cluster(db, name)
+
+    def list_clusters(self) -> list[Cluster]:
+        with self._transaction(write=False) as db:
+            return [Cluster(n, s) for n, s in db.execute("SELECT name, size FROM clusters ORDER BY name")]

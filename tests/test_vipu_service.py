@@ -1,0 +1,202 @@
+"""Every partition operation and error, through both implementations of VipuApi.
+
+The ``api`` fixture is the embedded service over a state file, and the HTTP
+client talking to a server (on 127.0.0.1, a free port) over another state
+file: the same calls must give the same records and the same error types.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from simipu.vipu import (
+    PS_ACTIVE, PS_FAILED, ClusterMismatch, ClusterNotFound, InvalidPartitionRequest, NotEnoughIpus, PartitionExists,
+    PartitionNotFound, PartitionRequest, PartitionTooLarge, VipuApi, VipuClient, VipuService, VipuStateError,
+    default_state_path, open_vipu,
+)
+from simipu.vipu.server import VipuServer
+
+
+@pytest.fixture(params=["embedded", "http"])
+def api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[VipuApi]:
+    service = VipuService(tmp_path / "vipu.sqlite")
+    if request.param == "embedded":
+        yield service
+        return
+    with VipuServer(service, host="127.0.0.1", port=0).start() as server:
+        host, port = server.address
+        yield VipuClient(host, port=port, timeout=10)
+
+
+def test_both_implement_the_protocol(api: VipuApi) -> None:
+    assert isinstance(api, VipuApi)
+
+
+def test_create_get_list_remove(api: VipuApi) -> None:
+    created = api.create_partition(PartitionRequest("p16", 16, num_gcds=2))
+    assert created.state == PS_ACTIVE and created.size == 16 and created.cluster == "cluster0"
+    assert created.ipus == tuple(range(16)) and created.ilds == (0,) and created.reset_count == 0
+    second = api.create_partition(PartitionRequest("a4", 4, reconfigurable=True))
+    assert set(second.ipus).isdisjoint(created.ipus)
+    assert second.sync_type == "c2-compatible"
+    assert api.get_partition("p16") == created
+    assert [p.name for p in api.list_partitions()] == ["a4", "p16"]
+    assert api.remove_partition("p16") == created
+    assert [p.name for p in api.list_partitions()] == ["a4"]
+    # The freed IPUs are allocatable again.
+    assert api.create_partition(PartitionRequest("again", 16)).ipus == tuple(range(16))
+
+
+def test_cluster_default_and_named(api: VipuApi) -> None:
+    cluster = api.cluster()
+    assert (cluster.name, cluster.size, cluster.num_ilds) == ("cluster0", 64, 1)
+    assert api.cluster("cluster0") == cluster
+    assert api.list_clusters() == [cluster]
+    with pytest.raises(ClusterNotFound):
+        api.cluster("nowhere")
+    with pytest.raises(ClusterNotFound):
+        api.create_partition(PartitionRequest("p", 4, cluster="nowhere"))
+
+
+def test_errors_have_distinct_types(api: VipuApi) -> None:
+    api.create_partition(PartitionRequest("p32", 32))
+    with pytest.raises(PartitionExists):
+        api.create_partition(PartitionRequest("p32", 4))
+    with pytest.raises(PartitionTooLarge):
+        api.create_partition(PartitionRequest("huge", 128))
+    api.create_partition(PartitionRequest("q16", 16))
+    with pytest.raises(NotEnoughIpus) as not_enough:
+        api.create_partition(PartitionRequest("p32b", 32))
+    assert "\n" not in str(not_enough.value)
+    for call in (api.get_partition, api.remove_partition, api.reset_partition, api.mark_failed):
+        with pytest.raises(PartitionNotFound):
+            call("ghost")
+    with pytest.raises(PartitionNotFound):
+        api.update_partition("ghost", PartitionRequest("ghost", 4))
+    with pytest.raises(InvalidPartitionRequest):
+        api.update_partition("p32", PartitionRequest("other", 4))
+    with pytest.raises(InvalidPartitionRequest):
+        api.get_partition("bad/name")
+    # Refusals change nothing.
+    assert [(p.name, p.size) for p in api.list_partitions()] == [("p32", 32), ("q16", 16)]
+
+
+def test_failed_state_and_reset(api: VipuApi) -> None:
+    api.create_partition(PartitionRequest("p", 4))
+    assert api.mark_failed("p").state == PS_FAILED
+    assert api.get_partition("p").state == PS_FAILED
+    reset = api.reset_partition("p")
+    assert (reset.state, reset.reset_count) == (PS_ACTIVE, 1)
+    assert api.reset_partition("p").reset_count == 2
+
+
+def test_update_resizes_when_ipus_are_free_and_keeps_them_otherwise(api: VipuApi) -> None:
+    api.create_partition(PartitionRequest("p", 8))
+    api.create_partition(PartitionRequest("other", 16))
+    same = api.update_partition("p", PartitionRequest("p", 8, num_gcds=2, ipu_link_routing_type="dnc"))
+    assert same.ipus == tuple(range(8)) and same.num_gcds == 2 and same.ipu_link_routing_type == "dnc"
+    grown = api.update_partition("p", PartitionRequest("p", 32))
+    assert len(grown.ipus) == 32 and set(grown.ipus).isdisjoint(api.get_partition("other").ipus)
+    # Not enough room for 64 while "other" holds 16: refused, and p is unchanged.
+    with pytest.raises(NotEnoughIpus):
+        api.update_partition("p", PartitionRequest("p", 64))
+    assert api.get_partition("p") == grown
+    api.mark_failed("p")
+    assert api.update_partition("p", PartitionRequest("p", 32, reconfigurable=True)).state == PS_ACTIVE
+    assert api.get_partition("p").sync_type == "c2-compatible"
+
+
+def test_multi_ild_partitions_on_a_pod128(tmp_path: Path) -> None:
+    service = VipuService(tmp_path / "s.sqlite", cluster="pod128")
+    wide = service.create_partition(PartitionRequest("wide", 64, num_ilds=2))
+    assert wide.ilds == (0, 1) and wide.ipus == tuple(range(32)) + tuple(range(64, 96))
+    with pytest.raises(PartitionTooLarge):
+        service.create_partition(PartitionRequest("x", 128))
+
+
+def test_state_survives_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "vipu.sqlite"
+    first = VipuService(path)
+    created = first.create_partition(PartitionRequest("p", 16, num_gcds=4, reconfigurable=True))
+    first.mark_failed("p")
+    del first
+    again = VipuService(path)
+    assert again.get_partition("p") == replace(created, state=PS_FAILED)
+    with pytest.raises(PartitionExists):
+        again.create_partition(PartitionRequest("p", 4))
+
+
+def test_cluster_size_conflicts_with_stored_state(tmp_path: Path) -> None:
+    path = tmp_path / "vipu.sqlite"
+    VipuService(path, cluster="pod16")
+    assert VipuService(path).cluster().size == 16  # no size given: use what is stored
+    with pytest.raises(ClusterMismatch):
+        VipuService(path, cluster="pod64")
+    with pytest.raises(InvalidPartitionRequest):
+        VipuService(tmp_path / "other.sqlite", cluster="pod12")
+
+
+def test_unusable_state_file_is_a_state_error(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(VipuStateError, match="junk.sqlite"):
+        VipuService(junk)
+    newer = tmp_path / "newer.sqlite"
+    VipuService(newer)
+    with sqlite3.connect(newer) as db:
+        db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(VipuStateError, match="schema version 99"):
+        VipuService(newer)
+
+
+def test_default_state_path_honours_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_state_path() == tmp_path / "xdg" / "poprun-py" / "vipu.sqlite"
+    service = open_vipu()
+    assert isinstance(service, VipuService) and service.state_path == default_state_path()
+    assert default_state_path().exists()
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_state_path() == tmp_path / "home" / ".local" / "state" / "poprun-py" / "vipu.sqlite"
+    assert isinstance(open_vipu("127.0.0.1", port=1), VipuClient)
+
+
+def test_threads_sharing_one_service_never_share_ipus(tmp_path: Path) -> None:
+    service = VipuService(tmp_path / "vipu.sqlite")
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def allocate(worker: int) -> None:
+        for i in range(6):
+            try:
+                result: object = service.create_partition(PartitionRequest(f"t{worker}-{i}", 2)).ipus
+            except NotEnoughIpus as exc:
+                result = exc
+            with lock:
+                outcomes.append(result)
+
+    threads = [threading.Thread(target=allocate, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(t.is_alive() for t in threads)
+    granted = [o for o in outcomes if isinstance(o, tuple)]
+    # 48 requests of 2 IPUs for 64 IPUs: exactly 32 granted, the rest refused, no IPU twice.
+    assert len(outcomes) == 48 and len(granted) == 32
+    ipus = [ipu for block in granted for ipu in block]
+    assert sorted(ipus) == list(range(64))
+
+
+def test_embedded_service_can_default_to_a_named_cluster(tmp_path: Path) -> None:
+    api = open_vipu(state_path=tmp_path / "vipu.sqlite", cluster_name="A8")
+    assert api.cluster().name == "A8"
+    assert api.create_partition(PartitionRequest("P8", 8)).cluster == "A8"
+    assert api.create_partition(PartitionRequest("Q8", 8, cluster="A8")).ipus == tuple(range(8, 16))
+    assert {c.name for c in open_vipu(state_path=tmp_path / "vipu.sqlite").list_clusters()} == {"A8", "cluster0"}
