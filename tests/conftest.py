@@ -32,6 +32,12 @@ def marked_processes(marker: str) -> list[psutil.Process]:
 
 
 @pytest.fixture(autouse=True)
+def private_state(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each test its own V-IPU state and device locks (the embedded service keeps them under XDG_STATE_HOME)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Fail the test if anything it started is still running (after a bounded wait)."""
     marker = uuid.uuid4().hex

@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
-from poprun_py.errors import EXIT_NO_DEVICES, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_UNSUPPORTED, EXIT_USAGE
+from poprun_py.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_UNSUPPORTED, EXIT_USAGE
 from poprun_py.mpiargs import EnvSetting
 
 from support import run_poprun
@@ -174,12 +174,6 @@ def test_program_not_executable_is_126(tmp_path) -> None:
     (tmp_path / "script.sh").write_text("echo hi\n")
     result = run_poprun("--offline-mode=1", "./script.sh", cwd=tmp_path)
     assert result.returncode == EXIT_NOT_EXECUTABLE and b"chmod +x" in result.stderr
-
-
-def test_without_offline_mode_says_how(tmp_path) -> None:
-    result = run_poprun("true")
-    assert result.returncode == EXIT_NO_DEVICES
-    assert b"--offline-mode=1" in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 def test_remote_hosts_are_refused_clearly() -> None:

@@ -11,6 +11,11 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in poprun; run with --vv for the traceback
 EXIT_NO_DEVICES = 69  # EX_UNAVAILABLE: no IPUs to allocate (and not --offline-mode)
 EXIT_UNSUPPORTED = 71  # a feature that this poprun cannot run (yet)
+EXIT_PARTITION_TOO_LARGE = 72  # the partition asked for is larger than the V-IPU cluster
+EXIT_PARTITION_MISMATCH = 73  # an existing partition does not fit the launch (no --update-partition)
+EXIT_VIPU_UNREACHABLE = 74  # the V-IPU server does not answer
+EXIT_PARTITION_FAILED = 76  # the partition is in a failed state after create/reset
+EXIT_VIPU_ERROR = 77  # any other refusal by the V-IPU service
 EXIT_PREFLIGHT = 75  # a host failed its pre-flight checks
 EXIT_STARTUP_TIMEOUT = 124  # instances did not start in time (like timeout(1))
 EXIT_NOT_EXECUTABLE = 126  # the program exists but cannot be executed
@@ -43,3 +48,23 @@ class DevicesUnavailable(PoprunError):
 
 class Unsupported(PoprunError):
     exit_code = EXIT_UNSUPPORTED
+
+
+class PartitionTooBig(PoprunError):
+    exit_code = EXIT_PARTITION_TOO_LARGE
+
+
+class PartitionMismatch(PoprunError):
+    exit_code = EXIT_PARTITION_MISMATCH
+
+
+class VipuServerUnreachable(PoprunError):
+    exit_code = EXIT_VIPU_UNREACHABLE
+
+
+class PartitionFailed(PoprunError):
+    exit_code = EXIT_PARTITION_FAILED
+
+
+class VipuServiceError(PoprunError):
+    exit_code = EXIT_VIPU_ERROR

@@ -17,12 +17,13 @@ from typing import Mapping
 from popdist.env import SOFT_DEFAULTS, FabricSettings
 from simipu.fabric.rendezvous import RendezvousServer
 
-from .errors import DevicesUnavailable, ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
+from .errors import ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
 from .events import EventQueue, StartupTimedOut
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor
 from .job import Job
 from .output import OutputOptions, OutputRouter
+from .partition import acquire_partition, release_partition
 from .plan import Allocation, Plan, make_plan, offline_allocation
 from .report import log_report
 from .spec import LaunchSpec
@@ -58,15 +59,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def allocate(spec: LaunchSpec) -> Allocation:
-    if spec.offline_mode:
-        return offline_allocation(spec)
-    raise DevicesUnavailable(
-        "no IPU devices: this poprun-py has no V-IPU service yet to allocate simulated IPUs from; "
-        "run without devices with --offline-mode=1"
-    )
-
-
 def check_hosts(spec: LaunchSpec) -> None:
     remote = [str(h) for h in spec.hosts if not h.is_local]
     if remote:
@@ -89,19 +81,19 @@ def build_plan(
     spec: LaunchSpec,
     environ: Mapping[str, str],
     cwd: str,
+    allocation: Allocation,
+    job_id: str,
     rendezvous: tuple[str, int] = ("127.0.0.1", 0),
     fabric: FabricSettings = FabricSettings(),
 ) -> Plan:
-    check_hosts(spec)
     program = resolve_program(spec.program[0], environ, cwd)
-    allocation = allocate(spec)
     _prepare_cache(spec.executable_cache_path)
     if spec.numa_aware:
         log.warning("--numa-aware: NUMA binding is not in this poprun-py yet; instances run unpinned")
     return make_plan(
         spec,
         argv=(program, *spec.program[1:]),
-        job_id=os.urandom(8).hex(),  # an id, not a secret
+        job_id=job_id,
         allocation=allocation,
         master_port=free_port(),
         launcher_environ=environ,
@@ -121,6 +113,19 @@ def print_topology(spec: LaunchSpec, plan: Plan) -> None:
 
 def run_launch(spec: LaunchSpec) -> int:
     """Run a validated launch on this host; the exit code is the job's."""
+    check_hosts(spec)
+    resolve_program(spec.program[0], os.environ, os.getcwd())  # before any partition is created
+    job_id = os.urandom(8).hex()  # an id, not a secret
+    if spec.offline_mode:
+        return _run_on(spec, offline_allocation(spec), job_id)
+    lease = acquire_partition(spec, job_id)
+    try:
+        return _run_on(spec, lease.allocation, job_id)
+    finally:
+        release_partition(lease)
+
+
+def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str) -> int:
     environ = dict(os.environ)
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
@@ -133,16 +138,22 @@ def run_launch(spec: LaunchSpec) -> int:
         on_timeout=lambda missing, message: events.put(StartupTimedOut(missing, message)),
     )
     try:
-        return _run_with_rendezvous(spec, environ, events, rendezvous, token)
+        return _run_with_rendezvous(spec, environ, events, rendezvous, token, allocation, job_id)
     finally:
         rendezvous.close()
 
 
 def _run_with_rendezvous(
-    spec: LaunchSpec, environ: dict[str, str], events: EventQueue, rendezvous: RendezvousServer, token: str
+    spec: LaunchSpec,
+    environ: dict[str, str],
+    events: EventQueue,
+    rendezvous: RendezvousServer,
+    token: str,
+    allocation: Allocation,
+    job_id: str,
 ) -> int:
     fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
-    plan = build_plan(spec, environ, os.getcwd(), rendezvous.address, fabric)
+    plan = build_plan(spec, environ, os.getcwd(), allocation, job_id, rendezvous.address, fabric)
     rendezvous.start()
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)

@@ -1,0 +1,145 @@
+"""poprun on the simulated IPU system: partitions as the guide describes them, errors, concurrency."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from poprun_py import errors
+from simipu.vipu import PartitionRequest, VipuService
+from simipu.vipu.testing import server_process
+from support import poprun_command, python_program, run_poprun
+
+
+def state_file() -> str:
+    return os.path.join(os.environ["XDG_STATE_HOME"], "poprun-py", "vipu.sqlite")
+
+
+def partitions() -> dict[str, object]:
+    return {p.name: p for p in VipuService(state_file()).list_partitions()}
+
+
+def env_of(result: subprocess.CompletedProcess[bytes]) -> list[dict]:
+    assert result.returncode == 0, result.stderr.decode()
+    return sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda r: r["api"]["instance"])
+
+
+def test_embedded_service_creates_and_removes_a_temporary_partition() -> None:
+    records = env_of(run_poprun("-v", "--num-instances", "4", "--num-replicas", "8", "--ipus-per-replica", "2",
+                                *python_program("print_env.py")))
+    env = records[0]["env"]
+    assert env["IPUOF_VIPU_API_PARTITION_ID"].startswith("poprun-")
+    assert env["POPDIST_NODE_DEVICE_ID"] == "30"  # the 16-IPU parent device: 2N - 2
+    assert [r["api"]["device_id"] for r in records] == [24, 25, 26, 27]
+    assert json.loads(env["POPLAR_TARGET_OPTIONS"])["gatewayMode"] == "true"
+    assert env["POPRUN_OFFLINE"] == "0"
+    assert partitions() == {}  # removed at the end (--remove-partition defaults to yes)
+
+
+def test_named_partition_is_created_kept_and_reused() -> None:
+    first = run_poprun("-v", "--vipu-partition", "p4", "--remove-partition=no", "--num-replicas", "4", "true")
+    assert first.returncode == 0 and b"Created partition p4 with 4 IPUs" in first.stderr
+    assert list(partitions()) == ["p4"]
+    again = run_poprun("-v", "--vipu-partition", "p4", "--num-replicas", "4", "true")
+    assert again.returncode == 0
+    assert b"Partition p4 already exists and is in state: PS_ACTIVE" in again.stderr
+    assert b"Resetting partition p4" in again.stderr  # non-reconfigurable: reset by default
+    assert list(partitions()) == ["p4"]  # poprun did not create it, so it does not remove it
+
+
+def test_a_partition_that_does_not_fit_needs_update_partition() -> None:
+    assert run_poprun("--vipu-partition", "p", "--remove-partition=no", "--num-replicas", "4", "true").returncode == 0
+    refused = run_poprun("--vipu-partition", "p", "--num-replicas", "8", "true")
+    assert refused.returncode == errors.EXIT_PARTITION_MISMATCH
+    assert len(refused.stderr.splitlines()) == 1 and b"--update-partition=yes" in refused.stderr
+    updated = run_poprun("-v", "--vipu-partition", "p", "--num-replicas", "8", "--update-partition=yes", "true")
+    assert updated.returncode == 0 and b"Updating partition p" in updated.stderr
+    assert partitions()["p"].size == 8
+
+
+def test_failed_partition_is_reset_by_default_and_refused_without_reset() -> None:
+    assert run_poprun("--vipu-partition", "p", "--remove-partition=no", "--num-replicas", "2", "true").returncode == 0
+    VipuService(state_file()).mark_failed("p")
+    refused = run_poprun("--vipu-partition", "p", "--reset-partition=no", "--num-replicas", "2", "true")
+    assert refused.returncode == errors.EXIT_PARTITION_FAILED and b"PS_FAILED" in refused.stderr
+    assert run_poprun("--vipu-partition", "p", "--num-replicas", "2", "true").returncode == 0
+
+
+def test_reconfigurable_partition_is_not_reset_by_default() -> None:
+    VipuService(state_file()).create_partition(
+        PartitionRequest("r", 2, num_gcds=1, reconfigurable=True, sync_type="c2-compatible"))
+    result = run_poprun("-v", "--vipu-partition", "r", "--num-replicas", "2", "true")
+    assert result.returncode == 0 and b"Resetting" not in result.stderr
+
+
+def test_the_only_fitting_partition_is_used_without_a_name() -> None:
+    VipuService(state_file()).create_partition(PartitionRequest("only", 4, num_gcds=2))
+    result = run_poprun("-v", "--num-instances", "2", "--num-replicas", "4", "true")
+    assert result.returncode == 0
+    assert b"Using V-IPU partition only as it is the only one available" in result.stderr
+    assert list(partitions()) == ["only"]
+
+
+def test_partition_larger_than_the_cluster() -> None:
+    result = run_poprun("--num-replicas", "128", "true")
+    assert result.returncode == errors.EXIT_PARTITION_TOO_LARGE
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_unreachable_server_fails_within_the_timeout() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: refused at once
+        result = run_poprun("--vipu-server-host", "127.0.0.1", "--vipu-server-port", str(port),
+                            "--vipu-server-timeout", "2", "true", timeout=20)
+    assert result.returncode == errors.EXIT_VIPU_UNREACHABLE
+    assert len(result.stderr.splitlines()) == 1 and str(port).encode() in result.stderr
+
+
+def guide_line(name: str, server: str) -> list[str]:
+    lines = {
+        "single instance": f"--numa-aware=yes --vipu-server-host={server} --vipu-partition=P8 --vipu-cluster=A8 "
+                           '--mpi-global-args="--tag-output" --num-replicas=4 --num-instances=1',
+        "multi instance single host": f"--numa-aware=yes --vipu-server-host={server} --vipu-partition=A8 "
+                                      '--vipu-cluster=A8 --mpi-global-args="--tag-output" --num-replicas=8 --num-instances=2',
+    }
+    return shlex.split(lines[name])
+
+
+@pytest.mark.parametrize("name", ["single instance", "multi instance single host"])
+def test_guide_launch_lines_against_a_real_vipu_server(tmp_path, name: str) -> None:
+    state = tmp_path / "vipu.sqlite"
+    VipuService(state, cluster="pod64", cluster_name="A8")  # the guide's cluster
+    with server_process(state) as server:
+        args = guide_line(name, "127.0.0.1")
+        result = run_poprun(*args, "--vipu-server-port", str(server.port), *python_program("print_env.py"))
+        assert result.returncode == 0, result.stderr.decode()
+        lines = [line.split(b"]<stdout>:", 1)[1] for line in result.stdout.splitlines()]
+        env = json.loads(lines[0])["env"]
+        assert env["IPUOF_VIPU_API_HOST"] == "127.0.0.1" and env["IPUOF_VIPU_API_PORT"] == str(server.port)
+        assert env["IPUOF_VIPU_API_PARTITION_ID"] in ("P8", "A8")
+        assert VipuService(state).list_partitions() == []  # created by poprun, removed at the end
+
+
+def test_concurrent_launches_never_share_ipus(tmp_path) -> None:
+    state = tmp_path / "vipu.sqlite"
+    VipuService(state, cluster="pod16")
+    with server_process(state) as server:
+        def launch(i: int) -> int:
+            return subprocess.run(poprun_command(
+                "--vipu-server-host", "127.0.0.1", "--vipu-server-port", str(server.port),
+                "--vipu-partition", f"job{i}", "--remove-partition=no", "--num-replicas", "4", "true"),
+                capture_output=True, timeout=60).returncode
+        with ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(launch, range(6)))
+        owned = [p.ipus for p in VipuService(state).list_partitions()]
+    # a POD16 has room for four 4-IPU partitions: four launches win, two are told there is no room
+    assert sorted(codes) == [0, 0, 0, 0, errors.EXIT_NO_DEVICES, errors.EXIT_NO_DEVICES]
+    flat = [ipu for ipus in owned for ipu in ipus]
+    assert len(flat) == len(set(flat)) == 16
