@@ -29,3 +29,27 @@ def program(name: str) -> str:
 
 def python_program(name: str, *args: str) -> Sequence[str]:
     return (sys.executable, program(name), *args)
+
+
+def read_line(stream, timeout: float = RUN_TIMEOUT) -> bytes:
+    """The next line of a process's output pipe, or AssertionError after ``timeout`` seconds.
+
+    A test that waits on a program's output must not wait forever if the
+    program hangs; b"" means the pipe closed.
+    """
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    line = b""
+    fd = stream.fileno()
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(0.0, left))
+        if not ready:
+            raise AssertionError(f"no complete line within {timeout:g} s (so far: {line[:200]!r})")
+        chunk = os.read(fd, 1)
+        if not chunk:
+            return line
+        line += chunk
+    return line

@@ -10,7 +10,7 @@ import threading
 import psutil
 import pytest
 
-from support import RUN_TIMEOUT, poprun_command, python_program, run_poprun
+from support import RUN_TIMEOUT, poprun_command, python_program, read_line, run_poprun
 
 OFFLINE = "--offline-mode=1"
 
@@ -70,7 +70,7 @@ class Launch:
     def wait_for_lines(self, prefix: bytes, count: int) -> list[bytes]:
         found = []
         while len(found) < count:
-            line = self.process.stdout.readline()
+            line = read_line(self.process.stdout)
             assert line, f"poprun ended before {count} lines starting with {prefix!r}: {self.finish()}"
             if line.startswith(prefix):
                 found.append(line)

@@ -14,7 +14,7 @@ import pytest
 from poprun_py import errors
 from simipu.vipu import PartitionRequest, VipuService
 from simipu.vipu.testing import server_process
-from support import poprun_command, python_program, run_poprun
+from support import poprun_command, python_program, read_line, run_poprun
 
 
 def state_file() -> str:
@@ -143,3 +143,45 @@ def test_concurrent_launches_never_share_ipus(tmp_path) -> None:
     assert sorted(codes) == [0, 0, 0, 0, errors.EXIT_NO_DEVICES, errors.EXIT_NO_DEVICES]
     flat = [ipu for ipus in owned for ipu in ipus]
     assert len(flat) == len(set(flat)) == 16
+
+
+def test_instances_hold_their_devices_exclusively(tmp_path) -> None:
+    from simipu.devices import DeviceBusy, attach
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    release = os.open(fifo, os.O_RDWR)  # a writer from the start: the instances' opens never block
+    launch = subprocess.Popen(
+        poprun_command("--vipu-partition", "p", "--remove-partition=no", "--num-instances", "2", "--num-replicas", "2",
+                       *python_program("hold_device.py")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "HOLD_GO_FIFO": str(fifo)})
+    try:
+        pids = {}
+        while len(pids) < 2:
+            line = read_line(launch.stdout)
+            assert line, launch.stderr.read()
+            _, index, pid = line.split()
+            pids[int(index)] = int(pid)
+        partition = VipuService(state_file()).get_partition("p")
+        for index in (0, 1):  # device 2N - 2N/S + i with N=2, S=1: the single IPUs 0 and 1
+            with pytest.raises(DeviceBusy) as busy:
+                attach(partition, index)
+            assert busy.value.holder.pid == pids[index]  # the instance itself, not poprun
+    finally:
+        os.close(release)  # end-of-file for every instance: both finish
+        code = launch.wait(60)
+    assert code == 0
+    with attach(VipuService(state_file()).get_partition("p")) as device:  # free again
+        assert device.ipus == (0, 1)
+
+
+def test_a_held_ipu_stops_the_launch_before_any_instance_starts(tmp_path) -> None:
+    from simipu.devices import attach
+
+    VipuService(state_file()).create_partition(PartitionRequest("p", 2, num_gcds=2))
+    with attach(VipuService(state_file()).get_partition("p"), 1):  # someone else holds IPU 1
+        result = run_poprun("--vipu-partition", "p", "--num-instances", "2", "--num-replicas", "2",
+                            "sh", "-c", "echo started")
+    assert result.returncode == errors.EXIT_NO_DEVICES
+    assert result.stdout == b""  # phase 1 failed: no instance ran (no late failure in phase 2)
+    assert str(os.getpid()).encode() in result.stderr  # the holder is named

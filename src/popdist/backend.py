@@ -74,6 +74,7 @@ class _Backend:
         self.lock = threading.Lock()
         self.initialised = False
         self.fabric: Collectives | None = None
+        self.device: object | None = None  # a simipu Device held for the life of the process
         self.groups = threading.local()
 
 
@@ -99,6 +100,15 @@ def connect(launch: InstanceEnv | None) -> Collectives:
     )
     atexit.register(fabric.close)
     return fabric
+
+
+def adopt_device(launch: InstanceEnv | None) -> object | None:
+    """Hold the device poprun attached for this instance (its IPU locks came with the process)."""
+    if launch is None or launch.offline or not launch.device_fds:
+        return None
+    from simipu.devices import adopt
+
+    return adopt(launch.device_fds, launch.device_id, launch.vipu_partition, job=launch.job_id)
 
 
 def current_fabric() -> Collectives:

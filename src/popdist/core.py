@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from popdist.backend import _backend, connect
+from popdist.backend import _backend, adopt_device, connect
 from popdist.env import InstanceEnv, is_uniform_replicas
 from simipu.hardware import parent_device_id
 
@@ -139,6 +139,7 @@ def init() -> None:
                 "first to initialise it again"
             )
         launch = _launch()
+        _backend.device = adopt_device(launch)
         _backend.fabric = connect(launch)
         _backend.initialised = True
     if launch is None:

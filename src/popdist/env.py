@@ -21,7 +21,7 @@ from simipu.hardware import parent_device_id as _parent_device_id
 from popdist.env_names import *  # noqa: F401,F403 - the names are part of this module's API
 from popdist.env_names import (
     CONTRACT_NAMES, EXECUTABLE_CACHE_PATH, FABRIC_TIMEOUT, FABRIC_TRANSPORT, IPUOF_LOG_LEVEL, IPUS_PER_REPLICA,
-    HOST_LABEL, JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
+    DEVICE_FDS, HOST_LABEL, JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
     OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK, OMPI_RANK, OMPI_SIZE, RENDEZVOUS_ADDR, RENDEZVOUS_PORT,
     REPLICA_INDEX_OFFSET, SOFT_DEFAULTS, STARTUP_TIMEOUT, TARGET_OPTIONS, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
     TORCH_RANK, TORCH_WORLD_SIZE, TOTAL_REPLICAS, UNIFORM_REPLICAS, VIPU_GCD_ID, VIPU_HOST, VIPU_PARTITION,
@@ -65,6 +65,15 @@ class FabricSettings:
             raise EnvContractError(f"{FABRIC_TRANSPORT}={transport!r} is not one of {FABRIC_TRANSPORTS}", "transport", FABRIC_TRANSPORT)
         return cls(environ.get(JOB_TOKEN, ""), transport, _read_seconds(environ, FABRIC_TIMEOUT, 10.0),
                    _read_seconds(environ, STARTUP_TIMEOUT, 60.0))
+
+
+def _read_fds(environ: Mapping[str, str]) -> tuple[int, ...]:
+    text = environ.get(DEVICE_FDS, "").strip()
+    try:
+        return tuple(int(part) for part in text.split(",")) if text else ()
+    except ValueError:
+        raise EnvContractError(f"{DEVICE_FDS}={text!r} is not a comma-separated list of descriptors",
+                               "device_fds", DEVICE_FDS) from None
 
 
 def _read_seconds(environ: Mapping[str, str], name: str, default: float) -> float:
@@ -120,6 +129,7 @@ class InstanceEnv:
     job_id: str = ""
     offline: bool = False
     host_label: str = ""
+    device_fds: tuple[int, ...] = ()
     fabric: FabricSettings = FabricSettings()
 
     def __post_init__(self) -> None:
@@ -198,6 +208,8 @@ class InstanceEnv:
         out[OFFLINE] = "1" if self.offline else "0"
         if self.host_label:
             out[HOST_LABEL] = self.host_label
+        if self.device_fds:
+            out[DEVICE_FDS] = ",".join(map(str, self.device_fds))
         out.update(self.fabric.render())
         return out
 
@@ -259,6 +271,7 @@ class InstanceEnv:
             job_id=environ.get(JOB_ID, ""),
             offline=_read_flag(environ, OFFLINE),
             host_label=environ.get(HOST_LABEL, ""),
+            device_fds=_read_fds(environ),
             fabric=FabricSettings.from_environ(environ),
         )
         try:
@@ -381,7 +394,10 @@ def _validate(env: InstanceEnv) -> None:
     """Check types and the arithmetic the derived values rely on (no I/O)."""
     for f in fields(env):
         value = getattr(env, f.name)
-        if f.name == "fabric":
+        if f.name == "device_fds":
+            if not all(isinstance(fd, int) and fd >= 0 for fd in value):
+                _fail(f.name, f"must be descriptors (integers >= 0), got {value!r}")
+        elif f.name == "fabric":
             if not isinstance(value, FabricSettings):
                 _fail(f.name, f"must be FabricSettings, got {type(value).__name__}")
         elif f.name == "offline":

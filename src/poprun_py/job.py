@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from .errors import EXIT_STARTUP_TIMEOUT
 from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut
@@ -93,7 +93,9 @@ class Job:
         num_instances: int,
         grace: float,
         status: StatusLine | None = None,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
+        self._on_started = on_started
         self._status = status or StatusLine(num_instances, enabled=False)
         self._executor = executor
         self._events = events
@@ -115,6 +117,8 @@ class Job:
         previous = self._install_signal_handlers()
         try:
             self._executor.start(instances)
+            if self._on_started is not None:
+                self._on_started()
             self._loop()
         finally:
             self._restore_signal_handlers(previous)

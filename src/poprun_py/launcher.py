@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from popdist.env import SOFT_DEFAULTS, FabricSettings
+from simipu.devices import Device, hand_over
 from simipu.fabric.rendezvous import RendezvousServer
 
 from .errors import ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
@@ -23,7 +24,7 @@ from .executors.guardian import Guardian
 from .executors.local import LocalExecutor
 from .job import Job
 from .output import OutputOptions, OutputRouter
-from .partition import acquire_partition, release_partition
+from .partition import acquire_partition, attach_devices, release_partition
 from .plan import Allocation, Plan, make_plan, offline_allocation
 from .report import log_report
 from .spec import LaunchSpec
@@ -85,6 +86,7 @@ def build_plan(
     job_id: str,
     rendezvous: tuple[str, int] = ("127.0.0.1", 0),
     fabric: FabricSettings = FabricSettings(),
+    device_fds: Mapping[int, tuple[int, ...]] = {},
 ) -> Plan:
     program = resolve_program(spec.program[0], environ, cwd)
     _prepare_cache(spec.executable_cache_path)
@@ -100,7 +102,14 @@ def build_plan(
         cwd=cwd,
         rendezvous=rendezvous,
         fabric=fabric,
+        device_fds=device_fds,
     )
+
+
+def _detach_all(devices: Mapping[int, Device]) -> None:
+    """Once the instances run they hold their devices' locks; poprun lets go of its copies."""
+    for device in devices.values():
+        device.detach()
 
 
 def print_topology(spec: LaunchSpec, plan: Plan) -> None:
@@ -120,12 +129,16 @@ def run_launch(spec: LaunchSpec) -> int:
         return _run_on(spec, offline_allocation(spec), job_id)
     lease = acquire_partition(spec, job_id)
     try:
-        return _run_on(spec, lease.allocation, job_id)
+        devices = attach_devices(spec, lease, job_id)
+        try:
+            return _run_on(spec, lease.allocation, job_id, devices)
+        finally:
+            _detach_all(devices)
     finally:
         release_partition(lease)
 
 
-def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str) -> int:
+def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str, devices: Mapping[int, Device] = {}) -> int:
     environ = dict(os.environ)
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
@@ -138,7 +151,7 @@ def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str) -> int:
         on_timeout=lambda missing, message: events.put(StartupTimedOut(missing, message)),
     )
     try:
-        return _run_with_rendezvous(spec, environ, events, rendezvous, token, allocation, job_id)
+        return _run_with_rendezvous(spec, environ, events, rendezvous, token, allocation, job_id, devices)
     finally:
         rendezvous.close()
 
@@ -151,9 +164,11 @@ def _run_with_rendezvous(
     token: str,
     allocation: Allocation,
     job_id: str,
+    devices: Mapping[int, Device],
 ) -> int:
     fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
-    plan = build_plan(spec, environ, os.getcwd(), allocation, job_id, rendezvous.address, fabric)
+    device_fds = {index: hand_over(device) for index, device in devices.items()}
+    plan = build_plan(spec, environ, os.getcwd(), allocation, job_id, rendezvous.address, fabric, device_fds)
     rendezvous.start()
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
@@ -174,7 +189,8 @@ def _run_with_rendezvous(
     guardian = Guardian(spec.stop_grace)
     try:
         executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
-        report = Job(executor, events, router, spec.num_instances, spec.stop_grace, status).run(plan.instances)
+        report = Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
+                     on_started=lambda: _detach_all(devices)).run(plan.instances)
     finally:
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:

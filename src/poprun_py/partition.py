@@ -18,6 +18,8 @@ import logging
 from dataclasses import dataclass
 
 from popdist.env import DEFAULT_VIPU_PORT
+from simipu.devices import Device, DeviceBusy, attach
+from simipu.hardware import device_id
 from simipu.vipu import (
     NotEnoughIpus,
     Partition,
@@ -160,6 +162,28 @@ def _reset_if_asked(api: VipuApi, spec: LaunchSpec, partition: Partition, create
 
 def _describe(partition: Partition, request: PartitionRequest, differences: list[str]) -> str:
     return ", ".join(f"{key} is {getattr(partition, key)}, the launch needs {getattr(request, key)}" for key in differences)
+
+
+def attach_devices(spec: LaunchSpec, lease: PartitionLease, job_id: str) -> dict[int, Device]:
+    """Phase 1 and 2 at once: take every instance's device now, to hand over at spawn.
+
+    The instances inherit the IPU locks (see ``simipu.devices.hand_over``), so
+    no other process can take their IPUs between allocation and attachment.
+    """
+    partition = lease.partition
+    ipus_per_instance = spec.replicas_per_instance * spec.ipus_per_replica
+    log.info("Preparing parent device %d", partition.parent_device_id)
+    devices: dict[int, Device] = {}
+    try:
+        for index in range(spec.num_instances):
+            devices[index] = attach(partition, device_id(partition.size, ipus_per_instance, index), job=job_id)
+    except DeviceBusy as exc:
+        for device in devices.values():
+            device.detach()
+        raise DevicesUnavailable(f"{exc}; wait for it to finish, or use another partition") from None
+    log.info("Found %d children (expected %d) of device %d with %d IPUs each", len(devices), spec.num_instances,
+             partition.parent_device_id, ipus_per_instance)
+    return devices
 
 
 def release_partition(lease: PartitionLease) -> None:

@@ -47,6 +47,7 @@ class InstancePlan:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cwd: str
+    pass_fds: tuple[int, ...] = ()  # descriptors the instance inherits (its device's IPU locks)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def make_plan(
     cwd: str,
     rendezvous: tuple[str, int] = ("127.0.0.1", 0),
     fabric: FabricSettings = FabricSettings(),
+    device_fds: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
 ) -> Plan:
     """Divide instances among hosts in contiguous blocks and give each its environment."""
     hosts = spec.hosts or (LOCALHOST,)
@@ -137,10 +139,11 @@ def make_plan(
                 rendezvous_addr=rendezvous[0],
                 rendezvous_port=rendezvous[1],
                 host_label=host.name,
+                device_fds=device_fds.get(index, ()),
                 fabric=fabric,
             )
             env = {**user_env, **contract.render()}
             instances.append(
-                InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd)
+                InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd, device_fds.get(index, ()))
             )
     return Plan(spec, job_id, tuple(hosts), tuple(instances))

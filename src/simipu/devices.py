@@ -203,10 +203,14 @@ class Device:
         return f"<Device {self.info.id} of {self.info.partition}: IPUs {list(self.info.ipus)}, {state}>"
 
 
+def _holder_record(info: DeviceInfo, job: Optional[str]) -> bytes:
+    return json.dumps({"pid": os.getpid(), "job": job, "partition": info.partition or None,
+                       "device_id": info.id, "host": socket.gethostname(), "since": time.time()}).encode()
+
+
 def _lock_ipus(info: DeviceInfo, device_dir: Path, job: Optional[str]) -> list[int]:
     """Take every IPU of ``info`` (in ascending order, so two attachers cannot deadlock) or none."""
-    record = json.dumps({"pid": os.getpid(), "job": job, "partition": info.partition or None,
-                         "device_id": info.id, "host": socket.gethostname(), "since": time.time()}).encode()
+    record = _holder_record(info, job)
     held: list[int] = []
     try:
         for ipu in sorted(info.ipus):
@@ -250,6 +254,37 @@ def attach(partition: Partition, device_id: Optional[int] = None, *,
     fds = _lock_ipus(info, Path(device_dir) if device_dir else default_device_dir(), job)
     log.debug("attached to device %d of %s: IPUs %s", info.id, info.partition, list(info.ipus))
     return Device(info, fds)
+
+
+def hand_over(device: Device) -> tuple[int, ...]:
+    """Descriptors for a child to inherit (``pass_fds``) so it holds ``device`` from its first instant.
+
+    A flock belongs to the open file description, which the child shares; once
+    the child runs, the giver calls ``device.detach()`` and the IPUs are the
+    child's alone, never free in between (so the guide's race cannot happen).
+    """
+    return tuple(device._fds)
+
+
+def adopt(fds: Sequence[int], device_id: int, partition: str, *, job: Optional[str] = None) -> Device:
+    """Take over IPU locks inherited from the launcher (see :func:`hand_over`), naming this process as holder."""
+    ipus, cluster = [], ""
+    for fd in fds:
+        try:
+            path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError as exc:
+            raise NoSuchDevice(f"descriptor {fd} handed over for device {device_id} is not open: {exc}") from None
+        if not path.name.startswith("ipu") or not path.name.endswith(".lock"):
+            raise NoSuchDevice(f"descriptor {fd} handed over for device {device_id} is not an IPU lock ({path})")
+        ipus.append(int(path.name[3:-5]))
+        cluster = path.parent.name
+        os.set_inheritable(fd, False)  # the program's own children do not keep the IPUs
+    info = DeviceInfo(id=device_id, partition=partition, cluster=cluster, ipus=tuple(ipus))
+    record = _holder_record(info, job)
+    for fd in fds:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+    return Device(info, list(fds))
 
 
 def attach_ipus(cluster: str, ipus: Sequence[int], *, device_dir: Optional[os.PathLike[str] | str] = None,

@@ -90,6 +90,7 @@ class LocalExecutor:
                 cwd=plan.cwd,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=plan.pass_fds,
             )
         except FileNotFoundError:
             os.close(out_r), os.close(err_r)
