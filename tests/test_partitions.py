@@ -185,3 +185,28 @@ def test_a_held_ipu_stops_the_launch_before_any_instance_starts(tmp_path) -> Non
     assert result.returncode == errors.EXIT_NO_DEVICES
     assert result.stdout == b""  # phase 1 failed: no instance ran (no late failure in phase 2)
     assert str(os.getpid()).encode() in result.stderr  # the holder is named
+
+
+def test_every_partition_flag_reaches_the_partition() -> None:
+    VipuService(state_file(), cluster="pod128", cluster_name="big")
+    result = run_poprun("--vipu-partition", "p", "--remove-partition=no", "--vipu-cluster", "big", "--num-ilds", "2",
+                        "--num-instances", "2", "--num-replicas", "8", "--ipus-per-replica", "16",
+                        "--ipu-link-routing-type", "dor", "--gw-link-routing-type", "ringswnc",
+                        "--sync-type", "pod-native-gw", *python_program("print_env.py"))
+    records = env_of(result)
+    partition = partitions()["p"]
+    assert (partition.cluster, partition.size, partition.num_ilds, partition.num_gcds) == ("big", 128, 2, 2)
+    assert (partition.ipu_link_routing_type, partition.gw_link_routing_type, partition.sync_type) == (
+        "dor", "ringswnc", "pod-native-gw")
+    options = json.loads(records[0]["env"]["POPLAR_TARGET_OPTIONS"])
+    assert options["ipuLinkDomainSize"] == "64" and options["instanceSize"] == "64"
+    assert [r["api"]["device_id"] for r in records] == [252, 253]  # 2N - 2N/S + i with N=128, S=64
+    assert records[0]["env"]["POPDIST_NODE_DEVICE_ID"] == "254"
+
+
+def test_vipu_allocation_names_the_cluster_too() -> None:
+    VipuService(state_file(), cluster="pod16", cluster_name="alloc1")
+    result = run_poprun("--vipu-partition", "q", "--remove-partition=no", "--vipu-allocation", "alloc1",
+                        "--num-replicas", "4", "true")
+    assert result.returncode == 0, result.stderr
+    assert partitions()["q"].cluster == "alloc1"
