@@ -3,7 +3,9 @@
 Each test runs a real RendezvousServer here and N worker processes
 (programs/fabric_worker.py) that connect() and run a scenario; results come
 back as .npz files and JSON lines. Every wait is bounded and every test ends
-with no worker alive (and nothing in /dev/shm with the job's id).
+with no worker alive (and nothing in /dev/shm with the job's id). Host
+labels make one machine several "hosts" (TCP between them). The last tests
+drive the two ends of one same-host link (socket and mailboxes) in this process.
 """
 
 from __future__ import annotations
@@ -30,14 +32,24 @@ sys.path.insert(0, str(PROGRAMS))
 from fabric_cases import suite  # noqa: E402
 
 from simipu.fabric import CollectiveMismatchError, PeerLostError  # noqa: E402
-from simipu.fabric.connect import Listeners, build_mesh  # noqa: E402
+from simipu.fabric.connect import Listeners, build_mesh, open_mailboxes  # noqa: E402
 from simipu.fabric.engine import Fabric  # noqa: E402
+from simipu.fabric.mailbox import MailboxSegment, supported as mailboxes_supported  # noqa: E402
+from simipu.fabric.exchange import exchange  # noqa: E402
+from simipu.fabric.transport import Link, Receive, Send  # noqa: E402
+from simipu.fabric.watch import LossWatch  # noqa: E402
+from simipu.fabric.wire import ALLGATHER, NBYTES, Signature, encode_prefix, mismatch_notice  # noqa: E402
 from simipu.fabric.rendezvous import RendezvousServer, join  # noqa: E402
 
 #: Upper bound for any one job in these tests.
 JOB_TIMEOUT = 40.0
 #: Upper bound for survivors to report a loss once it is detectable (generous: a loaded 2-core machine).
 LOSS_BOUND = 10.0
+#: How a same-host link travels here.
+LOCAL = "unix+mailbox" if mailboxes_supported() else "unix"
+#: Host layouts (each instance's host label) where allreduce goes hierarchical: 2 hosts x 2 instances,
+#: 3 hosts of 1 + 2 + 1, and 2 hosts whose instances interleave.
+LAYOUTS = [("a", "a", "b", "b"), ("a", "b", "b", "c"), ("a", "b", "a", "b")]
 
 
 @dataclass
@@ -69,7 +81,7 @@ class Job:
 
     def __init__(self, n: int, scenario: str, out: Path, *, transport: str = "auto",
                  heartbeat_timeout: float = 10.0, spawn: tuple[int, ...] | None = None,
-                 fabric_timeout: float = 10.0) -> None:
+                 fabric_timeout: float = 10.0, hosts: tuple[str, ...] | None = None) -> None:
         self.n, self.out = n, out
         self.job_id = f"t{uuid.uuid4().hex[:12]}"
         self.token = os.urandom(32)
@@ -80,7 +92,8 @@ class Job:
         for i in range(n) if spawn is None else spawn:
             env = dict(os.environ, FABRIC_ADDRESS=f"{self.server.address[0]}:{self.server.address[1]}",
                        FABRIC_TOKEN=self.token.hex(), FABRIC_JOB=self.job_id, FABRIC_INSTANCE=str(i),
-                       FABRIC_INSTANCES=str(n), FABRIC_TRANSPORT=transport, FABRIC_TIMEOUT=str(fabric_timeout))
+                       FABRIC_INSTANCES=str(n), FABRIC_TRANSPORT=transport, FABRIC_TIMEOUT=str(fabric_timeout),
+                       FABRIC_HOST=hosts[i] if hosts else "")
             proc = subprocess.Popen([sys.executable, program("fabric_worker.py"), scenario, str(out)], env=env,
                                     stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -138,17 +151,40 @@ def assert_bit_identical(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.tobytes() == want.tobytes(), f"{what}: values differ from the index-order reference"
 
 
+def links_seen_by(i: int, n: int, transport: str, hosts: tuple[str, ...] | None = None) -> dict[str, str]:
+    same = (lambda j: hosts[i] == hosts[j]) if hosts else (lambda j: True)
+    return {str(j): LOCAL if transport != "tcp" and same(j) else "tcp" for j in range(n) if j != i}
+
+
 @pytest.mark.parametrize("n,transport", [(1, "auto"), (2, "auto"), (2, "tcp"), (3, "tcp"), (4, "auto")])
 def test_every_collective_matches_numpy(jobs: list[Job], tmp_path: Path, n: int, transport: str) -> None:
     job = run_job(jobs, tmp_path, n, "suite", transport=transport)
     lines = job.finish()
-    assert all(lines[i] == [{"done": i}] for i in range(n)), lines
+    assert all(lines[i] == [{"links": links_seen_by(i, n, transport)}, {"done": i}] for i in range(n)), lines
     for i in range(n):
         results = job.results(i)
         cases = [case for case in suite(n) if i in case.members(n)]
         assert sorted(results) == sorted(case.name for case in cases)
         for case in cases:
-            assert_bit_identical(results[case.name], case.expect(i, n), f"instance {i}, {case.name}")
+            assert_bit_identical(results[case.name], case.expect(i, n, None), f"instance {i}, {case.name}")
+
+
+@pytest.mark.parametrize("hosts", LAYOUTS, ids="".join)
+def test_hierarchical_results_match_numpy_and_repeat_bit_for_bit(jobs: list[Job], tmp_path: Path,
+                                                                  hosts: tuple[str, ...]) -> None:
+    """Other host labels: TCP between "hosts", each host reduces first, and the bits depend on the layout only."""
+    first, second = (run_job(jobs, tmp_path, 4, "suite", hosts=hosts) for _ in range(2))
+    lines, _ = first.finish(), second.finish()
+    assert all(lines[i] == [{"links": links_seen_by(i, 4, "auto", hosts)}, {"done": i}] for i in range(4)), lines
+    cases = {case.name: case for case in suite(4)}
+    for i in range(4):
+        results, again = first.results(i), second.results(i)
+        for name, array in results.items():
+            assert_bit_identical(array, cases[name].expect(i, 4, hosts), f"instance {i}, {name}")
+            assert again[name].tobytes() == array.tobytes(), f"{name} differs between runs on instance {i}"
+    # the hierarchical order is not the flat one, so matching it bit for bit shows the fabric used it
+    name = "allreduce-sum-float32-4x3"
+    assert cases[name].expect(0, 4, hosts).tobytes() != cases[name].expect(0, 4, None).tobytes()
 
 
 def test_results_are_bit_identical_across_runs_and_instances(jobs: list[Job], tmp_path: Path) -> None:
@@ -161,6 +197,18 @@ def test_results_are_bit_identical_across_runs_and_instances(jobs: list[Job], tm
             for name, array in results.items():
                 if name.startswith(("allreduce", "broadcast", "allgather")) and "pair" not in name:
                     assert array.tobytes() == reference[name].tobytes(), f"{name} differs on instance {i}"
+
+
+@pytest.mark.parametrize("scenario,hosts", [("mismatch-last", None), ("mismatch", LAYOUTS[0]),
+                                           ("mismatch-last", LAYOUTS[0]), ("mismatch-last", LAYOUTS[1])])
+def test_a_mismatch_anywhere_raises_on_every_instance(jobs: list[Job], tmp_path: Path, scenario: str,
+                                                       hosts: tuple[str, ...] | None) -> None:
+    """Also where no pair compares every header (hierarchical): mismatch notices reach the others."""
+    job = run_job(jobs, tmp_path, 4, scenario, hosts=hosts)
+    lines = job.finish()
+    for i in range(4):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+        assert "instance 3 called allreduce(sum) on float64[4, 3]" in lines[i][0]["message"] or scenario == "mismatch"
 
 
 def test_mismatched_calls_raise_on_every_instance(jobs: list[Job], tmp_path: Path) -> None:
@@ -184,6 +232,19 @@ def test_a_killed_peer_is_named_by_every_survivor(jobs: list[Job], tmp_path: Pat
     for i in (0, 2):
         assert len(lines[i]) == 1 and lines[i][0]["error"] == PeerLostError.__name__ and lines[i][0]["instance"] == 1, lines
     assert job.workers[1].proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("victim", [2, 3])
+def test_a_peer_killed_on_another_host_is_named_by_every_survivor(jobs: list[Job], tmp_path: Path,
+                                                                   victim: int) -> None:
+    """Hosts a, a, b, b: killing host b's leader (2) or its other instance (3) mid-allreduce."""
+    job = run_job(jobs, tmp_path, 4, "loop", hosts=LAYOUTS[0])
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
+    os.kill(job.workers[victim].proc.pid, signal.SIGKILL)
+    lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
+    for i in {0, 1, 2, 3} - {victim}:
+        assert lines[i][-1]["error"] == PeerLostError.__name__ and lines[i][-1]["instance"] == victim, lines
 
 
 def test_a_stopped_host_is_declared_lost_by_heartbeat(jobs: list[Job], tmp_path: Path) -> None:
@@ -228,10 +289,11 @@ def test_a_connection_without_the_token_is_refused(jobs: list[Job], tmp_path: Pa
                 intruder.connect(address)
                 intruder.sendall(b"PFH1" + bytes(56))  # the right shape, the wrong MAC
                 assert intruder.recv(100) == b"", "a connection without the token was answered"
-        links = build_mesh(membership, listeners, control, job.token, timeout=10)
+        mailboxes = open_mailboxes(membership, "auto")
+        links = build_mesh(membership, listeners, control, job.token, timeout=10, mailboxes=mailboxes)
     finally:
         listeners.close()
-    with Fabric(membership, links, control, on_close=control.close) as fabric:
+    with Fabric(membership, links, control, on_close=control.close, mailboxes=mailboxes) as fabric:
         fabric.barrier()  # the job goes on over the real connections
     lines = job.finish()
     assert lines[0] == [{"ready": 0, "pid": job.workers[0].proc.pid}, {"done": 0}]
@@ -267,3 +329,116 @@ def test_a_late_peer_is_waited_for_and_a_lost_launcher_is_not(jobs: list[Job], t
     lines = job.finish([first, job.workers[1]], deadline=time.monotonic() + LOSS_BOUND)
     for i in (0, 1):
         assert lines[i][-1]["error"] == PeerLostError.__name__ and lines[i][-1]["instance"] == -1, lines
+
+
+@pytest.mark.parametrize("hosts", [None, LAYOUTS[0]], ids=["one-host", "aabb"])
+def test_shared_segments_reused_back_to_back_keep_results_right(jobs: list[Job], tmp_path: Path,
+                                                                hosts: tuple[str, ...] | None) -> None:
+    job = run_job(jobs, tmp_path, 4, "churn", hosts=hosts)
+    lines = job.finish()
+    assert all(lines[i] == [{"done": i}] for i in range(4)), lines
+
+
+def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
+    """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory."""
+    job = run_job(jobs, tmp_path, 3, "slow")
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
+    first = job.workers[0]
+    quiet, _, _ = select.select([first.proc.stdout], [], [], 0.5)  # instance 0 waits in the barrier, alone
+    assert not quiet and not first.buffer
+    for worker in job.workers[1:]:
+        worker.proc.stdin.write(b"go\n")
+        worker.proc.stdin.flush()
+    lines = job.finish()
+    assert all(lines[i] == [{"done": i}] for i in range(3)), lines
+    assert all(job.results(i)["total"].tolist() == [6] * 5 for i in range(3))
+
+
+def test_an_instance_that_cannot_build_its_mesh_is_lost_at_once(jobs: list[Job], tmp_path: Path) -> None:
+    """Instance 1 is this test: it checks in with data sockets that are already closed. Instance 0 cannot
+    connect, names it, and leaves without a goodbye, so the rendezvous tells us at once (not at a timeout)."""
+    job = run_job(jobs, tmp_path, 2, "barrier", spawn=(0,), fabric_timeout=JOB_TIMEOUT)
+    listeners = Listeners.open(job.job_id, 1, "auto", "127.0.0.1")
+    me = listeners.peer(1, "auto")
+    listeners.close()
+    membership, control = join(job.server.address, job.token, me, 2, job_id=job.job_id, timeout=20)
+    try:
+        readable, _, _ = select.select([control.wake_fd], [], [], LOSS_BOUND)
+        assert readable and 0 in control.lost(), "instance 0 failed to connect but was not reported lost"
+    finally:
+        control.close()
+    lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
+    assert lines[0][-1]["error"] == PeerLostError.__name__ and lines[0][-1]["instance"] == 1, lines
+
+
+# -- one same-host link, both ends in this process -----------------------------------------
+
+@pytest.fixture
+def link_pair() -> Iterator[tuple[Link, MailboxSegment, Link, MailboxSegment]]:
+    """Instance 0's and instance 1's ends of their link: a Unix socket pair and each one's mailbox segment."""
+    if not mailboxes_supported():
+        pytest.skip("shared-memory mailboxes are used on x86-64 Linux only")
+    sock0, sock1 = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    seg0, seg1 = MailboxSegment("test-0", (0, 1), 0), MailboxSegment("test-1", (0, 1), 1)
+    link0, link1 = Link(1, sock0, seg0.attach(1, os.dup(seg1.fd))), Link(0, sock1, seg1.attach(0, os.dup(seg0.fd)))
+    yield link0, seg0, link1, seg1
+    for closable in (link0, link1, seg0, seg1):
+        closable.close()
+
+
+HEADER = encode_prefix(ALLGATHER, 0, 1, "<i4", (3,), -1, 1, 7)
+
+
+def send_ints(link: Link, value: int) -> Send:
+    send = Send(link, HEADER + NBYTES.pack(12), memoryview(np.full(3, value, np.int32)).cast("B"))
+    assert send.step()
+    return send
+
+
+def receive_ints(link: Link) -> list[int]:
+    out = np.zeros(3, np.int32)
+    receive = Receive(link, HEADER, 12, memoryview(out).cast("B"))
+    for _ in range(100):  # everything was sent before: a few nonblocking reads at most
+        if receive.step():
+            return out.tolist()
+    raise AssertionError("the frame did not arrive")
+
+
+def test_a_link_keeps_frame_order_across_mailbox_and_socket(link_pair) -> None:
+    """Frames 0 and 1 fill the mailbox, 2 takes the socket, 3 the slot frame 0 freed: received 0, 1, 2, 3."""
+    link0, _, link1, _ = link_pair
+    sends = [send_ints(link0, 0), send_ints(link0, 1), send_ints(link0, 2)]
+    assert receive_ints(link1) == [0] * 3
+    sends.append(send_ints(link0, 3))
+    assert [send.boxed for send in sends] == [True, True, False, True]
+    assert [receive_ints(link1)[0] for _ in range(3)] == [1, 2, 3]
+
+
+def test_a_sleeping_receiver_gets_a_wake_byte_that_is_then_skipped(link_pair) -> None:
+    link0, _, link1, seg1 = link_pair
+    send_ints(link0, 5)
+    assert not select.select([link1.sock], [], [], 0)[0], "a wake byte for a receiver that was not asleep"
+    seg1.set_sleeping(True)
+    send_ints(link0, 6)
+    assert select.select([link1.sock], [], [], 0)[0], "no wake byte for the sleeping receiver"
+    seg1.set_sleeping(False)
+    send_ints(link0, 7)  # the mailbox is full: this one takes the socket, after the wake byte
+    assert [receive_ints(link1)[0] for _ in range(3)] == [5, 6, 7]
+    assert link1.available() == 0
+
+
+def test_mismatches_and_notices_arrive_through_the_mailbox(link_pair) -> None:
+    link0, _, link1, _ = link_pair
+    send_ints(link0, 1)
+    theirs = encode_prefix(ALLGATHER, 0, 1, "<f4", (3,), -1, 1, 7)
+    mine = Signature(ALLGATHER, 0, 1, "<f4", (3,), -1, 1, 7)
+    with pytest.raises(CollectiveMismatchError, match=r"^instance 1 called allgather on float32\[3\] but "
+                                                      r"instance 0 called allgather on int32\[3\]"):
+        exchange(theirs, [], [(link1, memoryview(bytearray(12)))], LossWatch(None), me=1, members=(0, 1),
+                 mine=lambda: mine, flush_timeout=1)
+    link0.send_notice(mismatch_notice(CollectiveMismatchError("instance 0 called x but instance 2 called y")))
+    link1.mailbox.consume()  # (the mismatched frame's slot)
+    link1.received += 1
+    with pytest.raises(CollectiveMismatchError, match=r"instance 2 called y \(reported by instance 0\)$"):
+        receive_ints(link1)

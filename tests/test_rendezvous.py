@@ -131,6 +131,23 @@ def test_a_vanished_instance_is_reported_to_the_others(server_factory) -> None:
     c0.close(), c1.close()
 
 
+def test_every_loss_wakes_the_members_again(server_factory) -> None:
+    """The wake fd signals each loss: once drained, it stays quiet until the next one (no re-check timers)."""
+    server = server_factory(4)
+    (_, c0), (_, c1), (_, c2), (_, c3) = join_all(server, range(4), 4)
+    c3.abandon()  # leaves without a goodbye: a loss, told to the others at once
+    assert wait_readable(c0.wake_fd) and 3 in c0.lost()
+    c0.clear_wake()
+    assert not select.select([c0.wake_fd], [], [], 0)[0] and c0.lost().keys() == {3}
+    c2._sock.close()  # as if the process died
+    assert wait_readable(c0.wake_fd) and c0.lost().keys() == {2, 3}
+    with pytest.raises(PeerLostError, match="instance 2 is gone"):
+        c0.raise_if_lost({1, 2})
+    assert not select.select([c0.wake_fd], [], [], 0)[0], "raise_if_lost left the wake fd readable"
+    for channel in (c0, c1, c2):
+        channel.close()
+
+
 def test_a_clean_leave_is_not_a_loss(server_factory) -> None:
     server = server_factory(2)
     (m0, c0), (m1, c1) = join_all(server, range(2), 2)

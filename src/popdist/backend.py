@@ -97,6 +97,7 @@ def connect(launch: InstanceEnv | None) -> Collectives:
         transport=settings.transport,
         timeout=settings.timeout,
         startup_timeout=settings.startup_timeout,
+        host_label=launch.host_label or None,
     )
     atexit.register(fabric.close)
     return fabric

@@ -2,14 +2,17 @@
 
 Imported by the worker (which runs each case on the fabric) and by the test
 (which computes what every instance must get). Inputs depend only on the
-case, the instance and the dtype, so both sides build the same ones.
+case, the instance and the dtype, so both sides build the same ones. The
+expected allreduce results depend on the host layout (``hosts``: each
+instance's host label, or None for one host): the fabric reduces within each
+host first when a group spans several hosts and one holds several members.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -37,15 +40,38 @@ def make_input(name: str, instance: int, dtype: str, shape: tuple[int, ...]) -> 
     return rng.integers(low, high, size=shape).astype(dtype)
 
 
-def reduce_in_order(op: str, arrays: list[np.ndarray]) -> np.ndarray:
-    """((x0 op x1) op x2) ... as the fabric promises, then / n for mean."""
+Hosts = Optional[Tuple[str, ...]]
+
+
+def _fold(op: str, arrays: list[np.ndarray]) -> np.ndarray:
     ufunc = _UFUNCS[op]
     out = arrays[0].copy()
     for other in arrays[1:]:
         out = ufunc(out, other)
-    if op == "mean":
-        out = out / np.asarray(len(arrays), dtype=out.dtype)
     return np.asarray(out)
+
+
+def reduce_in_order(op: str, arrays: list[np.ndarray]) -> np.ndarray:
+    """((x0 op x1) op x2) ... as the fabric promises, then / n for mean."""
+    out = _fold(op, arrays)
+    if op == "mean":
+        out = np.asarray(out / np.asarray(len(arrays), dtype=out.dtype))
+    return out
+
+
+def reduce_for_layout(op: str, members: tuple[int, ...], arrays: list[np.ndarray], hosts: Hosts) -> np.ndarray:
+    """The fabric's order for ``members`` (arrays by member): flat, or within each host by index, then
+    across hosts in the order of their lowest member, when the members span several hosts and one holds
+    several of them."""
+    by_host: dict[str, list[np.ndarray]] = {}
+    for member, array in zip(members, arrays):
+        by_host.setdefault("" if hosts is None else hosts[member], []).append(array)
+    if len(by_host) == 1 or all(len(group) == 1 for group in by_host.values()):
+        return reduce_in_order(op, arrays)
+    out = _fold(op, [_fold(op, group) for group in by_host.values()])
+    if op == "mean":
+        out = np.asarray(out / np.asarray(len(arrays), dtype=out.dtype))
+    return out
 
 
 @dataclass(frozen=True)
@@ -55,7 +81,7 @@ class Case:
     name: str
     members: Callable[[int], tuple[int, ...]]  # n -> the group (all instances unless it is a group case)
     run: Callable[..., np.ndarray]  # (fabric, instance, n) -> result
-    expect: Callable[[int, int], np.ndarray]  # (instance, n) -> reference
+    expect: Callable[[int, int, Hosts], np.ndarray]  # (instance, n, hosts) -> reference
 
 
 def _everyone(n: int) -> tuple[int, ...]:
@@ -71,8 +97,8 @@ def _allreduce(op: str, dtype: str, shape: tuple[int, ...], group: Callable[[int
         return fabric.allreduce(make_input(name, instance, dtype, shape), op=op,
                                 group=None if g == _everyone(n) else g)
 
-    def expect(instance: int, n: int) -> np.ndarray:
-        return reduce_in_order(op, [make_input(name, i, dtype, shape) for i in group(n)])
+    def expect(instance: int, n: int, hosts: Hosts) -> np.ndarray:
+        return reduce_for_layout(op, group(n), [make_input(name, i, dtype, shape) for i in group(n)], hosts)
 
     return Case(name, group, run, expect)
 
@@ -91,7 +117,8 @@ def _noncontiguous(n: int) -> Case:
         assert np.array_equal(array, before), "allreduce modified its input"
         return result
 
-    return Case(name, _everyone, run, lambda instance, n: reduce_in_order("sum", [source(i) for i in range(n)]))
+    return Case(name, _everyone, run, lambda instance, n, hosts: reduce_for_layout(
+        "sum", _everyone(n), [source(i) for i in range(n)], hosts))
 
 
 def _byteswapped(n: int) -> Case:
@@ -101,22 +128,22 @@ def _byteswapped(n: int) -> Case:
     def run(fabric, instance: int, n: int) -> np.ndarray:
         return fabric.allreduce(make_input(name, instance, "float32", (5,)).astype(">f4"))
 
-    return Case(name, _everyone, run,
-                lambda instance, n: reduce_in_order("sum", [make_input(name, i, "float32", (5,)) for i in range(n)]))
+    return Case(name, _everyone, run, lambda instance, n, hosts: reduce_for_layout(
+        "sum", _everyone(n), [make_input(name, i, "float32", (5,)) for i in range(n)], hosts))
 
 
 def _broadcast(root: int, dtype: str, shape: tuple[int, ...]) -> Case:
     name = f"broadcast-{root}-{dtype}-{'x'.join(map(str, shape))}"
     return Case(name, _everyone,
                 lambda fabric, instance, n: fabric.broadcast(make_input(name, instance, dtype, shape), root=root),
-                lambda instance, n: make_input(name, root, dtype, shape))
+                lambda instance, n, hosts: make_input(name, root, dtype, shape))
 
 
 def _allgather(dtype: str, shape: tuple[int, ...]) -> Case:
     name = f"allgather-{dtype}-{'x'.join(map(str, shape))}"
     return Case(name, _everyone,
                 lambda fabric, instance, n: fabric.allgather(make_input(name, instance, dtype, shape)),
-                lambda instance, n: np.stack([make_input(name, i, dtype, shape) for i in range(n)]))
+                lambda instance, n, hosts: np.stack([make_input(name, i, dtype, shape) for i in range(n)]))
 
 
 def _reduce_scatter(op: str, dtype: str, rows_per_member: int, cols: int) -> Case:
@@ -125,7 +152,7 @@ def _reduce_scatter(op: str, dtype: str, rows_per_member: int, cols: int) -> Cas
     def run(fabric, instance: int, n: int) -> np.ndarray:
         return fabric.reduce_scatter(make_input(name, instance, dtype, (n * rows_per_member, cols)), op=op)
 
-    def expect(instance: int, n: int) -> np.ndarray:
+    def expect(instance: int, n: int, hosts: Hosts) -> np.ndarray:
         whole = reduce_in_order(op, [make_input(name, i, dtype, (n * rows_per_member, cols)) for i in range(n)])
         return whole[instance * rows_per_member:(instance + 1) * rows_per_member]
 
@@ -137,7 +164,7 @@ def _barrier(name: str) -> Case:
         fabric.barrier()
         return np.zeros(0)
 
-    return Case(name, _everyone, run, lambda instance, n: np.zeros(0))
+    return Case(name, _everyone, run, lambda instance, n, hosts: np.zeros(0))
 
 
 def _pair(n: int) -> tuple[int, ...]:
@@ -153,7 +180,9 @@ def suite(n: int) -> list[Case]:
     cases += [_allreduce("sum", "float32", ()), _noncontiguous(n), _byteswapped(n), _barrier("barrier-1")]
     cases += [_allreduce(op, "complex64", (3,)) for op in ("sum", "prod")]
     cases += [_allreduce("sum", "float32", (300_001,)), _allreduce("max", "int64", (70_000, 3)),
-              _allreduce("mean", "float64", (3, 100_003))]  # the chunked algorithm, uneven chunks
+              _allreduce("mean", "float64", (3, 100_003))]  # the chunked algorithms, uneven chunks
+    cases += [_allreduce("sum", "float32", (300_001,), tag="-again")]  # the same layout twice in a row
+    cases += [_allreduce("sum", "float32", (20_000,), tag=f"-{k}") for k in range(3)]  # shared memory, whole
     cases += [_broadcast(root, "float32", (5, 2)) for root in range(n)]
     cases += [_broadcast(root, "int16", (1_000_003,)) for root in range(n)]  # scatter + allgather
     cases += [_broadcast(0, "float64", (0,)), _broadcast(n - 1, "bool", (9,))]

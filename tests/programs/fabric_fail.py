@@ -32,11 +32,13 @@ def main() -> int:
         except RendezvousError as exc:
             print(f"refused: {exc}", flush=True)
             return 5
+    if mode == "killed":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # before init: only the fabric may end a survivor
     popdist.init()
     if mode == "killed":
+        C.barrier()  # every instance is in the fabric before instance 1 dies
         if me == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             C.allreduce(np.ones(1000, np.float32))
         except PeerLostError as exc:

@@ -4,13 +4,20 @@ usage: fabric_worker.py SCENARIO OUT_DIR
 
 The job comes from the environment (never argv: the token is a secret):
 FABRIC_ADDRESS=host:port, FABRIC_TOKEN=hex, FABRIC_JOB, FABRIC_INSTANCE,
-FABRIC_INSTANCES, FABRIC_TRANSPORT. Results go to OUT_DIR/<instance>.npz;
-errors are printed as one JSON line {"error": type, "instance": ..., "message": ...}.
+FABRIC_INSTANCES, FABRIC_TRANSPORT, FABRIC_HOST (the host label, if any).
+Results go to OUT_DIR/<instance>.npz; errors are printed as one JSON line
+{"error": type, "instance": ..., "message": ...}.
 
 Scenarios:
-  suite     every case of fabric_cases.suite(n), in order
+  suite     print how each link travels ({"links": {peer: "tcp" | "unix" | "unix+mailbox"}}), then
+            run every case of fabric_cases.suite(n), in order
   mismatch  allreduce with a dtype (instance 1) or shape (instance 2) unlike the others'
+  mismatch-last  allreduce where only the last instance's dtype differs
   loop      allreduce 4 MiB arrays until an error; prints "ready" after the first
+  churn     60 allreduces whose sizes, dtypes and layouts change from one to the next, each checked
+            (exact integer-valued sums): shared segments reused as early as the algorithms allow
+  slow      instance 0 enters a barrier and an allreduce at once, the others after reading a line
+            from stdin (instance 0 is asleep in poll by then: only a wake-up byte can wake it)
   group     instances 0 and n-1 run collectives together; the others close at once
   barrier   connect, print "ready", one barrier
   bystander print "ready", read a line from stdin; then instances 0 and 2 run allreduces as a
@@ -48,10 +55,30 @@ def run_suite(fabric, instance: int, n: int, out: Path) -> None:
     np.savez(out / f"{instance}.npz", **results)
 
 
-def run_mismatch(fabric, instance: int, n: int) -> None:
-    dtype = "float64" if instance == 1 else "float32"
-    shape = (5, 3) if instance == 2 else (4, 3)
+def run_mismatch(fabric, instance: int, n: int, odd: tuple[int, int]) -> None:
+    dtype = "float64" if instance == odd[0] else "float32"
+    shape = (5, 3) if instance == odd[1] else (4, 3)
     fabric.allreduce(np.ones(shape, dtype=dtype))
+
+
+def run_churn(fabric, instance: int, n: int) -> None:
+    shapes = [(300_001, "float32"), (300_001, "float32"), (20_000, "int32"), (20_000, "int32"),
+              (70_000, "float64"), (20_000, "int32"), (40_000, "int64"), (300_001, "float32")]
+    for step in range(60):
+        count, dtype = shapes[step % len(shapes)]
+        values = (np.arange(count) % 97 + instance + step).astype(dtype)
+        got = fabric.allreduce(values)
+        want = (n * (np.arange(count) % 97 + step) + n * (n - 1) // 2).astype(dtype)
+        if not np.array_equal(got, want):
+            raise SystemExit(f"step {step}: {int((got != want).sum())} of {count} elements wrong")
+
+
+def run_slow(fabric, instance: int, n: int, out: Path) -> None:
+    report(ready=instance, pid=os.getpid())
+    if instance != 0:
+        sys.stdin.readline()
+    fabric.barrier()
+    np.savez(out / f"{instance}.npz", total=fabric.allreduce(np.full(5, instance + 1, np.int64)))
 
 
 def run_loop(fabric, instance: int, n: int) -> None:
@@ -80,16 +107,24 @@ def main() -> int:
     try:
         fabric = connect((host, int(port)), bytes.fromhex(os.environ["FABRIC_TOKEN"]), job_id=os.environ["FABRIC_JOB"],
                          instance=instance, num_instances=n, transport=os.environ.get("FABRIC_TRANSPORT", "auto"),
-                         timeout=float(os.environ.get("FABRIC_TIMEOUT", "10")), startup_timeout=30)
+                         timeout=float(os.environ.get("FABRIC_TIMEOUT", "10")), startup_timeout=30,
+                         host_label=os.environ.get("FABRIC_HOST") or None)
     except FabricError as exc:
         report(error=type(exc).__name__, instance=getattr(exc, "instance", None), message=str(exc))
         return 3
     started = time.monotonic()
     try:
         if scenario == "suite":
+            report(links={str(peer): kind for peer, kind in fabric.transports().items()})
             run_suite(fabric, instance, n, out)
         elif scenario == "mismatch":
-            run_mismatch(fabric, instance, n)
+            run_mismatch(fabric, instance, n, (1, 2))
+        elif scenario == "mismatch-last":
+            run_mismatch(fabric, instance, n, (n - 1, -1))
+        elif scenario == "churn":
+            run_churn(fabric, instance, n)
+        elif scenario == "slow":
+            run_slow(fabric, instance, n, out)
         elif scenario == "loop":
             run_loop(fabric, instance, n)
         elif scenario == "group":

@@ -4,8 +4,12 @@ Each instance listens on a TCP port (``bind_host``, port 0) and, unless the
 transport is forced to TCP, on an abstract-namespace Unix socket
 ``\\0poprun-<job_id>-<instance>`` (abstract, so nothing is left on disk even
 after SIGKILL; ``Peer.unix_name`` holds the name without the leading NUL).
-Instances on the same host (same hostname and boot id) talk over the Unix
-socket, the others over TCP with TCP_NODELAY.
+Instances on the same host talk over the Unix socket (and, on x86-64, the
+shared-memory mailboxes of ``mailbox``, whose segments they exchange over it
+once), the others over TCP with TCP_NODELAY. The same host means the same
+*host id*: the host's label (by default the hostname; the launcher passes the
+name of the host it placed the instance on) and this boot's id, so instances
+launched on "127.0.0.2" and "127.0.0.3" count as two hosts even on one machine.
 
 Instance i connects to every j > i and accepts from every j < i. A data
 connection opens with a hello carrying (from, to, a fresh nonce) and an
@@ -16,6 +20,7 @@ closed and logged, and the job goes on: two jobs on one host never mix.
 
 from __future__ import annotations
 
+import array
 import errno
 import hashlib
 import hmac
@@ -29,15 +34,16 @@ from dataclasses import dataclass, field
 
 from .engine import Fabric
 from .errors import FabricError, PeerLostError, RendezvousError
+from .mailbox import MailboxSegment, supported as mailboxes_supported
 from .member import ControlChannel, join
 from .membership import Membership, Peer
-from .transport import Link
+from .transport import Link, LinkClosed
 
 log = logging.getLogger("poprun.fabric")
 
 _HELLO = struct.Struct("<4sII16s32s")  # magic, from, to, nonce, mac
 _ACK = struct.Struct("<4s32s")  # magic, mac
-_HELLO_MAGIC, _ACK_MAGIC = b"PFH1", b"PFA1"
+_HELLO_MAGIC, _ACK_MAGIC, _MAILBOX_MAGIC = b"PFH1", b"PFA1", b"PFM1"
 #: Socket buffers for same-host links: big enough that a large frame moves in few system calls.
 UNIX_BUFFER_BYTES = 4 * 1024 * 1024
 TRANSPORTS = ("auto", "tcp")
@@ -45,41 +51,58 @@ TRANSPORTS = ("auto", "tcp")
 
 def connect(rendezvous: tuple[str, int], token: bytes, *, job_id: str, instance: int, num_instances: int,
             transport: str = "auto", timeout: float = 10.0, startup_timeout: float = 60.0,
-            bind_host: str = "127.0.0.1") -> Fabric:
-    """Join the job's fabric and return this instance's end of it.
+            bind_host: str = "127.0.0.1", host_label: str | None = None) -> Fabric:
+    """Join the job's fabric and return this instance's end of it (one thread may use it; see ``engine``).
 
     ``startup_timeout`` bounds the wait for every instance to check in;
     ``timeout`` bounds connecting the data mesh once they have (and, later,
-    the clean-up after a collective mismatch; see ``engine``).
+    the clean-up after a collective mismatch; see ``engine``). ``bind_host``
+    is the address peers on other hosts reach this instance at;
+    ``host_label`` names its host (default: the hostname), see the module
+    docstring. An instance that cannot build its mesh leaves the rendezvous
+    without a goodbye, so every other instance hears of it at once.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown fabric transport {transport!r}; use one of {', '.join(TRANSPORTS)}")
     listeners = Listeners.open(job_id, instance, transport, bind_host)
     try:
-        me = listeners.peer(instance, transport)
+        me = listeners.peer(instance, transport, host_label)
         membership, control = join(rendezvous, token, me, num_instances, job_id=job_id, timeout=startup_timeout)
     except BaseException:
         listeners.close()
         raise
+    mailboxes = None
     try:
-        links = build_mesh(membership, listeners, control, token, transport=transport, timeout=timeout)
+        mailboxes = open_mailboxes(membership, transport)
+        links = build_mesh(membership, listeners, control, token, transport=transport, timeout=timeout,
+                           mailboxes=mailboxes)
     except BaseException:
-        control.close()
+        if mailboxes is not None:
+            mailboxes.close()
+        control.abandon()
         raise
     finally:
         listeners.close()
     log.debug("fabric: instance %d of %d connected (%s)", instance, num_instances, transport)
-    return Fabric(membership, links, control, timeout=timeout, on_close=control.close)
+    return Fabric(membership, links, control, timeout=timeout, on_close=control.close, mailboxes=mailboxes)
 
 
-def host_id() -> str:
-    """Instances with the same host id share a machine: the hostname and this boot's id."""
+def host_id(label: str | None = None) -> str:
+    """Instances with the same host id share a machine: the host's label (default: hostname) and this boot's id."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as boot:
             boot_id = boot.read().strip()
     except OSError:
         boot_id = ""
-    return f"{socket.gethostname()}:{boot_id}"
+    return f"{label or socket.gethostname()}:{boot_id}"
+
+
+def open_mailboxes(membership: Membership, transport: str) -> MailboxSegment | None:
+    """This instance's mailbox segment, if it has same-host peers to share it with (see ``mailbox``)."""
+    local = membership.local_instances()
+    if transport == "tcp" or len(local) < 2 or not mailboxes_supported():
+        return None
+    return MailboxSegment(f"poprun-{membership.job_id}-{membership.instance}-mailbox", local, membership.instance)
 
 
 @dataclass
@@ -111,9 +134,9 @@ class Listeners:
         advertised = bind_host if bind_host not in ("", "0.0.0.0", "::") else socket.gethostname()
         return cls(tcp, unix, unix_name, advertised)
 
-    def peer(self, instance: int, transport: str) -> Peer:
-        ident = host_id() if transport != "tcp" else f"{host_id()}:tcp-{instance}"
-        return Peer(instance=instance, host_id=ident, hostname=socket.gethostname(),
+    def peer(self, instance: int, transport: str, host_label: str | None = None) -> Peer:
+        ident = host_id(host_label) if transport != "tcp" else f"{host_id(host_label)}:tcp-{instance}"
+        return Peer(instance=instance, host_id=ident, hostname=host_label or socket.gethostname(),
                     tcp_addr=(self.advertised_host, self.tcp.getsockname()[1]),
                     unix_name=self.unix_name, pid=os.getpid())
 
@@ -143,8 +166,10 @@ class _Pending:
 
 
 def build_mesh(membership: Membership, listeners: Listeners, control: ControlChannel | None, token: bytes, *,
-               transport: str = "auto", timeout: float = 10.0) -> dict[int, Link]:
-    """Connect to every higher instance, accept every lower one, authenticate both ways; bounded by ``timeout``."""
+               transport: str = "auto", timeout: float = 10.0,
+               mailboxes: MailboxSegment | None = None) -> dict[int, Link]:
+    """Connect to every higher instance, accept every lower one, authenticate both ways, then share mailbox
+    segments with the same-host peers (if ``mailboxes``); bounded by ``timeout``."""
     me, job_id = membership.instance, membership.job_id
     deadline = time.monotonic() + timeout
     links: dict[int, Link] = {}
@@ -155,27 +180,20 @@ def build_mesh(membership: Membership, listeners: Listeners, control: ControlCha
             pending[item.sock.fileno()] = item
         by_fd = {s.fileno(): s for s in listeners.sockets()}
         while len(links) < membership.num_instances - 1:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = [i for i in range(membership.num_instances) if i != me and i not in links]
-                raise RendezvousError(f"instance {me} could not connect its data links to instances {missing} "
-                                      f"within {timeout:g} s; are they running and reachable?")
-            poller = select.poll()
-            for fd in by_fd:
-                poller.register(fd, select.POLLIN)
-            for fd, item in pending.items():
-                poller.register(fd, select.POLLIN if item.connected else select.POLLOUT)
-            if control is not None:
-                poller.register(control.wake_fd, select.POLLIN)
-            for fd, _ in poller.poll(left * 1000):
-                if control is not None and fd == control.wake_fd:
-                    control.raise_if_lost(set(range(membership.num_instances)) - {me})
-                elif fd in by_fd:
+            missing = [i for i in range(membership.num_instances) if i != me and i not in links]
+            fds = {fd: select.POLLIN if item.connected else select.POLLOUT for fd, item in pending.items()}
+            ready = _wait(fds | {fd: select.POLLIN for fd in by_fd}, control, membership, deadline,
+                          f"connect its data links to instances {missing}", timeout)
+            for fd in ready:
+                if fd in by_fd:
                     _accept(by_fd[fd], pending)
                 elif fd in pending:
                     item = pending[fd]
                     if _advance(item, job_id, me, token, links):
                         del pending[fd]
+            _raise_if_lost(control, ready, {i for i in missing if i not in links})
+        if mailboxes is not None:
+            _share_mailboxes(mailboxes, membership, links, control, deadline, timeout)
     except BaseException:
         for link in links.values():
             link.close()
@@ -184,6 +202,64 @@ def build_mesh(membership: Membership, listeners: Listeners, control: ControlCha
         for item in pending.values():
             item.sock.close()
     return links
+
+
+def _wait(fds: dict[int, int], control: ControlChannel | None, membership: Membership, deadline: float,
+          what: str, timeout: float) -> list[int]:
+    """Poll ``fds`` (fd -> events) and the control channel's wake fd until the deadline; the fds ready."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RendezvousError(f"instance {membership.instance} could not {what} within {timeout:g} s; "
+                              "are they running and reachable?")
+    poller = select.poll()
+    for fd, events in fds.items():
+        poller.register(fd, events)
+    if control is not None:
+        poller.register(control.wake_fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(left * 1000)]
+
+
+def _raise_if_lost(control: ControlChannel | None, ready: list[int], needed: set[int]) -> None:
+    """After the ready fds were handled: raise if a peer this instance still needs something from is lost.
+
+    A peer that is already connected may die now (its last bytes read
+    first): the first collective will say so.
+    """
+    if control is not None and control.wake_fd in ready:
+        control.raise_if_lost(needed)
+
+
+def _share_mailboxes(mailboxes: MailboxSegment, membership: Membership, links: dict[int, Link],
+                     control: ControlChannel | None, deadline: float, timeout: float) -> None:
+    """Send our mailbox segment (a 4-byte hello carrying its descriptor) to each same-host peer; map theirs."""
+    waiting = {peer: link for peer, link in links.items() if peer in mailboxes.local}
+    for link in waiting.values():
+        link.sock.sendmsg([_MAILBOX_MAGIC], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [mailboxes.fd]))])
+    while waiting:
+        for peer, link in list(waiting.items()):
+            if _has_hello(link):
+                if bytes(link.staged(len(_MAILBOX_MAGIC))) != _MAILBOX_MAGIC:
+                    raise FabricError(f"instance {peer} did not open its data link with its mailbox segment; "
+                                      "are both ends the same version of poprun-py?")
+                link.consume(len(_MAILBOX_MAGIC))
+                link.mailbox = mailboxes.attach(peer, link.fds.popleft())
+                del waiting[peer]
+        if not waiting:
+            return
+        by_fd = {link.fd: link for link in waiting.values()}
+        ready = _wait(dict.fromkeys(by_fd, select.POLLIN), control, membership, deadline,
+                      f"share shared-memory mailboxes with instances {sorted(waiting)}", timeout)
+        for fd in ready:
+            if fd in by_fd:
+                try:
+                    by_fd[fd].fill()
+                except LinkClosed as closed:
+                    raise PeerLostError(closed.peer, f"{closed.reason}, while connecting") from None
+        _raise_if_lost(control, ready, {peer for peer, link in waiting.items() if not _has_hello(link)})
+
+
+def _has_hello(link: Link) -> bool:
+    return link.available() >= len(_MAILBOX_MAGIC) and bool(link.fds)
 
 
 def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pending:

@@ -1,41 +1,49 @@
 """The collectives: deterministic algorithms over the mesh of links that ``connect`` built.
 
-Algorithms (flat, over the full mesh; every instance has a link to every other):
+Every instance has a link to every other; within a host, small frames travel
+through shared-memory mailboxes and the rest over Unix sockets; between
+hosts, TCP (``transport``). Algorithms:
 
 * small allreduce (up to ``SMALL_BYTES``, or ``SHARED_BYTES`` on one host):
-  every member sends its whole array to every other member in one round, then
-  each reduces all of them itself in index order, ``((x0 op x1) op x2) ...``.
-  One round trip; every member runs the same NumPy operations in the same
-  order, so all get the same bits.
-* large allreduce, all members on this host: through shared memory (shm.py):
+  every member sends its whole array to every other member in one round,
+  then each reduces all of them itself in index order, ``((x0 op x1) op x2) ...``.
+* large allreduce, all members on one host: through shared memory (shm.py):
   each member reduces one chunk reading the others' segments directly.
-* large allreduce otherwise: reduce-scatter then allgather over the sockets.
-  The elements are cut into one chunk per member; member k receives chunk k
-  from everyone, reduces it in index order, and sends the result to everyone.
-  Each member sends and receives about 2(N-1)/N of the data, reduces 1/N.
+* large allreduce otherwise: reduce-scatter then allgather over the sockets:
+  member k receives chunk k from everyone, reduces it in index order, and
+  sends the result to everyone.
+* hierarchical allreduce, when the members span several hosts and some host
+  holds several of them (hierarchy.py): each host reduces to its leader (its
+  lowest member), the leaders allreduce among themselves over TCP, and each
+  leader hands the result to its host.
 * broadcast: the root sends to everyone (small, or two members), or scatters
   one chunk per other member, which those then allgather (large).
 * allgather, reduce_scatter: one round, each member sends each other member
-  what that member needs.
-* barrier: an empty frame from every member to every other.
+  what that member needs. barrier: an empty frame between every two members.
 
-Whatever the algorithm, each chunk's reduction runs in member index order, so
-results are bit-identical across runs and members whatever the timing. The
-first phase of every collective sends one frame over every pair of members
-(headers even when the payload is empty), so a mismatch is seen by every
-member: if the signatures differ at all, each member differs from at least
-one other, and each raises ``CollectiveMismatchError``. Hierarchical
-reduction (within a host, then across host leaders) is the design goal for
-many hosts; this flat version is correct and deterministic, and one round
-trip for small arrays.
+Determinism: each reduction runs in a fixed order, so results are
+bit-identical across runs and members whatever the timing. Flat: by member
+index. Hierarchical: within each host by index, then across hosts in the
+order of their lowest index, e.g. ``(a0 + a1) + (b0 + b1)`` where the flat
+order is ``((a0 + b0) + a1) + b1``; so a different layout (other hosts,
+another placement) may change floating-point results in the last bits, but
+one layout always gives the same bits.
+
+Mismatches: every algorithm's first frame between two members goes both ways
+or from the member that is not kept waiting, and the pairs that compare
+headers connect every member (all pairs when flat; each host's members with
+its leader, and the leaders, when hierarchical). So if the members' calls
+differ at all, some member sees a header unlike its own; it raises
+``CollectiveMismatchError`` and sends a mismatch notice on each of its links,
+and each member that receives one raises too and passes it on.
 
 ``timeout`` bounds only the clean-up after a mismatch (sending our remaining
 headers so the peers see it too). Waiting for a live peer has no deadline: a
 peer that computes for a minute before calling the collective is not an
 error. A dead peer is: its socket hits EOF at once, and a lost host is
 reported by the rendezvous within its heartbeat timeout; either raises
-``PeerLostError`` naming the instance. After any such error the fabric is
-unusable (the streams are out of step) and every later call raises.
+``PeerLostError`` naming the instance, and the loss is passed on as a notice.
+After any such error the fabric is unusable and every later call raises.
 
 Not thread-safe: one thread calls the collectives, in the same order on every
 member of a group.
@@ -43,74 +51,34 @@ member of a group.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import FabricError, PeerLostError
+from .calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
+from .errors import CollectiveMismatchError, FabricError, PeerLostError
+from .exchange import exchange
+from .hierarchy import allreduce_hierarchical
+from .mailbox import MailboxSegment
 from .membership import Membership
-from .shm import SharedArena, allreduce_shared
-from .transport import (ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, Control, Link,
-                        LossWatch, Receive, Send, Signature, encode_prefix, exchange)
+from .shm import SHARED_BYTES, SharedArena, allreduce_shared
+from .transport import Link
+from .watch import Control, LossWatch
+from .wire import (ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, abort_notice,
+                   mismatch_notice)
 
 #: Up to this many bytes, allreduce and broadcast over sockets use the one-round algorithms.
 SMALL_BYTES = 256 * 1024
-#: Above this many bytes, an allreduce among instances of one host goes through shared memory (shm.py).
-SHARED_BYTES = 64 * 1024
-#: How long a wait retries (yielding the CPU) before it sleeps in poll: see ``transport._spin``.
+#: How long a wait retries (yielding the CPU) before it sleeps in poll: see ``exchange._spin``.
 SPIN_SECONDS = 200e-6
-
-_UFUNCS: dict[str, Callable[..., np.ndarray]] = {
-    "sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
-_EMPTY = memoryview(b"")
-
-
-@dataclass(frozen=True)
-class _Group:
-    members: tuple[int, ...]
-    rank: int  # this instance's position in members
-    key: int
-    links: tuple[Link | None, ...]  # by position; None for this instance
-
-    def others(self) -> list[tuple[int, Link]]:
-        return [(k, link) for k, link in enumerate(self.links) if link is not None]
-
-
-class _Call(NamedTuple):
-    """One collective as this instance called it: what every frame header says (a tuple: it is made per call)."""
-
-    kind: int
-    op: int
-    dtype: str
-    shape: tuple[int, ...]
-    root: int
-    seq: int
-    group: _Group
-
-    def signature(self, phase: int) -> Signature:
-        return Signature(self.kind, self.op, phase, self.dtype, self.shape, self.root, self.seq, self.group.key)
-
-    def prefix(self, phase: int) -> bytes:
-        return encode_prefix(self.kind, self.op, phase, self.dtype, self.shape, self.root, self.seq, self.group.key)
-
-
-def _bytes(array: np.ndarray) -> memoryview:
-    """A flat byte view of a C-contiguous array (zero-size and 0-d included)."""
-    return memoryview(array).cast("B") if array.size else _EMPTY
-
-
-def _chunks(count: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``count`` elements into ``parts`` ranges, sizes differing by at most one."""
-    return [(count * k // parts, count * (k + 1) // parts) for k in range(parts)]
 
 
 class Fabric:
     """One instance's end of the job's collectives (see the module docstring for the algorithms)."""
 
     def __init__(self, membership: Membership, links: dict[int, Link], control: Control | None, *,
-                 timeout: float = 10.0, on_close: Callable[[], None] | None = None) -> None:
+                 timeout: float = 10.0, on_close: Callable[[], None] | None = None,
+                 mailboxes: MailboxSegment | None = None) -> None:
         self.membership = membership
         self.instance = membership.instance
         self.num_instances = membership.num_instances
@@ -119,11 +87,13 @@ class Fabric:
         self._control = control
         self._watch = LossWatch(control)
         self._on_close = on_close
-        self._groups: dict[tuple[int, ...], _Group] = {}
+        self._mailboxes = mailboxes
+        self._groups: dict[tuple[int, ...], Group] = {}
         self._seq: dict[tuple[int, ...], int] = {}
         self._scratch: dict[int, np.ndarray] = {}
-        self._arena = SharedArena(f"poprun-{membership.job_id}-{self.instance}") if SharedArena.available() else None
-        self._broken: FabricError | None = None
+        self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
+        self._arenas: dict[tuple[int, tuple[int, ...]], SharedArena] = {}
+        self._broken: BaseException | None = None
         self._closed = False
 
     # -- public collectives ------------------------------------------------------
@@ -134,17 +104,17 @@ class Fabric:
         g = call.group
         if len(g.members) == 1:
             result = x.copy()
-        elif x.nbytes > SHARED_BYTES and self._arena is not None and all(link.local for _, link in g.others()):
+        elif g.hierarchical or (x.nbytes > SHARED_BYTES and g.one_host and SharedArena.available()):
             try:
-                result = allreduce_shared(self._run, self._arena, call, g.members, g.rank, g.links, x, _UFUNCS[op],
-                                          _chunks(x.size, len(g.members)))
-            except FabricError as exc:
-                self._broken = self._broken or exc
+                if g.hierarchical:
+                    result = allreduce_hierarchical(self, call, x, op)
+                else:
+                    result = allreduce_shared(self.run, self.arena_for(g), call, x, UFUNCS[op])
+            except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
+                self.fail(exc)
                 raise
-        elif x.nbytes <= SMALL_BYTES:
-            result = self._allreduce_flat(call, x, op)
         else:
-            result = self._allreduce_chunked(call, x, op)
+            result = self.allreduce_flat_or_chunked(call, x, op)
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
@@ -161,21 +131,21 @@ class Fabric:
             return result
         root_rank = g.members.index(root)
         if x.nbytes <= SMALL_BYTES or len(g.members) == 2:
-            payload = _bytes(x) if g.rank == root_rank else _EMPTY
-            self._run(call, 1, {k: payload for k, _ in g.others()},
-                      {k: _bytes(result) if k == root_rank else None for k, _ in g.others()})
+            payload = to_bytes(x) if g.rank == root_rank else EMPTY
+            self.run(call, 1, {k: payload for k in g.others},
+                     {k: to_bytes(result) if k == root_rank else None for k in g.others})
             return result
         # scatter one chunk to each non-root member, then the non-roots allgather the chunks
-        flat_in, flat_out = _bytes(x), _bytes(result)
+        flat_in, flat_out = to_bytes(x), to_bytes(result)
         receivers = [k for k in range(len(g.members)) if k != root_rank]
-        spans = dict(zip(receivers, (slice(*span) for span in _chunks(len(flat_out), len(receivers)))))
+        spans = dict(zip(receivers, (slice(*span) for span in chunks(len(flat_out), len(receivers)))))
         if g.rank == root_rank:
-            self._run(call, 1, {k: flat_in[spans[k]] for k in receivers}, {k: None for k in receivers})
+            self.run(call, 1, {k: flat_in[spans[k]] for k in receivers}, {k: None for k in receivers})
             return result
         others = [k for k in receivers if k != g.rank]
-        self._run(call, 1, {k: _EMPTY for k, _ in g.others()},
-                  {k: flat_out[spans[g.rank]] if k == root_rank else None for k, _ in g.others()})
-        self._run(call, 2, {k: flat_out[spans[g.rank]] for k in others}, {k: flat_out[spans[k]] for k in others})
+        self.run(call, 1, {k: EMPTY for k in g.others},
+                 {k: flat_out[spans[g.rank]] if k == root_rank else None for k in g.others})
+        self.run(call, 2, {k: flat_out[spans[g.rank]] for k in others}, {k: flat_out[spans[k]] for k in others})
         return result
 
     def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray:
@@ -186,8 +156,7 @@ class Fabric:
         result = np.empty((len(g.members), *x.shape), dtype=x.dtype)
         result[g.rank] = x
         if len(g.members) > 1:
-            self._run(call, 1, {k: _bytes(x) for k, _ in g.others()},
-                      {k: _bytes(result[k]) for k, _ in g.others()})
+            self.run_all(call, 1, to_bytes(x), [to_bytes(result[k]) for k in g.others])
         return result
 
     def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
@@ -205,8 +174,8 @@ class Fabric:
             result = parts[0].copy()
         else:
             mine = parts[g.rank]
-            scratch = self._receive_into_scratch(call, 1, {k: _bytes(parts[k]) for k, _ in g.others()}, mine)
-            result = self._reduce_in_order(op, g, mine, scratch)
+            scratch = self.receive_into_scratch(call, 1, {k: to_bytes(parts[k]) for k in g.others}, mine)
+            result = reduce_in_order(UFUNCS[op], self._in_order(g, mine, scratch), np.empty_like(mine))
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
@@ -215,8 +184,12 @@ class Fabric:
         """Return once every member of the group has entered the barrier."""
         call = self._call(BARRIER, None, group)
         if len(call.group.members) > 1:
-            self._run(call, 1, {k: _EMPTY for k, _ in call.group.others()},
-                      {k: None for k, _ in call.group.others()})
+            self.run_all(call, 1, EMPTY, [None] * len(call.group.others))
+
+    def transports(self) -> dict[int, str]:
+        """How each peer is reached: "tcp", "unix", or "unix+mailbox" (shared-memory mailboxes beside it)."""
+        return {peer: ("unix" if link.local else "tcp") + ("+mailbox" if link.mailbox is not None else "")
+                for peer, link in sorted(self._links.items())}
 
     def close(self) -> None:
         """Release the links and leave the rendezvous cleanly. Idempotent."""
@@ -227,8 +200,12 @@ class Fabric:
             link.close()
         self._links.clear()
         self._scratch.clear()
-        if self._arena is not None:
-            self._arena.close()
+        self._scratch_views.clear()
+        for arena in self._arenas.values():
+            arena.close()
+        self._arenas.clear()
+        if self._mailboxes is not None:
+            self._mailboxes.close()
         if self._on_close is not None:
             self._on_close()
 
@@ -238,71 +215,105 @@ class Fabric:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- algorithms ----------------------------------------------------------------
-    def _allreduce_flat(self, call: _Call, x: np.ndarray, op: str) -> np.ndarray:
-        g = call.group
-        scratch = self._receive_into_scratch(call, 1, {k: _bytes(x) for k, _ in g.others()}, x)
-        return self._reduce_in_order(op, g, x, scratch)
-
-    def _allreduce_chunked(self, call: _Call, x: np.ndarray, op: str) -> np.ndarray:
-        g = call.group
+    # -- algorithms over sockets (hierarchy.py and shm.py use them too) --------------
+    def allreduce_flat_or_chunked(self, call: Call, x: np.ndarray, op: str) -> np.ndarray:
+        """The one-round algorithm for small arrays, else reduce-scatter then allgather."""
+        g, ufunc = call.group, UFUNCS[op]
+        if x.nbytes <= SMALL_BYTES:
+            scratch = self.receive_into_scratch(call, 1, to_bytes(x), x)
+            return reduce_in_order(ufunc, self._in_order(g, x, scratch), np.empty_like(x))
         flat = x.reshape(-1)
-        spans = _chunks(flat.size, len(g.members))
+        spans = chunks(flat.size, len(g.members))
         mine = flat[slice(*spans[g.rank])]
-        scratch = self._receive_into_scratch(call, 1, {k: _bytes(flat[slice(*spans[k])]) for k, _ in g.others()},
-                                             mine)
+        scratch = self.receive_into_scratch(call, 1, {k: to_bytes(flat[slice(*spans[k])]) for k in g.others},
+                                            mine)
         result = np.empty_like(flat)
         reduced = result[slice(*spans[g.rank])]
-        self._reduce_in_order(op, g, mine, scratch, out=reduced)
-        self._run(call, 2, {k: _bytes(reduced) for k, _ in g.others()},
-                  {k: _bytes(result[slice(*spans[k])]) for k, _ in g.others()})
+        reduce_in_order(ufunc, self._in_order(g, mine, scratch), reduced)
+        self.run_all(call, 2, to_bytes(reduced), [to_bytes(result[slice(*spans[k])]) for k in g.others])
         return result.reshape(x.shape)
 
-    def _receive_into_scratch(self, call: _Call, phase: int, payloads: dict[int, memoryview],
-                              like: np.ndarray) -> dict[int, np.ndarray]:
-        """Send ``payloads`` and receive one ``like``-shaped array from every other member."""
-        received = {k: self._scratch_array(k, like) for k, _ in call.group.others()}
-        self._run(call, phase, payloads, {k: _bytes(a) for k, a in received.items()})
-        return received
+    def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview] | memoryview,
+                             like: np.ndarray, senders: Sequence[int] | None = None) -> dict[int, np.ndarray]:
+        """Send ``payloads`` (or one payload to every other) and receive one ``like``-shaped array from each of
+        ``senders`` (default: every other member)."""
+        ranks = call.group.others if senders is None else senders
+        scratch = [self._scratch_array(k, like) for k in ranks]
+        if senders is None and isinstance(payloads, memoryview):
+            self.run_all(call, phase, payloads, [view for _, view in scratch])
+        else:
+            payloads = dict.fromkeys(call.group.others, payloads) if isinstance(payloads, memoryview) else payloads
+            self.run(call, phase, payloads, {k: view for k, (_, view) in zip(ranks, scratch)})
+        return {k: array for k, (array, _) in zip(ranks, scratch)}
 
-    def _scratch_array(self, rank: int, like: np.ndarray) -> np.ndarray:
+    def run(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
+            destinations: Mapping[int, memoryview | None], fds: Mapping[int, Sequence[int]] | None = None) -> None:
+        """One phase: a frame to each rank in ``payloads``, one from each rank in ``destinations``."""
+        links = call.group.links
+        self._exchange(call, phase, [(links[k], p, fds.get(k, ()) if fds else ()) for k, p in payloads.items()],
+                       [(links[k], d) for k, d in destinations.items()])
+
+    def run_all(self, call: Call, phase: int, payload: memoryview, destinations: Sequence[memoryview | None]) -> None:
+        """One phase where this member sends ``payload`` to every other and receives a frame from each
+        (``destinations`` in the order of ``call.group.others``): the common case, made cheap."""
+        links = call.group.other_links
+        self._exchange(call, phase, [(link, payload, ()) for link in links], list(zip(links, destinations)))
+
+    def _exchange(self, call: Call, phase: int, sends: list[tuple[Link, memoryview, Sequence[int]]],
+                  receives: list[tuple[Link, memoryview | None]]) -> None:
+        try:
+            exchange(call.prefix(phase), sends, receives, self._watch, me=self.instance, members=call.scope,
+                     mine=lambda: call.signature(phase), flush_timeout=self.timeout, spin=SPIN_SECONDS,
+                     sleeper=self._mailboxes)
+        except PeerLostError as exc:
+            self._break(exc, abort_notice(exc))
+            raise
+        except CollectiveMismatchError as exc:
+            self._break(exc, mismatch_notice(exc))
+            raise
+        except BaseException as exc:  # an interruption (Ctrl-C) or a corrupt stream: the streams are mid-frame
+            self._broken = exc if isinstance(exc, FabricError) else FabricError(f"a collective was interrupted: {exc!r}")
+            raise
+
+    def arena_for(self, g: Group) -> SharedArena:
+        """This instance's shared segment for the group (a subgroup of a hierarchical one has its own)."""
+        key = (g.key, g.members)
+        arena = self._arenas.get(key)
+        if arena is None:
+            label = f"poprun-{self.membership.job_id}-{self.instance}-arena{len(self._arenas)}"
+            arena = self._arenas[key] = SharedArena(label)
+        return arena
+
+    def fail(self, exc: FabricError) -> None:
+        """A collective broke outside ``run`` (shared memory): the fabric is unusable from now on."""
+        self._broken = self._broken or exc
+
+    # -- plumbing ------------------------------------------------------------------
+    def _break(self, exc: FabricError, notice: bytes) -> None:
+        """Mark the fabric unusable and tell every peer whose stream is at a frame boundary why."""
+        self._broken = exc
+        for link in self._links.values():
+            link.send_notice(notice)
+
+    @staticmethod
+    def _in_order(g: Group, mine: np.ndarray, received: Mapping[int, np.ndarray]) -> list[np.ndarray]:
+        return [mine if k == g.rank else received[k] for k in range(len(g.members))]
+
+    def _scratch_array(self, rank: int, like: np.ndarray) -> tuple[np.ndarray, memoryview]:
+        """A ``like``-shaped array (and its bytes) to receive rank ``rank``'s frame into, reused across calls."""
+        key = (rank, like.dtype, like.shape)
+        cached = self._scratch_views.get(key)
+        if cached is not None:
+            return cached
         buffer = self._scratch.get(rank)
         if buffer is None or buffer.nbytes < like.nbytes:
             buffer = self._scratch[rank] = np.empty(max(like.nbytes, 64), dtype=np.uint8)
-        return buffer[:like.nbytes].view(like.dtype).reshape(like.shape)
-
-    @staticmethod
-    def _reduce_in_order(op: str, g: _Group, mine: np.ndarray, received: dict[int, np.ndarray],
-                         out: np.ndarray | None = None) -> np.ndarray:
-        """((x0 op x1) op x2) ... in member order, whoever computes it, so every run gives the same bits."""
-        ufunc = _UFUNCS[op]
-        arrays = [mine if k == g.rank else received[k] for k in range(len(g.members))]
-        out = np.empty_like(mine) if out is None else out
-        ufunc(arrays[0], arrays[1], out=out)
-        for other in arrays[2:]:
-            ufunc(out, other, out=out)
-        return out
-
-    # -- plumbing ------------------------------------------------------------------
-    def _run(self, call: _Call, phase: int, payloads: Mapping[int, memoryview],
-             destinations: Mapping[int, memoryview | None], fds: Mapping[int, Sequence[int]] | None = None) -> None:
-        """One phase: a frame to each rank in ``payloads``, one from each rank in ``destinations``."""
-        prefix = call.prefix(phase)
-        g = call.group
-        sends = [Send(g.links[k], prefix + len(p).to_bytes(8, "little"), p, fds.get(k, ()) if fds else ())
-                 for k, p in payloads.items()]
-        receives = [Receive(g.links[k], prefix, 0 if d is None else len(d), d) for k, d in destinations.items()]
-        try:
-            exchange(sends, receives, self._watch, me=self.instance, members=g.members,
-                     mine=lambda: call.signature(phase), flush_timeout=self.timeout, spin=SPIN_SECONDS)
-        except PeerLostError as exc:
-            self._broken = exc
-            for link in self._links.values():
-                link.send_abort(exc.instance, exc.reason)
-            raise
-        except BaseException as exc:  # a mismatch, or an interruption (Ctrl-C) that left the streams mid-frame
-            self._broken = exc if isinstance(exc, FabricError) else FabricError(f"a collective was interrupted: {exc!r}")
-            raise
+            self._scratch_views = {k: v for k, v in self._scratch_views.items() if k[0] != rank}
+        if len(self._scratch_views) >= 64:
+            self._scratch_views.clear()
+        array = buffer[:like.nbytes].view(like.dtype).reshape(like.shape)
+        cached = self._scratch_views[key] = (array, to_bytes(array))
+        return cached
 
     def _prepare(self, array: np.ndarray, op: str | None) -> np.ndarray:
         """A C-contiguous, native-byte-order view or copy of ``array``, checked for the op."""
@@ -313,8 +324,8 @@ class Fabric:
         if x.dtype.kind not in "biufc":
             raise TypeError(f"the fabric moves numeric arrays; got dtype {x.dtype}")
         if op is not None:
-            if op not in _UFUNCS:
-                raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(_UFUNCS)}")
+            if op not in UFUNCS:
+                raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(UFUNCS)}")
             if x.dtype.kind == "b":
                 raise TypeError(f"{op} of a bool array is ambiguous; convert it to an integer dtype first")
             if op == "mean" and x.dtype.kind in "iu":
@@ -331,15 +342,15 @@ class Fabric:
             raise FabricError(f"the fabric is unusable after an earlier error: {self._broken}") from self._broken
 
     def _call(self, kind: int, x: np.ndarray | None, group: Sequence[int] | None, *, op: str | None = None,
-              root: int = -1) -> _Call:
+              root: int = -1) -> Call:
         if x is None:
             self._check_usable()
         g = self._group(group)
         seq = self._seq[g.members] = self._seq[g.members] + 1
-        return _Call(kind, OP_CODES[op] if op else 0, "" if x is None else x.dtype.str,
-                     () if x is None else tuple(x.shape), root, seq, g)
+        return Call(kind, OP_CODES[op] if op else 0, "" if x is None else x.dtype.str,
+                    () if x is None else tuple(x.shape), root, seq, g, g.members)
 
-    def _group(self, group: Sequence[int] | None) -> _Group:
+    def _group(self, group: Sequence[int] | None) -> Group:
         members = tuple(range(self.num_instances)) if group is None else tuple(int(i) for i in group)
         cached = self._groups.get(members)
         if cached is not None:
@@ -351,8 +362,6 @@ class Fabric:
         if self.instance not in members:
             raise ValueError(f"instance {self.instance} called a collective on group {list(members)}, "
                              "which does not include it; only members may call it")
-        key = int.from_bytes(hashlib.blake2b(repr(members).encode(), digest_size=8).digest(), "little")
-        links = tuple(None if m == self.instance else self._links[m] for m in members)
-        g = self._groups[members] = _Group(members, members.index(self.instance), key, links)
+        g = self._groups[members] = make_group(self.membership, self._links, members)
         self._seq[members] = 0
         return g

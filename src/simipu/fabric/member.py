@@ -16,7 +16,13 @@ from .membership import Membership, Peer
 
 
 class ControlChannel:
-    """An instance's open line to the rendezvous: heartbeats out, loss notices in."""
+    """An instance's open line to the rendezvous: heartbeats out, loss notices in.
+
+    Every new loss writes a byte to a pipe whose read end is ``wake_fd``, so a
+    wait can poll it beside its sockets; a waiter calls ``clear_wake`` before
+    reading ``lost()``, so each later loss wakes it again. Not thread-safe
+    beyond that: one thread waits on it (the fabric's), one reads the socket.
+    """
 
     def __init__(self, sock: socket.socket, reader: FrameReader) -> None:
         self._sock = sock
@@ -25,6 +31,8 @@ class ControlChannel:
         self._lock = threading.Lock()
         self._closing = False
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self.wake_fd = self._wake_r
         self._thread = threading.Thread(target=self._run, name="poprun-fabric-control", daemon=True)
         self._thread.start()
@@ -34,17 +42,29 @@ class ControlChannel:
             return dict(self._lost)
 
     def raise_if_lost(self, among: set[int] | None = None) -> None:
-        """Raise PeerLostError for the first lost instance (of ``among``, if given)."""
+        """Raise PeerLostError for the first lost instance (of ``among``, if given). Clears the wake fd."""
+        self.clear_wake()
         for instance, reason in sorted(self.lost().items()):
             if instance == LAUNCHER or among is None or instance in among:
                 raise PeerLostError(instance, reason)
 
+    def clear_wake(self) -> None:
+        """Empty the wake pipe; call it before reading ``lost()`` so that the next loss wakes ``wake_fd`` again."""
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
     def _mark_lost(self, instance: int, reason: str) -> None:
         with self._lock:
-            first = not self._lost
+            new = instance not in self._lost
             self._lost.setdefault(instance, reason)
-        if first:
-            os.write(self._wake_w, b"x")
+            if new and not self._closing:
+                try:
+                    os.write(self._wake_w, b"x")
+                except BlockingIOError:
+                    pass  # the pipe is full of unread wake-ups: readable already
 
     def _handle(self, message: dict[str, Any]) -> None:
         if "lost" in message:
@@ -76,14 +96,26 @@ class ControlChannel:
 
     def close(self) -> None:
         """Leave cleanly: the others are not told this instance was lost."""
+        self._leave(say_bye=True)
+
+    def abandon(self) -> None:
+        """Leave without a goodbye: the rendezvous declares this instance lost and tells every other at once.
+
+        For an instance that cannot take part after all (its data mesh could
+        not be built): its peers stop waiting for it now, not at a timeout.
+        """
+        self._leave(say_bye=False)
+
+    def _leave(self, say_bye: bool) -> None:
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-            try:
-                self._sock.sendall(encode_frame({"bye": 1}))
-            except OSError:
-                pass
+            if say_bye:
+                try:
+                    self._sock.sendall(encode_frame({"bye": 1}))
+                except OSError:
+                    pass
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -1,0 +1,119 @@
+"""Groups and calls: who takes part in a collective, how they sit on hosts, and what every frame header says."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, NamedTuple
+
+import numpy as np
+
+from .membership import Membership
+from .transport import Link
+from .wire import Signature, encode_prefix
+
+UFUNCS: dict[str, Callable[..., np.ndarray]] = {
+    "sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+EMPTY = memoryview(b"")
+
+
+@dataclass(frozen=True)
+class Group:
+    """The members of a collective, from one member's point of view; ranks are positions in ``members``."""
+
+    members: tuple[int, ...]
+    rank: int  # this instance's position in members
+    key: int
+    links: tuple[Link | None, ...]  # by rank; None for this instance
+    #: Ranks grouped by host, each host's in order, hosts in order of their lowest rank.
+    hosts: tuple[tuple[int, ...], ...]
+    #: For a hierarchical group (several hosts, one with several members): my host's members, and the hosts'
+    #: leaders (their lowest member) if I lead mine. Both keep this group's key: their frames are its frames.
+    local: Group | None = None
+    leaders: Group | None = None
+    #: The other members' ranks and links (derived once: the collectives use them on every call).
+    others: tuple[int, ...] = field(init=False)
+    other_links: tuple[Link, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "others", tuple(k for k, link in enumerate(self.links) if link is not None))
+        object.__setattr__(self, "other_links", tuple(link for link in self.links if link is not None))
+
+    @property
+    def one_host(self) -> bool:
+        return len(self.hosts) == 1
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.local is not None
+
+
+class Call(NamedTuple):
+    """One collective as this instance called it (a tuple: it is made per call). ``scope``: the whole group's
+    members, whose loss ends the call even while a phase involves fewer of them."""
+
+    kind: int
+    op: int
+    dtype: str
+    shape: tuple[int, ...]
+    root: int
+    seq: int
+    group: Group
+    scope: tuple[int, ...]
+
+    def signature(self, phase: int) -> Signature:
+        return Signature(self.kind, self.op, phase, self.dtype, self.shape, self.root, self.seq, self.group.key)
+
+    def prefix(self, phase: int) -> bytes:
+        return encode_prefix(self.kind, self.op, phase, self.dtype, self.shape, self.root, self.seq, self.group.key)
+
+    def within(self, group: Group | None) -> Call:
+        """The same call, run among a subgroup (its frames still carry this call's signature)."""
+        assert group is not None
+        return self._replace(group=group)
+
+
+def make_group(membership: Membership, links: Mapping[int, Link], members: tuple[int, ...]) -> Group:
+    """The group of ``members`` (sorted instance indices, including this instance), with its host layout."""
+    me = membership.instance
+    key = int.from_bytes(hashlib.blake2b(repr(members).encode(), digest_size=8).digest(), "little")
+    group = _group(membership, links, members, key)
+    if len(group.hosts) > 1 and any(len(host) > 1 for host in group.hosts):
+        mine = next(host for host in group.hosts if group.rank in host)
+        local = _group(membership, links, tuple(members[k] for k in mine), key)
+        leaders = None
+        if group.rank == mine[0]:
+            leaders = _group(membership, links, tuple(members[host[0]] for host in group.hosts), key)
+        group = Group(group.members, group.rank, key, group.links, group.hosts, local, leaders)
+    assert group.members[group.rank] == me
+    return group
+
+
+def _group(membership: Membership, links: Mapping[int, Link], members: tuple[int, ...], key: int) -> Group:
+    me = membership.instance
+    by_host: dict[str, list[int]] = {}
+    for rank, instance in enumerate(members):
+        by_host.setdefault(membership.peers[instance].host_id, []).append(rank)
+    hosts = tuple(tuple(ranks) for ranks in by_host.values())  # dicts keep insertion order: by lowest rank
+    return Group(members, members.index(me), key, tuple(None if m == me else links[m] for m in members), hosts)
+
+
+def to_bytes(array: np.ndarray) -> memoryview:
+    """A flat byte view of a C-contiguous array (zero-size and 0-d included)."""
+    return memoryview(array).cast("B") if array.size else EMPTY
+
+
+def chunks(count: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``count`` elements into ``parts`` ranges, sizes differing by at most one."""
+    return [(count * k // parts, count * (k + 1) // parts) for k in range(parts)]
+
+
+def reduce_in_order(ufunc: Callable[..., np.ndarray], arrays: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """((x0 op x1) op x2) ... whoever computes it, so every run and every member gets the same bits."""
+    if len(arrays) == 1:
+        np.copyto(out, arrays[0])
+        return out
+    ufunc(arrays[0], arrays[1], out=out)
+    for other in arrays[2:]:
+        ufunc(out, other, out=out)
+    return out

@@ -1,0 +1,163 @@
+"""The one wait loop every collective uses: move a phase's frames, or raise why they cannot move.
+
+A phase sends a frame to some peers and receives one from some (``post`` and
+``take`` move most at once). What is left is retried for ~200 us without
+blocking, yielding the CPU between tries (a mailbox try is a few memory
+reads, no system call); then the wait sleeps in ``poll`` over the sockets
+involved plus the control channel's wake fd, with this instance's mailbox
+sleeping flag raised so that a peer posting to it sends a WAKE byte. Before
+each sleep the loss table is read (a loss told while nobody was waiting
+counts too). A peer's death shows as EOF/reset on its socket at once; a lost
+host shows as a loss notice from the rendezvous (its heartbeat timeout bounds
+it). A live peer that is merely late is waited for without a deadline.
+
+Invariant the algorithms keep: when an instance returns from a collective it
+has received every frame any peer sends it for that collective.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from typing import Callable, Sequence
+
+from .errors import CollectiveMismatchError
+from .mailbox import MailboxSegment
+from .transport import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take
+from .watch import LossWatch
+from .wire import NBYTES, Mismatch, Signature, mismatch_message
+
+_READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+
+
+def exchange(prefix: bytes, payloads: Sequence[tuple[Link, memoryview, Sequence[int]]],
+             destinations: Sequence[tuple[Link, memoryview | None]], watch: LossWatch, *, me: int,
+             members: Sequence[int], mine: Callable[[], Signature], flush_timeout: float, spin: float = 0.0,
+             sleeper: MailboxSegment | None = None) -> None:
+    """Send a frame (header ``prefix``) per payload, receive one per destination (None: an empty frame).
+
+    Raise PeerLostError or CollectiveMismatchError rather than wait for what
+    cannot come: a loss of any of ``members`` ends the wait.
+    """
+    sends: list[Send] = []
+    receives: list[Receive] = []
+    tried = 0  # destinations taken or turned into a Receive
+    try:
+        try:
+            for link, payload, fds in payloads:
+                send = post(link, prefix + NBYTES.pack(len(payload)), payload, fds)
+                if send is not None:
+                    sends.append(send)
+            for link, dest in destinations:
+                receive = take(link, prefix, 0 if dest is None else len(dest), dest)
+                tried += 1
+                if receive is not None:
+                    receives.append(receive)
+            if sends or receives:
+                _move(sends, receives, watch, spin, sleeper, members)
+        except LinkClosed as closed:
+            _salvage(receives + [Receive(link, prefix, 0 if dest is None else len(dest), dest)
+                                 for link, dest in destinations[tried:]])
+            raise watch.explain(closed.peer, closed.reason, set(members) - {me}) from None
+    except Mismatch as mismatch:
+        _flush_headers(sends, flush_timeout)
+        raise CollectiveMismatchError(mismatch_message(me, mine(), mismatch.peer, mismatch.theirs, members)) from None
+
+
+def _salvage(receives: Sequence[Receive]) -> None:
+    """Read what already arrived: a mismatch or a reported loss is the cause of a peer's exit, so it wins."""
+    for receive in receives:
+        try:
+            while not receive.done():
+                before = (receive.header_done, receive.got, receive.link.available(), receive.link.received)
+                if receive.step() or before == (receive.header_done, receive.got, receive.link.available(),
+                                                receive.link.received):
+                    break
+        except LinkClosed:
+            continue
+
+
+def _spin(sends: list[Send], receives: list[Receive], seconds: float) -> tuple[list[Send], list[Receive]]:
+    """Retry without blocking for up to ``seconds``: a peer that answers within microseconds costs no sleep
+    and wake-up (~20 us here). Each retry yields the CPU first, so with more instances than cores the peer
+    we wait for gets to run."""
+    deadline = time.perf_counter() + seconds
+    while sends or receives:
+        os.sched_yield()
+        sends = [s for s in sends if not s.step()]
+        receives = [r for r in receives if not r.step(not r.boxed)]
+        if time.perf_counter() > deadline:
+            break
+    return sends, receives
+
+
+def _move(sends: list[Send], receives: list[Receive], watch: LossWatch, spin: float,
+          sleeper: MailboxSegment | None, members: Sequence[int]) -> None:
+    """Spin, then sleep, until the pending frames have moved."""
+    if spin:
+        sends, receives = _spin(sends, receives, spin)
+    if sends or receives:
+        _sleep(sends, receives, watch, sleeper, members)
+
+
+def _sleep(unsent: list[Send], unreceived: list[Receive], watch: LossWatch, sleeper: MailboxSegment | None,
+           members: Sequence[int]) -> None:
+    """Block in poll until every frame has moved (see the module docstring for what wakes it)."""
+    pending_sends = {s.link.fd: s for s in unsent}
+    pending_receives = {r.link.fd: r for r in unreceived}
+    poller = select.poll()
+    registered: dict[int, int] = {}
+    while pending_sends or pending_receives:
+        watch.check(members)  # (drains the wake fd: a loss from now on wakes this poll)
+        boxed = sleeper is not None and any(r.link.mailbox is not None for r in pending_receives.values())
+        if boxed:  # from now on a peer that fills our mailbox sends a WAKE byte; frames from before are seen here
+            sleeper.set_sleeping(True)  # type: ignore[union-attr]
+        try:
+            if boxed:
+                for fd, receive in list(pending_receives.items()):
+                    if receive.link.mailbox is not None and receive.step(False):
+                        del pending_receives[fd]
+                if not (pending_sends or pending_receives):
+                    return
+            wanted = {fd: select.POLLOUT for fd in pending_sends}
+            for fd in pending_receives:
+                wanted[fd] = wanted.get(fd, 0) | _READ_EVENTS
+            if watch.fd is not None:
+                wanted[watch.fd] = select.POLLIN
+            for fd in [fd for fd in registered if fd not in wanted]:
+                poller.unregister(fd)
+                del registered[fd]
+            for fd, mask in wanted.items():
+                if registered.get(fd) != mask:
+                    poller.register(fd, mask)
+                    registered[fd] = mask
+            events = poller.poll()
+        finally:
+            if boxed:
+                sleeper.set_sleeping(False)  # type: ignore[union-attr]
+        for fd, mask in events:
+            if fd == watch.fd:
+                continue  # the loss table is read at the top of the loop
+            if mask & _READ_EVENTS and fd in pending_receives and pending_receives[fd].step():
+                del pending_receives[fd]
+            if fd in pending_sends and mask & (select.POLLOUT | select.POLLHUP | select.POLLERR):
+                if pending_sends[fd].step():  # raises for a failed connection
+                    del pending_sends[fd]
+
+
+def _flush_headers(sends: Sequence[Send], timeout: float) -> None:
+    """After a mismatch, finish sending our headers so every peer sees the mismatch too (bounded)."""
+    deadline = time.monotonic() + timeout
+    for send in sends:
+        while send.header_pending() and time.monotonic() < deadline:
+            try:
+                n = send.link.sock.send(send.header[send.sent:], NOSIGNAL)
+            except (BlockingIOError, InterruptedError):
+                select.select([], [send.link.sock], [], max(0.0, deadline - time.monotonic()))
+                continue
+            except OSError:
+                break
+            send.sent += n
+        if not send.boxed:
+            send.link.mid_frame = True

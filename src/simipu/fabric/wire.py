@@ -1,0 +1,153 @@
+"""The data links' wire format: frame headers, collective signatures, and the two notice frames.
+
+A frame is a header then ``nbytes`` of payload, whichever way it travels (a
+socket stream, or a shared-memory mailbox; see ``mailbox``). The header
+carries the collective's *signature* (kind, op, phase, dtype, shape, root,
+sequence number, group) so that a receiver can tell, before touching the
+payload, whether its peer is running the same collective; a difference
+becomes a ``CollectiveMismatchError`` naming both sides instead of garbage or
+a hang.
+
+Two kinds of frame are not collectives but notices, sent once when a fabric
+breaks so that peers waiting on it stop too: ``ABORT`` (a peer was lost:
+which, and why) and ``MISMATCH`` (a collective mismatch was seen elsewhere:
+the message). Both carry a small JSON body, never pickle.
+
+Between frames a socket stream may hold ``WAKE`` bytes: a sender's nudge to a
+receiver sleeping in ``poll`` while it waits on a mailbox. Receivers skip them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .errors import CollectiveMismatchError, FabricError, PeerLostError
+
+MAGIC = b"PF"
+# kinds
+ALLREDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER, BARRIER, MISMATCH, ABORT = 1, 2, 3, 4, 5, 14, 15
+KIND_NAMES = {ALLREDUCE: "allreduce", BROADCAST: "broadcast", ALLGATHER: "allgather",
+              REDUCE_SCATTER: "reduce_scatter", BARRIER: "barrier", MISMATCH: "mismatch notice",
+              ABORT: "abort"}
+OP_CODES = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
+OP_NAMES = {code: name for name, code in OP_CODES.items()}
+#: A byte that is never the first of a frame: a wake-up nudge between frames on a socket stream.
+WAKE = 0
+
+#: magic, kind, op, phase, ndim, dtype.str, root, seq, group key; then ndim x int64 shape; then uint64 nbytes
+FIXED = struct.Struct("<2sBBBB8siQQ")
+NBYTES = struct.Struct("<Q")
+_SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(33)]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What one instance is doing in one phase of one collective; equal on every instance or it is a mismatch."""
+
+    kind: int
+    op: int
+    phase: int
+    dtype: str
+    shape: tuple[int, ...]
+    root: int
+    seq: int
+    group_key: int
+
+    def describe(self) -> str:
+        name = KIND_NAMES.get(self.kind, f"collective kind {self.kind}")
+        if self.kind == BARRIER:
+            return name
+        if self.kind == BROADCAST:
+            name += f"(root={self.root})"
+        elif self.op:
+            name += f"({OP_NAMES.get(self.op, self.op)})"
+        try:
+            dtype = np.dtype(self.dtype).name
+        except TypeError:
+            dtype = repr(self.dtype)
+        return f"{name} on {dtype}[{', '.join(map(str, self.shape))}]"
+
+
+def encode_prefix(kind: int, op: int, phase: int, dtype: str, shape: tuple[int, ...], root: int, seq: int,
+                  group_key: int) -> bytes:
+    """The header without its trailing payload length: what receivers compare byte for byte."""
+    packer = _SHAPES[len(shape)] if len(shape) < len(_SHAPES) else struct.Struct(f"<{len(shape)}q")
+    return FIXED.pack(MAGIC, kind, op, phase, len(shape), dtype.encode(), root, seq, group_key) + packer.pack(*shape)
+
+
+def decode_prefix(data: bytes | memoryview) -> tuple[Signature, int]:
+    """Parse a header (prefix and payload length) whose bytes are all present."""
+    magic, kind, op, phase, ndim, dtype, root, seq, group_key = FIXED.unpack_from(data)
+    shape = struct.unpack_from(f"<{ndim}q", data, FIXED.size)
+    (nbytes,) = NBYTES.unpack_from(data, FIXED.size + 8 * ndim)
+    text = bytes(dtype).rstrip(b"\0").decode("ascii", "replace")
+    return Signature(kind, op, phase, text, tuple(shape), root, seq, group_key), nbytes
+
+
+def header_length(data: bytes | memoryview, peer: int) -> int | None:
+    """The length of the header starting ``data`` (None until its fixed part is there); checks the magic."""
+    if len(data) < FIXED.size:
+        return None
+    if bytes(data[:2]) != MAGIC:
+        raise FabricError(f"the data stream from instance {peer} is corrupted (bad frame magic)")
+    return FIXED.size + 8 * data[5] + NBYTES.size
+
+
+def notice_frame(kind: int, body: dict[str, object]) -> bytes:
+    """A whole ABORT or MISMATCH frame."""
+    payload = json.dumps(body).encode()
+    return FIXED.pack(MAGIC, kind, 0, 0, 0, b"", 0, 0, 0) + NBYTES.pack(len(payload)) + payload
+
+
+class Mismatch(Exception):
+    """A frame from ``peer`` whose header is not the one expected; ``exchange`` turns it into the public error."""
+
+    def __init__(self, peer: int, theirs: Signature) -> None:
+        super().__init__(peer)
+        self.peer = peer
+        self.theirs = theirs
+
+
+def unexpected(peer: int, frame: bytes | memoryview, hlen: int, nbytes: int) -> Exception:
+    """The exception for a frame from ``peer`` that is not the expected one (notices: header and body present)."""
+    theirs, _ = decode_prefix(frame)
+    if theirs.kind == ABORT:
+        body = json.loads(bytes(frame[hlen:hlen + nbytes]))
+        return PeerLostError(int(body["instance"]), f"{body['reason']} (reported by instance {peer})")
+    if theirs.kind == MISMATCH:
+        body = json.loads(bytes(frame[hlen:hlen + nbytes]))
+        error = CollectiveMismatchError(f"{body['message']} (reported by instance {peer})")
+        error.notice = str(body["message"])  # type: ignore[attr-defined]  # what to pass on, without the hops
+        return error
+    return Mismatch(peer, theirs)
+
+
+def abort_notice(error: PeerLostError) -> bytes:
+    return notice_frame(ABORT, {"instance": error.instance, "reason": error.reason})
+
+
+def mismatch_notice(error: CollectiveMismatchError) -> bytes:
+    return notice_frame(MISMATCH, {"message": getattr(error, "notice", str(error))})
+
+
+def is_notice(frame: bytes | memoryview) -> bool:
+    return len(frame) >= 3 and frame[2] in (ABORT, MISMATCH)
+
+
+def mismatch_message(me: int, mine: Signature, peer: int, theirs: Signature, members: Sequence[int]) -> str:
+    """'instance 0 called allreduce(sum) on float32[4] but instance 1 called ...', with the position if that differs."""
+    ours, its = mine.describe(), theirs.describe()
+    if theirs.group_key != mine.group_key:
+        ours += f" in group {list(members)}"
+        its += " in another group"
+    elif ours == its or theirs.seq != mine.seq:
+        ours += f" as collective #{mine.seq} of its group"
+        its += f" as collective #{theirs.seq}"
+    if ours == its:  # same call, different phase: the streams are out of step
+        its += f" (phase {theirs.phase}, not {mine.phase})"
+    return f"instance {me} called {ours} but instance {peer} called {its}"
