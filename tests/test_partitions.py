@@ -108,16 +108,28 @@ def guide_line(name: str, server: str) -> list[str]:
                            '--mpi-global-args="--tag-output" --num-replicas=4 --num-instances=1',
         "multi instance single host": f"--numa-aware=yes --vipu-server-host={server} --vipu-partition=A8 "
                                       '--vipu-cluster=A8 --mpi-global-args="--tag-output" --num-replicas=8 --num-instances=2',
+        # the guide's multi-host lines, with its two hosts replaced by two names of this machine
+        # (the SSH path to other hosts comes with the multi-host issue)
+        "multi instance multi host": f"--host localhost,127.0.0.1 --numa-aware=yes --vipu-server-host={server} "
+                                     "--vipu-partition=P8 --vipu-cluster=A8 --num-ilds=1 --mpi-global-args=--tag-output "
+                                     '--mpi-local-args="-x PYTHONPATH" --num-replicas=8 --num-instances=2',
+        "multi pod": f"--host localhost,127.0.0.1 --numa-aware=yes --vipu-server-host={server} --vipu-partition=P8 "
+                     '--vipu-cluster=P8 --num-ilds=2 --mpi-global-args="--tag-output" --mpi-local-args="-x PYTHONPATH" '
+                     "--num-replicas=8 --num-instances=2",
     }
     return shlex.split(lines[name])
 
 
-@pytest.mark.parametrize("name", ["single instance", "multi instance single host"])
+@pytest.mark.parametrize("name", ["single instance", "multi instance single host", "multi instance multi host",
+                                  "multi pod"])
 def test_guide_launch_lines_against_a_real_vipu_server(tmp_path, name: str) -> None:
     state = tmp_path / "vipu.sqlite"
-    VipuService(state, cluster="pod64", cluster_name="A8")  # the guide's cluster
+    VipuService(state, cluster="pod64", cluster_name="A8")  # the guide's clusters
+    VipuService(state, cluster="pod128", cluster_name="P8")  # two ILDs for the multi-POD line
     with server_process(state) as server:
         args = guide_line(name, "127.0.0.1")
+        result = run_poprun(*args, "--vipu-server-port", str(server.port), *python_program("collectives_check.py"))
+        assert result.returncode == 0, result.stderr.decode()
         result = run_poprun(*args, "--vipu-server-port", str(server.port), *python_program("print_env.py"))
         assert result.returncode == 0, result.stderr.decode()
         lines = [line.split(b"]<stdout>:", 1)[1] for line in result.stdout.splitlines()]
