@@ -6,7 +6,7 @@ through
 
 * ``poprun --offline-mode=1 --num-instances N --num-replicas N python poprun_worker.py``:
   ``popdist.collectives.allreduce(x, "sum")`` (``popdist.init()`` first), with
-  the default transport (``auto``: Unix sockets within a host) and again with
+  the default transport (``auto``: shared memory and Unix sockets within a host) and again with
   ``--fabric-transport=tcp`` (TCP between instances even on one host);
 * ``mpirun --allow-run-as-root -np N python mpi4py_worker.py`` (Open MPI from
   Debian, ``--oversubscribe`` when N exceeds the cores):
