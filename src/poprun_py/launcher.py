@@ -12,10 +12,9 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from popdist.env import SOFT_DEFAULTS, FabricSettings
-from simipu.devices import Device, hand_over
 from simipu.fabric.rendezvous import RendezvousServer
 
 from .errors import ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
@@ -24,11 +23,13 @@ from .executors.guardian import Guardian
 from .executors.local import LocalExecutor
 from .job import Job
 from .output import OutputOptions, OutputRouter
-from .partition import acquire_partition, attach_devices, release_partition
 from .plan import Allocation, Plan, make_plan, offline_allocation
 from .report import log_report
 from .spec import LaunchSpec
 from .status import StatusLine
+
+if TYPE_CHECKING:  # the V-IPU and device modules load only for launches that use IPUs
+    from simipu.devices import Device
 
 log = logging.getLogger("poprun")
 
@@ -106,7 +107,7 @@ def build_plan(
     )
 
 
-def _detach_all(devices: Mapping[int, Device]) -> None:
+def _detach_all(devices: Mapping[int, "Device"]) -> None:
     """Once the instances run they hold their devices' locks; poprun lets go of its copies."""
     for device in devices.values():
         device.detach()
@@ -127,6 +128,8 @@ def run_launch(spec: LaunchSpec) -> int:
     job_id = os.urandom(8).hex()  # an id, not a secret
     if spec.offline_mode:
         return _run_on(spec, offline_allocation(spec), job_id)
+    from .partition import acquire_partition, attach_devices, release_partition
+
     lease = acquire_partition(spec, job_id)
     try:
         devices = attach_devices(spec, lease, job_id)
@@ -138,7 +141,7 @@ def run_launch(spec: LaunchSpec) -> int:
         release_partition(lease)
 
 
-def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str, devices: Mapping[int, Device] = {}) -> int:
+def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str, devices: Mapping[int, "Device"] = {}) -> int:
     environ = dict(os.environ)
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
@@ -164,10 +167,10 @@ def _run_with_rendezvous(
     token: str,
     allocation: Allocation,
     job_id: str,
-    devices: Mapping[int, Device],
+    devices: Mapping[int, "Device"],
 ) -> int:
     fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
-    device_fds = {index: hand_over(device) for index, device in devices.items()}
+    device_fds = {index: device.handed_over() for index, device in devices.items()}
     plan = build_plan(spec, environ, os.getcwd(), allocation, job_id, rendezvous.address, fabric, device_fds)
     rendezvous.start()
     if spec.print_topology or spec.verbosity >= 2:

@@ -184,6 +184,10 @@ class Device:
     def attached(self) -> bool:
         return bool(self._fds)
 
+    def handed_over(self) -> tuple[int, ...]:
+        """Descriptors for a child to inherit (``pass_fds``): see :func:`hand_over`."""
+        return hand_over(self)
+
     def detach(self) -> None:
         """Release the IPUs (idempotent)."""
         fds, self._fds = self._fds, []
