@@ -91,8 +91,6 @@ def build_plan(
 ) -> Plan:
     program = resolve_program(spec.program[0], environ, cwd)
     _prepare_cache(spec.executable_cache_path)
-    if spec.numa_aware:
-        log.warning("--numa-aware: NUMA binding is not in this poprun-py yet; instances run unpinned")
     return make_plan(
         spec,
         argv=(program, *spec.program[1:]),
@@ -104,7 +102,24 @@ def build_plan(
         rendezvous=rendezvous,
         fabric=fabric,
         device_fds=device_fds,
+        cpus=numa_binding(spec),
     )
+
+
+def numa_binding(spec: LaunchSpec) -> dict[int, tuple[int, ...]]:
+    """CPUs per instance when NUMA placement is on: asked for, or automatic with several instances per host."""
+    per_host = spec.num_instances // max(1, len(spec.hosts))
+    wanted = spec.numa_aware if spec.numa_aware is not None else per_host > 1
+    if spec.process_placement == "disabled" or not wanted:
+        return {}
+    from .numa import local_placement
+
+    try:
+        placement = local_placement(per_host)
+    except ValueError as exc:
+        log.warning("NUMA placement is off: %s", exc)
+        return {}
+    return {index: placement[index % per_host][1] for index in range(spec.num_instances)}
 
 
 def _detach_all(devices: Mapping[int, "Device"]) -> None:
@@ -114,10 +129,15 @@ def _detach_all(devices: Mapping[int, "Device"]) -> None:
 
 
 def print_topology(spec: LaunchSpec, plan: Plan) -> None:
+    from .numa import format_cpus
     from .topology import render_topology  # only when asked: start-up time matters
 
     table = render_topology([str(h) for h in plan.hosts], spec.num_ilds, spec.num_instances, spec.num_replicas)
-    sys.stderr.write(table if table.endswith("\n") else table + "\n")
+    lines = [table.rstrip("\n")]
+    for instance in plan.instances:
+        if instance.cpus is not None:
+            lines.append(f"instance {instance.index} on {instance.host}: CPUs {format_cpus(instance.cpus)}")
+    sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()
 
 

@@ -48,6 +48,7 @@ class InstancePlan:
     env: Mapping[str, str]
     cwd: str
     pass_fds: tuple[int, ...] = ()  # descriptors the instance inherits (its device's IPU locks)
+    cpus: tuple[int, ...] | None = None  # CPUs it is bound to (NUMA placement); None: unbound
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ def make_plan(
     rendezvous: tuple[str, int] = ("127.0.0.1", 0),
     fabric: FabricSettings = FabricSettings(),
     device_fds: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
+    cpus: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
 ) -> Plan:
     """Divide instances among hosts in contiguous blocks and give each its environment."""
     hosts = spec.hosts or (LOCALHOST,)
@@ -144,6 +146,7 @@ def make_plan(
             )
             env = {**user_env, **contract.render()}
             instances.append(
-                InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd, device_fds.get(index, ()))
+                InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd,
+                             device_fds.get(index, ()), cpus.get(index))
             )
     return Plan(spec, job_id, tuple(hosts), tuple(instances))

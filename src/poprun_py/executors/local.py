@@ -17,8 +17,10 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
+
 
 from ..errors import ProgramNotExecutable, ProgramNotFound
 from ..events import EventQueue, Exited, HostLost, Output, Started, Stream
@@ -52,6 +54,24 @@ def _pipe() -> tuple[int, int]:
     return read_fd, write_fd
 
 
+@contextmanager
+def _bound_to(cpus: tuple[int, ...] | None) -> Iterator[None]:
+    """Bind the calling thread to ``cpus`` while it forks an instance (NUMA placement), then restore.
+
+    Affinity is per thread and inherited at fork, so the instance is bound from
+    its first instruction, and so is anything it starts; no other thread moves.
+    """
+    if cpus is None:
+        yield
+        return
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous)
+
+
 class LocalExecutor:
     """Runs a set of instances on this host and reports them as events."""
 
@@ -81,17 +101,18 @@ class LocalExecutor:
         out_r, out_w = _pipe()
         err_r, err_w = _pipe()
         try:
-            process = subprocess.Popen(
-                plan.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                env={**self._base_env, **plan.env},
-                cwd=plan.cwd,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=plan.pass_fds,
-            )
+            with _bound_to(plan.cpus):  # inherited at fork: bound before its first instruction
+                process = subprocess.Popen(
+                    plan.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out_w,
+                    stderr=err_w,
+                    env={**self._base_env, **plan.env},
+                    cwd=plan.cwd,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=plan.pass_fds,
+                )
         except FileNotFoundError:
             os.close(out_r), os.close(err_r)
             raise ProgramNotFound(f"{plan.argv[0]}: no such program") from None

@@ -1,0 +1,85 @@
+"""NUMA placement: instances of a host bound to its NUMA nodes round-robin.
+
+The topology is read from sysfs (``<root>/devices/system/node/node*/cpulist``);
+the root is injectable (``POPRUN_SYSFS_ROOT``) so tests can describe a 2- or
+4-node machine. Only the CPUs of the cpuset poprun runs in are used, and a
+node with none of them is skipped, as Graphcore's poprun does with cpusets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+log = logging.getLogger("poprun.numa")
+
+SYSFS_ROOT_VARIABLE = "POPRUN_SYSFS_ROOT"
+_NODE = re.compile(r"node(\d+)$")
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    index: int
+    cpus: tuple[int, ...]
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """``0-3,8,10-11`` -> (0, 1, 2, 3, 8, 10, 11), the kernel's cpulist format."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return tuple(sorted(set(cpus)))
+
+
+def read_numa_nodes(sysfs_root: str | os.PathLike[str] = "/sys") -> tuple[NumaNode, ...]:
+    """The machine's NUMA nodes; one node with every CPU when sysfs does not say."""
+    base = Path(sysfs_root) / "devices" / "system" / "node"
+    nodes = []
+    try:
+        entries = sorted(base.iterdir(), key=lambda p: int(_NODE.match(p.name).group(1)) if _NODE.match(p.name) else -1)
+    except OSError:
+        entries = []
+    for entry in entries:
+        match = _NODE.match(entry.name)
+        if not match:
+            continue
+        try:
+            cpus = parse_cpulist((entry / "cpulist").read_text())
+        except (OSError, ValueError):
+            continue
+        nodes.append(NumaNode(int(match.group(1)), cpus))
+    return tuple(nodes) or (NumaNode(0, tuple(range(os.cpu_count() or 1))),)
+
+
+def place(num_instances: int, nodes: Sequence[NumaNode], allowed: Iterable[int]) -> list[tuple[NumaNode, tuple[int, ...]]]:
+    """Node and CPUs for each of a host's instances, round-robin over the nodes with allowed CPUs."""
+    allowed_set = set(allowed)
+    usable = [(node, tuple(c for c in node.cpus if c in allowed_set)) for node in nodes]
+    usable = [(node, cpus) for node, cpus in usable if cpus]
+    if not usable:
+        raise ValueError(f"no NUMA node has any of the CPUs poprun may use ({sorted(allowed_set)})")
+    return [usable[k % len(usable)] for k in range(num_instances)]
+
+
+def local_placement(num_instances: int) -> list[tuple[NumaNode, tuple[int, ...]]]:
+    """Placement on this host: sysfs (or the injected root) and the launcher's own cpuset."""
+    nodes = read_numa_nodes(os.environ.get(SYSFS_ROOT_VARIABLE, "/sys"))
+    return place(num_instances, nodes, os.sched_getaffinity(0))
+
+
+def format_cpus(cpus: Sequence[int]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5', the kernel's cpulist format."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

@@ -1,0 +1,82 @@
+"""NUMA placement: sysfs parsing, cpuset honouring, round-robin binding of real instances."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from poprun_py.numa import NumaNode, format_cpus, parse_cpulist, place, read_numa_nodes
+from support import run_poprun
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+
+
+def fake_sysfs(root: Path, cpulists: list[str]) -> Path:
+    for index, cpulist in enumerate(cpulists):
+        node = root / "devices" / "system" / "node" / f"node{index}"
+        node.mkdir(parents=True)
+        (node / "cpulist").write_text(cpulist + "\n")
+    (root / "devices" / "system" / "node" / "online").write_text(f"0-{len(cpulists) - 1}\n")
+    return root
+
+
+@pytest.mark.parametrize("text,cpus", [("0-3,8,10-11", (0, 1, 2, 3, 8, 10, 11)), ("5", (5,)), ("", ())])
+def test_cpulist_format(text: str, cpus: tuple[int, ...]) -> None:
+    assert parse_cpulist(text) == cpus
+    assert parse_cpulist(format_cpus(cpus)) == cpus
+
+
+def test_nodes_are_read_from_an_injected_sysfs(tmp_path: Path) -> None:
+    root = fake_sysfs(tmp_path, ["0-1", "2-3", "4-5", "6-7"])
+    assert read_numa_nodes(root) == tuple(NumaNode(i, (2 * i, 2 * i + 1)) for i in range(4))
+    assert len(read_numa_nodes(tmp_path / "missing")) == 1  # no sysfs: one node with every CPU
+
+
+def test_round_robin_over_the_nodes_the_cpuset_allows() -> None:
+    nodes = (NumaNode(0, (0, 1)), NumaNode(1, (2, 3)), NumaNode(2, (4, 5)), NumaNode(3, (6, 7)))
+    placement = place(4, nodes, allowed={0, 1, 2, 5, 6, 7})
+    assert [(node.index, cpus) for node, cpus in placement] == [(0, (0, 1)), (1, (2,)), (2, (5,)), (3, (6, 7))]
+    placement = place(3, nodes, allowed={2, 3})  # a cpuset inside one node: everyone there
+    assert [node.index for node, _ in placement] == [1, 1, 1]
+    with pytest.raises(ValueError, match="no NUMA node"):
+        place(1, nodes, allowed={99})
+
+
+def affinities(*args: str, sysfs: Path, instances: int = 2) -> dict[int, list[int]]:
+    n = str(instances)
+    result = run_poprun(
+        "--offline-mode=1", "--num-instances", n, "--num-replicas", n, *args,
+        "sh", "-c", 'echo "$OMPI_COMM_WORLD_RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)"',
+        env={**os.environ, "POPRUN_SYSFS_ROOT": str(sysfs)})
+    assert result.returncode == 0, result.stderr
+    pairs = (line.split() for line in result.stdout.decode().splitlines())
+    return {int(rank): list(parse_cpulist(cpus)) for rank, cpus in pairs}
+
+
+needs_two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="binding two nodes apart needs two CPUs in poprun's cpuset")
+
+
+@needs_two_cpus
+def test_several_instances_per_host_are_bound_automatically(tmp_path: Path) -> None:
+    # a 4-node machine whose last two nodes lie outside the cpuset: they are skipped
+    sysfs = fake_sysfs(tmp_path, [str(ALLOWED[0]), str(ALLOWED[1]), "1000-1001", "1002-1003"])
+    assert affinities(sysfs=sysfs, instances=3) == {0: [ALLOWED[0]], 1: [ALLOWED[1]], 2: [ALLOWED[0]]}
+
+
+@needs_two_cpus
+def test_placement_disabled_and_single_instances_stay_unbound(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, [str(ALLOWED[0]), str(ALLOWED[1])])
+    assert affinities("--process-placement=disabled", "--numa-aware=yes", sysfs=sysfs) == {0: ALLOWED, 1: ALLOWED}
+    assert affinities(sysfs=sysfs, instances=1) == {0: ALLOWED}
+    assert affinities("--numa-aware=yes", sysfs=sysfs, instances=1) == {0: [ALLOWED[0]]}
+    assert affinities("--numa-aware=no", sysfs=sysfs) == {0: ALLOWED, 1: ALLOWED}
+
+
+@needs_two_cpus
+def test_print_topology_shows_the_cpus(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, [str(ALLOWED[0]), str(ALLOWED[1])])
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2", "--print-topology=yes", "true",
+                        env={**os.environ, "POPRUN_SYSFS_ROOT": str(sysfs)})
+    assert f"instance 1 on localhost: CPUs {ALLOWED[1]}".encode() in result.stderr
