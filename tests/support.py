@@ -32,24 +32,12 @@ def python_program(name: str, *args: str) -> Sequence[str]:
 
 
 def read_line(stream, timeout: float = RUN_TIMEOUT) -> bytes:
-    """The next line of a process's output pipe, or AssertionError after ``timeout`` seconds.
+    """The next line of a process's output pipe, failing after ``timeout`` seconds (b"" once it closes).
 
-    A test that waits on a program's output must not wait forever if the
-    program hangs; b"" means the pipe closed.
+    A test that waits on a program's output must not wait forever if the program hangs.
     """
-    import select
     import time
 
-    deadline = time.monotonic() + timeout
-    line = b""
-    fd = stream.fileno()
-    while not line.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(0.0, left))
-        if not ready:
-            raise AssertionError(f"no complete line within {timeout:g} s (so far: {line[:200]!r})")
-        chunk = os.read(fd, 1)
-        if not chunk:
-            return line
-        line += chunk
-    return line
+    from simipu.vipu.testing import read_line as read_line_by
+
+    return read_line_by(stream, time.monotonic() + timeout)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.numa import NumaNode, format_cpus, parse_cpulist, place, read_numa_nodes
+from poprun_py.numa import NumaNode, parse_cpulist, place, read_numa_nodes
+from poprun_py.ranges import format_cpus
 from support import run_poprun
 
 ALLOWED = sorted(os.sched_getaffinity(0))

@@ -20,6 +20,7 @@ from .errors import EXIT_STARTUP_TIMEOUT
 from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut
 from .output import OutputRouter
 from .plan import InstancePlan
+from .ranges import format_indices
 from .status import StatusLine
 
 log = logging.getLogger("poprun.job")
@@ -247,15 +248,3 @@ class Job:
     def _restore_signal_handlers(previous: dict[int, object]) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def format_indices(indices) -> str:
-    """0,1,2,5 -> '0-2, 5': short lists of instance indices for log lines (pairs stay '0, 1')."""
-    runs: list[list[int]] = []
-    for i in sorted(indices):
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
-    return ", ".join(parts)

@@ -129,7 +129,7 @@ def _detach_all(devices: Mapping[int, "Device"]) -> None:
 
 
 def print_topology(spec: LaunchSpec, plan: Plan) -> None:
-    from .numa import format_cpus
+    from .ranges import format_cpus
     from .topology import render_topology  # only when asked: start-up time matters
 
     table = render_topology([str(h) for h in plan.hosts], spec.num_ilds, spec.num_instances, spec.num_replicas)

@@ -72,14 +72,3 @@ def local_placement(num_instances: int) -> list[tuple[NumaNode, tuple[int, ...]]
     """Placement on this host: sysfs (or the injected root) and the launcher's own cpuset."""
     nodes = read_numa_nodes(os.environ.get(SYSFS_ROOT_VARIABLE, "/sys"))
     return place(num_instances, nodes, os.sched_getaffinity(0))
-
-
-def format_cpus(cpus: Sequence[int]) -> str:
-    """(0, 1, 2, 5) -> '0-2,5', the kernel's cpulist format."""
-    runs: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if runs and cpu == runs[-1][-1] + 1:
-            runs[-1].append(cpu)
-        else:
-            runs.append([cpu])
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

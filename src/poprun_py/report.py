@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 
-from .job import Failure, JobReport, format_indices
+from .job import Failure, JobReport
+from .ranges import format_indices
 
 log = logging.getLogger("poprun")
 

@@ -1,0 +1,26 @@
+"""Short text for sets of numbers: instance indices in log lines, CPU lists in placements."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def consecutive_runs(values: Iterable[int]) -> list[list[int]]:
+    """[5, 0, 1, 2] -> [[0, 1, 2], [5]]."""
+    runs: list[list[int]] = []
+    for value in sorted(values):
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return runs
+
+
+def format_indices(indices: Iterable[int]) -> str:
+    """0,1,2,5 -> '0-2, 5': instance indices for log lines (pairs stay '0, 1')."""
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in consecutive_runs(indices))
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5', the kernel's cpulist format."""
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in consecutive_runs(cpus))
