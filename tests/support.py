@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Sequence
+
+import psutil
 
 PROGRAMS = Path(__file__).parent / "programs"
 #: Upper bound for any single poprun run in the tests.
@@ -41,3 +44,46 @@ def read_line(stream, timeout: float = RUN_TIMEOUT) -> bytes:
     from simipu.vipu.testing import read_line as read_line_by
 
     return read_line_by(stream, time.monotonic() + timeout)
+
+
+class Launch:
+    """A poprun in the background whose output the test reads line by line."""
+
+    def __init__(self, *args: str, env: dict | None = None) -> None:
+        self.process = subprocess.Popen(poprun_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.stderr = b""
+        self._stderr_thread = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_thread.start()
+
+    def _read_stderr(self) -> None:
+        self.stderr = self.process.stderr.read()
+
+    def wait_for_lines(self, prefix: bytes, count: int) -> list[bytes]:
+        found = []
+        while len(found) < count:
+            line = read_line(self.process.stdout)
+            assert line, f"poprun ended before {count} lines starting with {prefix!r}: {self.finish()}"
+            if line.startswith(prefix):
+                found.append(line)
+        return found
+
+    def finish(self, timeout: float = RUN_TIMEOUT) -> int:
+        code = self.process.wait(timeout)
+        self._stderr_thread.join(timeout)
+        self.process.stdout.close()
+        return code
+
+
+def pids_of(ready_lines: list[bytes]) -> list[int]:
+    return [int(line.split()[2]) for line in ready_lines]
+
+
+def assert_all_gone(pids: list[int]) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=15)
+    assert not alive, [p.pid for p in alive]

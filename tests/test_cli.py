@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
-from poprun_py.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_UNSUPPORTED, EXIT_USAGE
+from poprun_py.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_USAGE
 from poprun_py.mpiargs import EnvSetting
 
 from support import run_poprun
@@ -174,11 +174,6 @@ def test_program_not_executable_is_126(tmp_path) -> None:
     (tmp_path / "script.sh").write_text("echo hi\n")
     result = run_poprun("--offline-mode=1", "./script.sh", cwd=tmp_path)
     assert result.returncode == EXIT_NOT_EXECUTABLE and b"chmod +x" in result.stderr
-
-
-def test_remote_hosts_are_refused_clearly() -> None:
-    result = run_poprun("-H", "10.3.7.153,10.3.7.154", "--num-instances", "2", "--num-replicas", "2", "--offline-mode=1", "true")
-    assert result.returncode == EXIT_UNSUPPORTED and b"10.3.7.153" in result.stderr
 
 
 def test_help_and_version_exit_0() -> None:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import threading
 
-import psutil
 import pytest
 
-from support import RUN_TIMEOUT, poprun_command, python_program, read_line, run_poprun
+from support import Launch, assert_all_gone, pids_of, python_program, run_poprun
 
 OFFLINE = "--offline-mode=1"
 
@@ -53,49 +50,6 @@ def test_successful_instances_do_not_stop_the_others() -> None:
     result = run_poprun(OFFLINE, "--num-instances", "2", "--num-replicas", "2",
                         *python_program("behave.py", "--others", "exit0"))
     assert result.returncode == 0 and result.stderr == b""
-
-
-class Launch:
-    """A poprun in the background whose output the test reads line by line."""
-
-    def __init__(self, *args: str, env: dict | None = None) -> None:
-        self.process = subprocess.Popen(poprun_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        self.stderr = b""
-        self._stderr_thread = threading.Thread(target=self._read_stderr, daemon=True)
-        self._stderr_thread.start()
-
-    def _read_stderr(self) -> None:
-        self.stderr = self.process.stderr.read()
-
-    def wait_for_lines(self, prefix: bytes, count: int) -> list[bytes]:
-        found = []
-        while len(found) < count:
-            line = read_line(self.process.stdout)
-            assert line, f"poprun ended before {count} lines starting with {prefix!r}: {self.finish()}"
-            if line.startswith(prefix):
-                found.append(line)
-        return found
-
-    def finish(self, timeout: float = RUN_TIMEOUT) -> int:
-        code = self.process.wait(timeout)
-        self._stderr_thread.join(timeout)
-        self.process.stdout.close()
-        return code
-
-
-def pids_of(ready_lines: list[bytes]) -> list[int]:
-    return [int(line.split()[2]) for line in ready_lines]
-
-
-def assert_all_gone(pids: list[int]) -> None:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    assert not alive, [p.pid for p in alive]
 
 
 def test_sigint_stops_all_instances() -> None:

@@ -98,6 +98,7 @@ def connect(launch: InstanceEnv | None) -> Collectives:
         timeout=settings.timeout,
         startup_timeout=settings.startup_timeout,
         host_label=launch.host_label or None,
+        bind_host=launch.fabric_addr,
     )
     atexit.register(fabric.close)
     return fabric

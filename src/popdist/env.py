@@ -21,7 +21,7 @@ from simipu.hardware import parent_device_id as _parent_device_id
 from popdist.env_names import *  # noqa: F401,F403 - the names are part of this module's API
 from popdist.env_names import (
     CONTRACT_NAMES, EXECUTABLE_CACHE_PATH, FABRIC_TIMEOUT, FABRIC_TRANSPORT, IPUOF_LOG_LEVEL, IPUS_PER_REPLICA,
-    DEVICE_FDS, HOST_LABEL, JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
+    DEVICE_FDS, FABRIC_ADDR, HOST_LABEL, JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
     OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK, OMPI_RANK, OMPI_SIZE, RENDEZVOUS_ADDR, RENDEZVOUS_PORT,
     REPLICA_INDEX_OFFSET, SOFT_DEFAULTS, STARTUP_TIMEOUT, TARGET_OPTIONS, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
     TORCH_RANK, TORCH_WORLD_SIZE, TOTAL_REPLICAS, UNIFORM_REPLICAS, VIPU_GCD_ID, VIPU_HOST, VIPU_PARTITION,
@@ -129,6 +129,7 @@ class InstanceEnv:
     job_id: str = ""
     offline: bool = False
     host_label: str = ""
+    fabric_addr: str = "127.0.0.1"
     device_fds: tuple[int, ...] = ()
     fabric: FabricSettings = FabricSettings()
 
@@ -208,6 +209,7 @@ class InstanceEnv:
         out[OFFLINE] = "1" if self.offline else "0"
         if self.host_label:
             out[HOST_LABEL] = self.host_label
+        out[FABRIC_ADDR] = self.fabric_addr
         if self.device_fds:
             out[DEVICE_FDS] = ",".join(map(str, self.device_fds))
         out.update(self.fabric.render())
@@ -271,6 +273,7 @@ class InstanceEnv:
             job_id=environ.get(JOB_ID, ""),
             offline=_read_flag(environ, OFFLINE),
             host_label=environ.get(HOST_LABEL, ""),
+            fabric_addr=environ.get(FABRIC_ADDR, "127.0.0.1"),
             device_fds=_read_fds(environ),
             fabric=FabricSettings.from_environ(environ),
         )

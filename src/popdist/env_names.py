@@ -44,6 +44,7 @@ RENDEZVOUS_PORT = "POPRUN_RENDEZVOUS_PORT"
 JOB_ID = "POPRUN_JOB_ID"
 OFFLINE = "POPRUN_OFFLINE"
 HOST_LABEL = "POPRUN_HOST"  # the host this instance was placed on, as the launcher names it
+FABRIC_ADDR = "POPRUN_FABRIC_ADDR"  # the address peers on other hosts reach this instance at
 JOB_TOKEN = "POPRUN_JOB_TOKEN"
 DEVICE_FDS = "POPRUN_DEVICE_FDS"  # inherited IPU locks: the instance's device, held from its first instant  # the fabric's per-job secret: environment only, never argv or logs
 FABRIC_TRANSPORT = "POPRUN_FABRIC_TRANSPORT"
@@ -60,7 +61,7 @@ CONTRACT_NAMES: tuple[str, ...] = (
     TORCH_RANK, TORCH_WORLD_SIZE, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT,
     RENDEZVOUS_ADDR, RENDEZVOUS_PORT, JOB_ID, OFFLINE,
-    HOST_LABEL, JOB_TOKEN, DEVICE_FDS, FABRIC_TRANSPORT, FABRIC_TIMEOUT, STARTUP_TIMEOUT,
+    HOST_LABEL, FABRIC_ADDR, JOB_TOKEN, DEVICE_FDS, FABRIC_TRANSPORT, FABRIC_TIMEOUT, STARTUP_TIMEOUT,
 )
 """Every name this contract may set; clear them all to simulate 'not under poprun'."""
 

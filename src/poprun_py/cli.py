@@ -77,6 +77,8 @@ def poprun(
     fabric_transport: Optional[str] = typer.Option(None, help="auto (shared memory/Unix sockets within a host, TCP between) or tcp (TCP everywhere). (default: auto)", rich_help_panel="Fabric"),
     fabric_timeout: Optional[float] = typer.Option(None, help="Seconds after which a silent peer counts as lost in a collective. (default: 10)", rich_help_panel="Fabric"),
     startup_timeout: Optional[float] = typer.Option(None, help="Seconds the instances have to join the fabric once the first has. (default: 60)", rich_help_panel="Fabric"),
+    ssh_timeout: Optional[float] = typer.Option(None, help="Seconds each remote host has to pass its pre-flight checks (connect, authenticate, start the agent). (default: 10)"),
+    remote_python: Optional[str] = typer.Option(None, help="The Python that runs the agent on remote hosts. (default: the path of poprun's own Python)"),
     verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="Verbose output; -vv for more."),
     vv: bool = typer.Option(False, "--vv", help="Very verbose output."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
@@ -155,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except PoprunError as exc:
         sys.stderr.write(f"poprun: error: {_one_line(str(exc))}\n")
+        sys.stderr.writelines(f"  {_one_line(line)}\n" for line in exc.details)
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("poprun: interrupted\n")

@@ -26,6 +26,7 @@ class PoprunError(Exception):
     """An error with a message a user can act on and a distinct exit code."""
 
     exit_code: int = EXIT_INTERNAL
+    details: tuple[str, ...] = ()  # further lines, one fact each (e.g. a verdict per host)
 
 
 class UsageError(PoprunError):
@@ -68,3 +69,13 @@ class PartitionFailed(PoprunError):
 
 class VipuServiceError(PoprunError):
     exit_code = EXIT_VIPU_ERROR
+
+
+class PreflightFailed(PoprunError):
+    """Some hosts cannot run instances: one verdict per host, naming the stage that failed."""
+
+    exit_code = EXIT_PREFLIGHT
+
+    def __init__(self, message: str, verdicts: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.details = verdicts

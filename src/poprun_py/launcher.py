@@ -6,9 +6,9 @@ port, the executable cache directory) before the pure planning step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import shutil
 import socket
 import sys
 from pathlib import Path
@@ -17,13 +17,18 @@ from typing import TYPE_CHECKING, Mapping
 from popdist.env import SOFT_DEFAULTS, FabricSettings
 from simipu.fabric.rendezvous import RendezvousServer
 
-from .errors import ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
+from .errors import UsageError
 from .events import EventQueue, StartupTimedOut
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor
 from .job import Job
 from .output import OutputOptions, OutputRouter
-from .plan import Allocation, Plan, make_plan, offline_allocation
+from .programs import resolve_program
+from .executors.fanout import FanOutExecutor
+from .executors.remote import AgentExecutor
+from .hosts import HostSpec, distribute_instances
+from .plan import LOCALHOST, Allocation, Plan, make_plan, offline_allocation
+from .reach import Reach, check_working_dir, forwarded_environment, reach_hosts, with_allocation_hosts
 from .report import log_report
 from .spec import LaunchSpec
 from .status import StatusLine
@@ -34,40 +39,11 @@ if TYPE_CHECKING:  # the V-IPU and device modules load only for launches that us
 log = logging.getLogger("poprun")
 
 
-def resolve_program(name: str, environ: Mapping[str, str], cwd: str) -> str:
-    """The program as the OS will run it; like mpirun, one in the current directory needs no ``./``."""
-    if os.sep in name:
-        path = Path(cwd, name)
-        if not path.exists():
-            raise ProgramNotFound(f"program {name!r} not found")
-        if path.is_dir() or not os.access(path, os.X_OK):
-            raise ProgramNotExecutable(f"program {name!r} is not executable (chmod +x, or run it with its interpreter)")
-        return name
-    found = shutil.which(name, path=environ.get("PATH", os.defpath))
-    if found:
-        return found
-    local = Path(cwd, name)
-    if local.is_file():
-        if not os.access(local, os.X_OK):
-            raise ProgramNotExecutable(f"program {name!r} in the current directory is not executable (chmod +x)")
-        return str(local)
-    raise ProgramNotFound(f"program {name!r} not found in PATH or the current directory")
-
-
 def free_port() -> int:
     """A TCP port for torch.distributed's store; instance 0 binds it (as torchrun does)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def check_hosts(spec: LaunchSpec) -> None:
-    remote = [str(h) for h in spec.hosts if not h.is_local]
-    if remote:
-        raise Unsupported(
-            f"cannot launch on remote hosts ({', '.join(remote)}): this poprun-py has no SSH support yet; "
-            "use -H localhost or leave out -H"
-        )
 
 
 def _prepare_cache(path: str | None) -> None:
@@ -82,18 +58,20 @@ def _prepare_cache(path: str | None) -> None:
 def build_plan(
     spec: LaunchSpec,
     environ: Mapping[str, str],
-    cwd: str,
     allocation: Allocation,
     job_id: str,
-    rendezvous: tuple[str, int] = ("127.0.0.1", 0),
+    reach: Reach = Reach(),
+    cwd: str | None = None,
     fabric: FabricSettings = FabricSettings(),
     device_fds: Mapping[int, tuple[int, ...]] = {},
+    rendezvous: tuple[str, int] = ("127.0.0.1", 0),
 ) -> Plan:
-    program = resolve_program(spec.program[0], environ, cwd)
+    """The plan; instances on this host run the program as found here, the others as their agent finds it."""
+    cwd = cwd or os.getcwd()
     _prepare_cache(spec.executable_cache_path)
-    return make_plan(
+    plan = make_plan(
         spec,
-        argv=(program, *spec.program[1:]),
+        argv=spec.program,
         job_id=job_id,
         allocation=allocation,
         master_port=free_port(),
@@ -103,15 +81,28 @@ def build_plan(
         fabric=fabric,
         device_fds=device_fds,
         cpus=numa_binding(spec),
+        addresses=reach.addresses,
     )
+    here = [i for i in plan.instances if str(i.host) not in reach.agents]
+    if not here:
+        return plan
+    program = (resolve_program(spec.program[0], environ, cwd), *spec.program[1:])
+    return dataclasses.replace(plan, instances=tuple(
+        i if str(i.host) in reach.agents else dataclasses.replace(i, argv=program) for i in plan.instances))
+
+
+def numa_wanted(spec: LaunchSpec) -> bool:
+    """NUMA placement: asked for, or automatic with several instances per host; never when disabled."""
+    per_host = spec.num_instances // max(1, len(spec.hosts))
+    wanted = spec.numa_aware if spec.numa_aware is not None else per_host > 1
+    return spec.process_placement != "disabled" and wanted
 
 
 def numa_binding(spec: LaunchSpec) -> dict[int, tuple[int, ...]]:
-    """CPUs per instance when NUMA placement is on: asked for, or automatic with several instances per host."""
-    per_host = spec.num_instances // max(1, len(spec.hosts))
-    wanted = spec.numa_aware if spec.numa_aware is not None else per_host > 1
-    if spec.process_placement == "disabled" or not wanted:
+    """CPUs per instance on this host (remote agents place their own instances on their own nodes)."""
+    if not numa_wanted(spec):
         return {}
+    per_host = spec.num_instances // max(1, len(spec.hosts))
     from .numa import local_placement
 
     try:
@@ -142,56 +133,91 @@ def print_topology(spec: LaunchSpec, plan: Plan) -> None:
 
 
 def run_launch(spec: LaunchSpec) -> int:
-    """Run a validated launch on this host; the exit code is the job's."""
-    check_hosts(spec)
-    resolve_program(spec.program[0], os.environ, os.getcwd())  # before any partition is created
-    job_id = os.urandom(8).hex()  # an id, not a secret
-    if spec.offline_mode:
-        return _run_on(spec, offline_allocation(spec), job_id)
+    """Run a validated launch; the exit code is the job's."""
+    spec, via_srun = with_allocation_hosts(spec, os.environ)
+    cwd = check_working_dir(spec, spec.hosts)
+    if not via_srun and (not spec.hosts or any(h.is_local for h in spec.hosts)):
+        resolve_program(spec.program[0], os.environ, cwd)  # before any partition is created or host reached
+    reach = reach_hosts(spec, cwd, via_srun)
+    try:
+        launch = _Launch(spec, os.urandom(8).hex(), cwd, reach)  # the job id is an id, not a secret
+        if spec.offline_mode:
+            return _run_on(launch, offline_allocation(spec))
+        return _run_on_partition(launch)
+    finally:
+        reach.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    spec: LaunchSpec
+    job_id: str
+    cwd: str
+    reach: Reach
+
+
+def _run_on_partition(launch: _Launch) -> int:
     from .partition import acquire_partition, attach_devices, release_partition
 
-    lease = acquire_partition(spec, job_id)
+    lease = acquire_partition(launch.spec, launch.job_id)
     try:
-        devices = attach_devices(spec, lease, job_id)
+        devices = attach_devices(launch.spec, lease, launch.job_id)
         try:
-            return _run_on(spec, lease.allocation, job_id, devices)
+            return _run_on(launch, lease.allocation, devices)
         finally:
             _detach_all(devices)
     finally:
         release_partition(lease)
 
 
-def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str, devices: Mapping[int, "Device"] = {}) -> int:
-    environ = dict(os.environ)
+def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, "Device"] = {}) -> int:
+    spec = launch.spec
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
     rendezvous = RendezvousServer(
         spec.num_instances,
         token.encode(),
-        bind_host="127.0.0.1",
+        bind_host=launch.reach.rendezvous_bind,
         checkin_timeout=spec.startup_timeout,
         heartbeat_timeout=spec.fabric_timeout,
         on_timeout=lambda missing, message: events.put(StartupTimedOut(missing, message)),
     )
     try:
-        return _run_with_rendezvous(spec, environ, events, rendezvous, token, allocation, job_id, devices)
+        return _run_with_rendezvous(launch, events, rendezvous, token, allocation, devices)
     finally:
         rendezvous.close()
 
 
+def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[str, str],
+              guardian: Guardian) -> LocalExecutor | FanOutExecutor:
+    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
+    if not launch.reach.agents:
+        return local
+    spec = launch.spec
+    base_env = forwarded_environment(environ, SOFT_DEFAULTS)
+    agents = {
+        label: AgentExecutor(label, host.channel, events, base_env=base_env, grace=spec.stop_grace,
+                             numa=numa_wanted(spec), start_timeout=spec.ssh_timeout)
+        for label, host in launch.reach.agents.items()
+    }
+    return FanOutExecutor(local, agents)
+
+
 def _run_with_rendezvous(
-    spec: LaunchSpec,
-    environ: dict[str, str],
+    launch: _Launch,
     events: EventQueue,
     rendezvous: RendezvousServer,
     token: str,
     allocation: Allocation,
-    job_id: str,
     devices: Mapping[int, "Device"],
 ) -> int:
+    spec, environ = launch.spec, dict(os.environ)
     fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
-    device_fds = {index: device.handed_over() for index, device in devices.items()}
-    plan = build_plan(spec, environ, os.getcwd(), allocation, job_id, rendezvous.address, fabric, device_fds)
+    here = {i for i, host in enumerate(_instance_hosts(spec)) if str(host) not in launch.reach.agents}
+    handed = {index: device for index, device in devices.items() if index in here}  # the others stay with poprun
+    device_fds = {index: device.handed_over() for index, device in handed.items()}
+    address = (launch.reach.rendezvous_address, rendezvous.address[1])
+    plan = build_plan(spec, environ, allocation, launch.job_id, launch.reach, launch.cwd, fabric, device_fds, address)
     rendezvous.start()
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
@@ -211,12 +237,18 @@ def _run_with_rendezvous(
         handler.addFilter(log_filter)
     guardian = Guardian(spec.stop_grace)
     try:
-        executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
+        executor = _executor(launch, plan, events, environ, guardian)
         report = Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
-                     on_started=lambda: _detach_all(devices)).run(plan.instances)
+                     on_started=lambda: _detach_all(handed)).run(plan.instances)
     finally:
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
     log_report(report)
     return report.exit_code
+
+
+def _instance_hosts(spec: LaunchSpec) -> list[HostSpec]:
+    """The host of each instance, in index order (contiguous blocks, as ``make_plan`` places them)."""
+    hosts = spec.hosts or (LOCALHOST,)
+    return [host for host, block in zip(hosts, distribute_instances(len(hosts), spec.num_instances)) for _ in block]

@@ -19,7 +19,7 @@ log = logging.getLogger("poprun.spec")
 #: Options that take no value and that we honour.
 _FLAGS = {"tag-output", "timestamp-output", "allow-run-as-root"}
 #: Options that take one value and that we honour.
-_VALUED = {"output-filename", "bind-to", "x"}
+_VALUED = {"output-filename", "bind-to", "x", "wdir"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class MpiArgs:
     output_filename: str | None = None
     env: tuple[EnvSetting, ...] = ()
     ignored: tuple[str, ...] = ()
+    working_dir: str | None = None  # mpirun's -wdir: where instances start, on every host
 
     def merged(self, other: "MpiArgs") -> "MpiArgs":
         """Later arguments add to earlier ones; a later value wins."""
@@ -48,6 +49,7 @@ class MpiArgs:
             output_filename=other.output_filename or self.output_filename,
             env=self.env + other.env,
             ignored=self.ignored + other.ignored,
+            working_dir=other.working_dir or self.working_dir,
         )
 
 
@@ -111,6 +113,7 @@ def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") ->
     """Parse argument strings as a user wrote them (shell-quoted, possibly repeated)."""
     tag = timestamp = False
     output_filename: str | None = None
+    working_dir: str | None = None
     env: list[EnvSetting] = []
     ignored: list[str] = []
     for name, value, unknown in _walk(_tokens(strings, option), option):
@@ -122,12 +125,14 @@ def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") ->
             timestamp = True
         elif name == "output-filename":
             output_filename = value
+        elif name == "wdir":
+            working_dir = value
         elif name == "x":
             env.append(_parse_env(value or "", option))
         elif name == "bind-to" and value != "none":
             ignored.append(f"--bind-to {value}")
         # --allow-run-as-root and --bind-to none need nothing from us.
-    return MpiArgs(tag, timestamp, output_filename, tuple(env), tuple(ignored))
+    return MpiArgs(tag, timestamp, output_filename, tuple(env), tuple(ignored), working_dir)
 
 
 def warn_ignored(args: MpiArgs, option: str) -> None:

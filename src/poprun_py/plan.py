@@ -101,14 +101,19 @@ def make_plan(
     fabric: FabricSettings = FabricSettings(),
     device_fds: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
     cpus: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
+    addresses: Mapping[str, str] = MappingProxyType({}),
 ) -> Plan:
-    """Divide instances among hosts in contiguous blocks and give each its environment."""
+    """Divide instances among hosts in contiguous blocks and give each its environment.
+
+    ``addresses`` maps a host (as ``str(host)``) to the address its instances
+    are reached at from other hosts; hosts not in it are on loopback.
+    """
     hosts = spec.hosts or (LOCALHOST,)
     blocks = distribute_instances(len(hosts), spec.num_instances)
     local_replicas = spec.replicas_per_instance
     ipus_per_instance = local_replicas * spec.ipus_per_replica
     target_options = target_options_for(spec.num_ipus, spec.num_ilds, ipus_per_instance, allocation.gateway_mode)
-    master_addr = "127.0.0.1" if hosts[0].is_local else hosts[0].name
+    master_addr = addresses.get(str(hosts[0]), "127.0.0.1" if hosts[0].is_local else hosts[0].name)
     warned: set[str] = set()
     shared = _resolve_env_settings(spec.global_args.env + spec.local_args.env, launcher_environ, warned)
     instances = []
@@ -141,6 +146,7 @@ def make_plan(
                 rendezvous_addr=rendezvous[0],
                 rendezvous_port=rendezvous[1],
                 host_label=host.name,
+                fabric_addr=addresses.get(str(host), "127.0.0.1"),
                 device_fds=device_fds.get(index, ()),
                 fabric=fabric,
             )

@@ -58,6 +58,8 @@ DEFAULTS: dict[str, Any] = {
     "fabric_transport": "auto",
     "fabric_timeout": 10.0,
     "startup_timeout": 60.0,
+    "ssh_timeout": 10.0,
+    "remote_python": None,
     "verbose": 0,
     "vv": False,
 }
@@ -149,6 +151,8 @@ class LaunchSpec:
     fabric_transport: str = "auto"
     fabric_timeout: float = 10.0
     startup_timeout: float = 60.0
+    ssh_timeout: float = 10.0
+    remote_python: str | None = None  # None: the launcher's own interpreter path
     verbosity: int = 0
 
     @property
@@ -166,6 +170,11 @@ class LaunchSpec:
     @property
     def timestamp_output(self) -> bool:
         return self.global_args.timestamp_output or self.local_args.timestamp_output
+
+    @property
+    def working_dir(self) -> str | None:
+        """mpirun's ``-wdir``: the directory instances start in on every host (default: poprun's)."""
+        return self.global_args.merged(self.local_args).working_dir
 
     @property
     def output_filename(self) -> str | None:
@@ -314,5 +323,7 @@ def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
         fabric_transport=transport,
         fabric_timeout=_seconds("fabric_timeout", o["fabric_timeout"]),
         startup_timeout=_seconds("startup_timeout", o["startup_timeout"]),
+        ssh_timeout=_seconds("ssh_timeout", o["ssh_timeout"]),
+        remote_python=_optional_str(o, "remote_python"),
         verbosity=2 if o["vv"] else min(int(o["verbose"]), 2),
     )

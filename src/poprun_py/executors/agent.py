@@ -1,0 +1,198 @@
+"""The agent: ``python -m poprun_py.agent``, one per remote host, started over SSH or by srun.
+
+It says hello (version, Python, platform), takes one START frame (the
+instances and their environment), spawns them with the same ``LocalExecutor``
+as a local launch and streams its events back as frames on stdout. SIGNAL
+frames are passed on to the instances' groups.
+
+When the channel closes (the launcher died, even by SIGKILL, or its host
+dropped off) or the agent is told to stop by a signal, the instances get
+SIGTERM and, after the grace period, SIGKILL. If the agent itself is killed,
+its guardian kills them. Either way nothing is left behind on this host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+from typing import Any, Mapping
+
+from .. import __version__
+from ..errors import PoprunError
+from ..events import EventQueue, Exited, HostLost, Output, Started
+from ..hosts import HostSpec
+from ..plan import InstancePlan
+from ..programs import resolve_program
+from . import wire
+from .guardian import Guardian
+from .local import LocalExecutor
+
+log = logging.getLogger("poprun.agent")
+_STDIN, _STDOUT = 0, 1
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def hello() -> dict[str, Any]:
+    """What the launcher checks before it trusts this agent with a job."""
+    return {
+        "version": __version__,
+        "protocol": wire.PROTOCOL_VERSION,
+        "python": platform.python_version(),
+        "platform": sys.platform,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+class _Channel:
+    """Frames to and from the launcher over stdin/stdout; a write to a closed channel is dropped."""
+
+    def __init__(self) -> None:
+        self._decoder = wire.FrameDecoder()
+        self._pending: list[wire.Frame] = []
+        self.closed = threading.Event()
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view and not self.closed.is_set():
+                view = view[os.write(_STDOUT, view):]
+        except OSError:  # the launcher is gone: stopping is the reader's job
+            self.closed.set()
+
+    def receive(self) -> wire.Frame | None:
+        """The next frame from the launcher; None once the channel has closed."""
+        while not self._pending:
+            data = os.read(_STDIN, 1 << 16)
+            if not data:
+                self.closed.set()
+                return None
+            self._pending.extend(self._decoder.feed(data))
+        return self._pending.pop(0)
+
+
+class _Stopper:
+    """Stops the instances once: SIGTERM now, SIGKILL when the grace period is over."""
+
+    def __init__(self, executor: LocalExecutor, grace: float) -> None:
+        self._executor = executor
+        self._grace = grace
+        self._lock = threading.Lock()
+        self._started = False
+        self.finished = threading.Event()
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if self._started or self.finished.is_set():
+                return
+            self._started = True
+        log.warning("%s: stopping this host's instances", reason)
+        threading.Thread(target=self._stop, name="poprun-agent-stop", daemon=True).start()
+
+    def _stop(self) -> None:
+        self._executor.signal_all(signal.SIGTERM)
+        if not self.finished.wait(self._grace):
+            self._executor.kill_all()
+
+
+def _plans(start: Mapping[str, Any]) -> list[InstancePlan]:
+    """The START frame's instances, their programs found here and bound to this host's NUMA nodes."""
+    instances = start["instances"]
+    cpus: list[tuple[int, ...] | None] = [None] * len(instances)
+    if start.get("numa"):
+        from ..numa import local_placement
+
+        try:
+            cpus = [placed for _, placed in local_placement(len(instances))]
+        except ValueError as exc:
+            log.warning("NUMA placement is off on this host: %s", exc)
+    plans = []
+    for item, bound in zip(instances, cpus):
+        env = item["env"]
+        found_with = {**os.environ, **start["base_env"], **env}
+        argv = (resolve_program(item["argv"][0], found_with, item["cwd"]), *item["argv"][1:])
+        plans.append(InstancePlan(item["index"], HostSpec(start["host"]), item["local_index"], argv,
+                                  env, item["cwd"], (), bound))
+    return plans
+
+
+def _forward(events: EventQueue, channel: _Channel, indices: set[int], stopper: _Stopper) -> None:
+    """Every instance event becomes a frame until each instance has exited."""
+    while indices:
+        event = events.get(None)
+        if isinstance(event, Output):
+            kind = wire.Kind.STDOUT if event.stream == "stdout" else wire.Kind.STDERR
+            channel.send(wire.encode(kind, event.data, event.instance))
+        elif isinstance(event, Started):
+            channel.send(wire.encode_json(wire.Kind.STARTED, {"pid": event.pid}, event.instance))
+        elif isinstance(event, Exited):
+            indices.discard(event.instance)
+            channel.send(wire.encode_json(
+                wire.Kind.EXITED, {"pid": event.pid, "returncode": event.returncode, "signal": event.signal},
+                event.instance))
+        elif isinstance(event, HostLost):  # the pump failed: the launcher names it, we stop
+            stopper.stop(event.reason)
+            channel.send(wire.encode_json(wire.Kind.FAILED, {"exit_code": 70, "message": event.reason}))
+            return
+    stopper.finished.set()
+
+
+def _read_signals(channel: _Channel, executor: LocalExecutor, stopper: _Stopper) -> None:
+    while True:
+        frame = channel.receive()
+        if frame is None:
+            stopper.stop("the launcher's channel closed")
+            return
+        if frame.kind == wire.Kind.SIGNAL:
+            executor.signal_all(int(frame.json()["signum"]))
+
+
+def serve() -> int:
+    """Run one job's instances on this host; the exit status says whether the start worked."""
+    channel = _Channel()
+    channel.send(wire.encode_json(wire.Kind.HELLO, hello()))
+    frame = channel.receive()
+    if frame is None or frame.kind != wire.Kind.START:
+        return 0  # a pre-flight check only, or the launcher gave up
+    start = frame.json()
+    events = EventQueue()
+    guardian = Guardian(float(start["grace"]))
+    executor = LocalExecutor(events, {**os.environ, **start["base_env"]}, guardian)
+    stopper = _Stopper(executor, float(start["grace"]))
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, lambda s, _f: stopper.stop(f"received {signal.Signals(s).name}"))
+    try:
+        plans = _plans(start)
+        executor.start(plans)
+    except PoprunError as exc:
+        channel.send(wire.encode_json(wire.Kind.FAILED, {"exit_code": exc.exit_code, "message": str(exc)}))
+        guardian.close()
+        return 1
+    try:
+        channel.send(wire.encode(wire.Kind.READY))
+        threading.Thread(target=_read_signals, args=(channel, executor, stopper), daemon=True).start()
+        _forward(events, channel, {p.index for p in plans}, stopper)
+    finally:
+        executor.join(2.0)
+        executor.cleanup()
+        guardian.close()
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {os.getpid()} AGENT %(levelname).1s %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+    try:
+        return serve()
+    except wire.ProtocolError as exc:
+        log.error("not a poprun launcher at the other end: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

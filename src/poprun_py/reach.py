@@ -1,0 +1,111 @@
+"""How a launch reaches its hosts: directly, over SSH, or with srun inside a Slurm allocation.
+
+Before anything is planned, every host that is not this one gets an agent,
+started and greeted (the SSH pre-flight, or srun), so a bad host fails the
+launch before a partition is created or an instance started. The addresses
+the agents were reached by decide where the fabric listens: instances on a
+remote host bind the address the launcher reached it at, those on this host
+the address the remote hosts see the launcher at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from .errors import UsageError
+from .executors.channels import AgentChannel
+from .hosts import HostSpec
+from .spec import LaunchSpec
+
+log = logging.getLogger("poprun.reach")
+LOOPBACK = "127.0.0.1"
+#: Forwarded to remote hosts' instances as mpirun's ``--prefix`` would set them, so the same program is found.
+FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+
+
+class ReachedHost(Protocol):
+    """A host with a greeted agent at the end of ``channel``."""
+
+    channel: AgentChannel
+    address: str
+    local_address: str
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The agents of a launch, by host label, and where each host's instances listen."""
+
+    agents: Mapping[str, ReachedHost] = field(default_factory=dict)
+    addresses: Mapping[str, str] = field(default_factory=dict)
+    rendezvous_bind: str = LOOPBACK
+    rendezvous_address: str = LOOPBACK
+
+    def close(self) -> None:
+        for host in self.agents.values():
+            host.close()
+
+
+def in_slurm_allocation(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get("SLURM_JOB_ID")) and bool(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
+
+
+def with_allocation_hosts(spec: LaunchSpec, environ: Mapping[str, str]) -> tuple[LaunchSpec, bool]:
+    """Inside a Slurm allocation and without ``-H``, the allocation's nodes are the hosts (reached by srun)."""
+    if spec.hosts or not in_slurm_allocation(environ):
+        return spec, False
+    from .executors.slurm import allocation_hosts
+
+    nodes = allocation_hosts(environ)
+    hosts = nodes[: min(len(nodes), spec.num_instances)]
+    if spec.num_instances % len(hosts):
+        raise UsageError(f"--num-instances {spec.num_instances} cannot be divided evenly among the {len(hosts)} "
+                         f"nodes of Slurm job {environ['SLURM_JOB_ID']}; use a multiple of {len(hosts)}, "
+                         "or choose hosts with -H")
+    slots = sum(h.slots or 1 for h in hosts)
+    if spec.num_instances > slots:
+        log.warning("%d instances on %d Slurm task slots: the nodes are oversubscribed", spec.num_instances, slots)
+    log.info("Slurm job %s: running on %s", environ["SLURM_JOB_ID"], ", ".join(str(h) for h in hosts))
+    return dataclasses.replace(spec, hosts=hosts), True
+
+
+def reach_hosts(spec: LaunchSpec, cwd: str, via_srun: bool) -> Reach:
+    """Agents on every host that needs one, checked in parallel; ``PreflightFailed`` names each bad host."""
+    python = spec.remote_python or sys.executable
+    if via_srun:
+        from .executors.slurm import start_agents
+
+        agents: Mapping[str, ReachedHost] = start_agents(spec.hosts, python=python, cwd=cwd, timeout=spec.ssh_timeout)
+    else:
+        remote = [h for h in spec.hosts if not h.is_local]
+        if not remote:
+            return Reach()
+        from .executors.ssh import check_hosts
+
+        agents = check_hosts(remote, python=python, cwd=cwd, timeout=spec.ssh_timeout)
+    local_addresses = {host.local_address for host in agents.values()}
+    here = sorted(local_addresses)[0]
+    addresses = {str(h): agents[str(h)].address if str(h) in agents else here for h in spec.hosts}
+    bind = here if len(local_addresses) == 1 else ""  # several networks: listen on all, answer with one
+    return Reach(agents, addresses, bind, here)
+
+
+def forwarded_environment(environ: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:
+    """What remote instances get from the launcher's environment besides the contract and ``-x``."""
+    forwarded = {name: environ[name] for name in FORWARDED_NAMES if name in environ}
+    return {**{k: environ.get(k, v) for k, v in defaults.items()}, **forwarded}
+
+
+def check_working_dir(spec: LaunchSpec, hosts: tuple[HostSpec, ...]) -> str:
+    """The instances' directory: ``-wdir`` or poprun's own; on this host it must exist now."""
+    cwd = spec.working_dir or os.getcwd()
+    if any(h.is_local for h in hosts) or not hosts:
+        if not os.path.isdir(cwd):
+            raise UsageError(f"-wdir {cwd}: no such directory")
+    return os.path.abspath(cwd) if os.path.isdir(cwd) else cwd

@@ -1,0 +1,263 @@
+"""Multi-host launches over SSH, against a real OpenSSH server on 127.0.0.2 and 127.0.0.3.
+
+Each loopback address is a "host": poprun connects with Paramiko, checks it,
+starts an agent there and runs that host's instances through it. Users reach
+the hosts by aliases in ``~/.ssh/config`` (HOME is a private directory per
+test), which proves HostName, Port, User, IdentityFile and known_hosts are
+honoured. After every test no agent or instance may be left on any "host".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from infra.sshd import MARKER, SshServer, unavailable_reason, wait_gone
+from poprun_py.errors import EXIT_PREFLIGHT
+from support import PROGRAMS, Launch, assert_all_gone, pids_of, python_program, run_poprun
+
+OFFLINE = "--offline-mode=1"
+FORWARD_MARKER = f"-x {MARKER}"  # remote instances join the test's leak check
+HOSTS = "nodeA,nodeB"
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no OpenSSH server here: {reason} (scripts/test.sh installs it when run as root)")
+    with SshServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture
+def home(sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME whose ~/.ssh/config names the two hosts nodeA and nodeB, as users set them up."""
+    ssh = tmp_path / "home" / ".ssh"
+    ssh.mkdir(parents=True)
+    shutil.copy(sshd.client_key, ssh / "id_ed25519")
+    shutil.copy(sshd.known_hosts, ssh / "known_hosts")
+    write_config(ssh, sshd, {"nodeA": "127.0.0.2", "nodeB": "127.0.0.3"})
+    monkeypatch.setenv("HOME", str(ssh.parent))
+    return ssh.parent
+
+
+def write_config(ssh: Path, sshd: SshServer, aliases: dict[str, str], key: str = "id_ed25519") -> None:
+    (ssh / "config").write_text("".join(
+        f"Host {alias}\n  HostName {address}\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile ~/.ssh/{key}\n  IdentitiesOnly yes\n"
+        for alias, address in aliases.items()))
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_on_the_hosts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test: no session, agent or instance on any host (bounded wait, then fail)."""
+    yield
+    if "sshd" not in request.fixturenames:
+        return
+    server: SshServer = request.getfixturevalue("sshd")
+    left = wait_gone([p for p in server.session_processes() if p.pid != server.process.pid], timeout=15)
+    for proc in left:
+        proc.kill()
+    assert not left, f"left running on the hosts: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def launch_args(*args: str) -> tuple[str, ...]:
+    return ("-H", HOSTS, OFFLINE, "--mpi-global-args", FORWARD_MARKER, *args)
+
+
+def instance_lines(stdout: bytes) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith(b"{")]
+
+
+# -- launching ---------------------------------------------------------------------------
+def test_instances_run_on_their_hosts_with_the_contract(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/opt/forwarded-by-poprun")
+    result = run_poprun(*launch_args("--num-instances", "4", "--num-replicas", "8",
+                                     "--mpi-local-args=-x SEED=7", *python_program("print_env.py")))
+    assert result.returncode == 0, result.stderr
+    seen = sorted(instance_lines(result.stdout), key=lambda d: d["api"]["instance"])
+    assert [d["api"]["instance"] for d in seen] == [0, 1, 2, 3]
+    for d in seen:
+        env, index = d["env"], d["api"]["instance"]
+        assert env["POPRUN_HOST"] == ("nodeA" if index < 2 else "nodeB")
+        assert env["SSH_CONNECTION"].split()[2] == ("127.0.0.2" if index < 2 else "127.0.0.3")
+        assert d["api"]["local_instance"] == index % 2 and d["api"]["offset"] == 2 * index
+        assert env["POPRUN_FABRIC_ADDR"] == ("127.0.0.2" if index < 2 else "127.0.0.3")
+        assert env["SEED"] == "7" and env["PYTHONPATH"] == "/opt/forwarded-by-poprun"
+        assert env["MASTER_ADDR"] == "127.0.0.2"
+        assert "POPRUN_JOB_TOKEN" in env
+    assert os.environ.get("SEED") is None  # -x travelled in the start frame, not from our environment
+
+
+def test_local_and_remote_hosts_together(home: Path) -> None:
+    result = run_poprun("-H", "localhost,nodeB", OFFLINE, "--mpi-global-args", f"--tag-output {FORWARD_MARKER}",
+                        "--num-instances", "2", "--num-replicas", "2", *python_program("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    by_tag = {line.split(b"<stdout>:")[0]: json.loads(line.split(b"<stdout>:", 1)[1]) for line in lines}
+    assert "SSH_CONNECTION" not in by_tag[b"[1,0]"]["env"] and "SSH_CONNECTION" in by_tag[b"[1,1]"]["env"]
+    assert by_tag[b"[1,0]"]["env"]["POPRUN_FABRIC_ADDR"] == "127.0.0.1"
+
+
+def test_collectives_across_hosts(home: Path) -> None:
+    result = run_poprun(*launch_args("--num-instances", "4", "--num-replicas", "4",
+                                     *python_program("collectives_check.py")))
+    assert result.returncode == 0, result.stderr[-3000:]  # every result was checked against NumPy
+    assert len(instance_lines(result.stdout)) == 4
+
+
+def test_output_from_remote_hosts_is_lossless(home: Path) -> None:
+    n = 100_000
+    result = run_poprun(*launch_args("--num-instances", "2", "--num-replicas", "2",
+                                     *python_program("emit.py", "lines", str(n))))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 * n
+    for index in (0, 1):
+        assert [line for line in lines if line.startswith(b"%d " % index)] == [b"%d %d" % (index, i) for i in range(n)]
+
+
+def test_a_ten_megabyte_line_from_a_remote_host(home: Path) -> None:
+    size = 10 * 1024 * 1024
+    result = run_poprun("-H", "nodeA", OFFLINE, "--mpi-global-args", FORWARD_MARKER,
+                        *python_program("emit.py", "bigline", str(size)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"x" * size
+
+
+def test_a_program_missing_on_the_remote_host_is_127(home: Path) -> None:
+    result = run_poprun(*launch_args("--num-instances", "2", "--num-replicas", "2", "no-such-program-anywhere"))
+    assert result.returncode == 127 and b"nodeA" in result.stderr and b"no-such-program-anywhere" in result.stderr
+
+
+# -- failures across hosts ------------------------------------------------------------------
+def test_a_remote_failure_stops_every_host(home: Path) -> None:
+    launch = Launch(*launch_args("--num-instances", "4", "--num-replicas", "4", "--stop-grace", "2",
+                                 *python_program("behave.py", "--ready", "--fail", "3", "exit3", "--others", "sleep")))
+    assert launch.finish() == 3
+    stderr = launch.stderr.decode()
+    assert "instance 3 of 4" in stderr and "nodeB" in stderr and "exited with code 3" in stderr
+    assert "stopped by poprun as a consequence: 0-2" in stderr
+
+
+def test_a_lost_host_fails_its_instances_and_stops_the_rest(home: Path, sshd: SshServer) -> None:
+    launch = Launch(*launch_args("--num-instances", "2", "--num-replicas", "2",
+                                 *python_program("behave.py", "--ready", "--others", "sleep")))
+    launch.wait_for_lines(b"ready", 2)
+    agents = [p for p in sshd.session_processes() if "poprun_py.executors.agent" in " ".join(p.cmdline())
+              and p.environ().get("SSH_CONNECTION", "").split()[2:3] == ["127.0.0.3"]]
+    assert len(agents) == 1
+    agents[0].kill()
+    assert launch.finish() != 0
+    stderr = launch.stderr.decode()
+    assert "lost nodeB" in stderr and "instance 1 of 2" in stderr
+
+
+def test_ctrl_c_stops_every_host(home: Path) -> None:
+    launch = Launch(*launch_args("--num-instances", "2", "--num-replicas", "2",
+                                 *python_program("behave.py", "--ready", "--others", "sleep")))
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    launch.process.send_signal(signal.SIGINT)
+    assert launch.finish() == 130
+    assert_all_gone(pids)
+
+
+def test_sigkill_of_poprun_leaves_nothing_on_any_host(home: Path) -> None:
+    launch = Launch(*launch_args("--num-instances", "4", "--num-replicas", "4",
+                                 *python_program("behave.py", "--ready", "--child", "--others", "sleep")))
+    pids = pids_of(launch.wait_for_lines(b"ready", 4))
+    launch.process.kill()
+    launch.finish()
+    assert_all_gone(pids)  # the grandchildren and agents: the leak checks after the test
+
+
+# -- pre-flight verdicts ---------------------------------------------------------------------
+def preflight(*hosts_and_args: str) -> str:
+    result = run_poprun(*hosts_and_args, OFFLINE, "--ssh-timeout", "5", "true", timeout=30)
+    assert result.returncode == EXIT_PREFLIGHT, result.stderr
+    return result.stderr.decode()
+
+
+def test_unreachable_hosts_each_get_a_verdict_at_once(home: Path) -> None:
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never says a word
+    try:
+        stderr = run_poprun("-H", f"nodeA,nonexistent.invalid,127.0.0.9:1,127.0.0.1:{silent.getsockname()[1]}",
+                            "--num-instances", "4", "--num-replicas", "4", OFFLINE, "--ssh-timeout", "2", "true",
+                            timeout=30)
+    finally:
+        silent.close()
+    assert stderr.returncode == EXIT_PREFLIGHT
+    text = stderr.stderr.decode()
+    assert "3 of 4 remote hosts failed the pre-flight checks (1 passed)" in text
+    assert "nonexistent.invalid: name resolution:" in text
+    assert "127.0.0.9:1: connect: cannot connect" in text
+    assert "ssh handshake: no SSH server answered" in text
+
+
+def test_unknown_host_key_says_how_to_fix_it(home: Path, sshd: SshServer) -> None:
+    shutil.copy(sshd.known_hosts_without("127.0.0.3"), home / ".ssh" / "known_hosts")
+    text = preflight("-H", HOSTS, "--num-instances", "2", "--num-replicas", "2")
+    assert "1 of 2 remote hosts failed" in text
+    assert "nodeB: host key: host key not known" in text
+    assert f"ssh-keyscan -H -p {sshd.port} 127.0.0.3 >> ~/.ssh/known_hosts" in text
+
+
+def test_refused_key_is_an_authentication_verdict(home: Path, sshd: SshServer) -> None:
+    shutil.copy(sshd.other_key, home / ".ssh" / "id_other")
+    write_config(home / ".ssh", sshd, {"nodeA": "127.0.0.2"}, key="id_other")
+    text = preflight("-H", "nodeA")
+    assert f"nodeA: authentication: authentication refused for user '{sshd.user}'" in text
+
+
+def test_missing_remote_python(home: Path) -> None:
+    text = preflight("-H", "nodeA", "--remote-python", "/nonexistent/bin/python3")
+    assert "nodeA: remote python: /nonexistent/bin/python3 not found there" in text
+
+
+def test_remote_python_without_poprun_py(home: Path) -> None:
+    bare = shutil.which("python3", path=os.path.join(sys.base_prefix, "bin"))
+    assert bare and bare != sys.executable
+    text = preflight("-H", "nodeA", "--remote-python", bare)
+    assert "nodeA: poprun_py: poprun_py is not installed" in text and "No module named" in text
+
+
+def test_another_version_of_poprun_py(home: Path, tmp_path: Path) -> None:
+    fake = tmp_path / "python-with-old-poprun"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {PROGRAMS / 'old_agent.py'}\n")
+    fake.chmod(0o755)
+    text = preflight("-H", "nodeA", "--remote-python", str(fake))
+    assert "nodeA: version: poprun_py 0.0.1 (protocol 0) is installed there" in text
+
+
+def test_missing_working_directory(home: Path) -> None:
+    text = preflight("-H", HOSTS, "--num-instances", "2", "--num-replicas", "2",
+                     "--mpi-global-args=-wdir /nonexistent/work")
+    assert "nodeA: working directory: the working directory /nonexistent/work does not exist there" in text
+    assert "nodeB: working directory" in text
+
+
+def test_ssh_config_user_and_port_from_the_command_line_win(home: Path, sshd: SshServer) -> None:
+    result = run_poprun("-H", f"{sshd.user}@127.0.0.2:{sshd.port}", OFFLINE, "--mpi-global-args", FORWARD_MARKER,
+                        *python_program("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    (line,) = instance_lines(result.stdout)
+    assert line["env"]["SSH_CONNECTION"].split()[2:] == ["127.0.0.2", str(sshd.port)]
+
+
+def test_remote_instances_on_a_simulated_partition(home: Path) -> None:
+    """Not offline: poprun allocates the partition and holds the remote instances' devices for them."""
+    result = run_poprun("-H", HOSTS, "--mpi-global-args", FORWARD_MARKER, "--num-instances", "2",
+                        "--num-replicas", "4", *python_program("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    seen = sorted(instance_lines(result.stdout), key=lambda d: d["api"]["instance"])
+    assert [d["api"]["device_id"] for d in seen] == [4, 5]  # the two 2-IPU devices of a 4-IPU partition
+    assert {d["env"]["IPUOF_VIPU_API_PARTITION_ID"] for d in seen} == {seen[0]["env"]["IPUOF_VIPU_API_PARTITION_ID"]}
