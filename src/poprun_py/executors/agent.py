@@ -155,7 +155,7 @@ def _read_signals(channel: _Channel, executor: LocalExecutor, stopper: _Stopper)
 def serve() -> int:
     """Run one job's instances on this host; the exit status says whether the start worked."""
     channel = _Channel()
-    channel.send(wire.encode_json(wire.Kind.HELLO, hello()))
+    channel.send(wire.MAGIC + wire.encode_json(wire.Kind.HELLO, hello()))
     frame = channel.receive()
     if frame is None or frame.kind != wire.Kind.START:
         return 0  # a pre-flight check only, or the launcher gave up

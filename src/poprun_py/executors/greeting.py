@@ -8,6 +8,7 @@ version and protocol; nothing secret is ever in the command line.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from typing import Any, Mapping
@@ -16,6 +17,8 @@ from .. import __version__
 from . import wire
 from .channels import AgentChannel
 from .remote import read_frame
+
+log = logging.getLogger("poprun.agent")
 
 EXIT_NO_PYTHON, EXIT_NO_CWD, EXIT_NO_PACKAGE = 96, 97, 98
 _BOOTSTRAP = (
@@ -44,7 +47,7 @@ def agent_script(python: str, cwd: str) -> str:
 
 def greet(agent: AgentChannel, python: str, cwd: str, deadline: float) -> Mapping[str, Any]:
     """The agent's hello, checked; ``HostCheckFailed`` says which piece is missing or wrong."""
-    decoder, pending = wire.FrameDecoder(), []
+    decoder, pending = wire.FrameDecoder(after_magic=True), []
     try:
         frame = read_frame(agent, decoder, pending, deadline)
     except TimeoutError:
@@ -54,6 +57,8 @@ def greet(agent: AgentChannel, python: str, cwd: str, deadline: float) -> Mappin
     if frame is None or frame.kind != wire.Kind.HELLO:
         status = agent.exit_status(max(0.05, deadline - time.monotonic()))
         raise failed_start(status, agent.stderr_tail(), python, cwd)
+    if decoder.noise:
+        log.debug("skipped what the remote shell printed before the agent: %r", decoder.noise[-200:])
     hello = frame.json()
     if hello.get("version") != __version__ or hello.get("protocol") != wire.PROTOCOL_VERSION:
         raise HostCheckFailed("version", f"poprun_py {hello.get('version')} (protocol {hello.get('protocol')}) is "

@@ -21,6 +21,8 @@ from typing import Any
 #: Bumped whenever a frame changes meaning; launcher and agent must agree.
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct("!BiI")  # kind, instance (-1: none), payload length
+#: What the agent writes before its first frame: whatever a login shell prints before it is skipped.
+MAGIC = b"\0poprun-agent\0"
 #: A frame larger than this is a corrupt stream, not a message (output comes in 256 KiB reads).
 MAX_PAYLOAD = 256 * 1024 * 1024
 
@@ -60,22 +62,38 @@ def encode_json(kind: Kind, message: Any, instance: int = -1) -> bytes:
 
 
 class FrameDecoder:
-    """Turns a byte stream, fed in pieces of any size, into frames."""
+    """Turns a byte stream, fed in pieces of any size, into frames.
 
-    def __init__(self) -> None:
+    With ``after_magic``, bytes before ``MAGIC`` (a login banner, a chatty
+    ``.bashrc``) are skipped and kept in ``noise`` for the log.
+    """
+
+    def __init__(self, after_magic: bool = False) -> None:
         self._buffer = bytearray()
+        self._seeking = after_magic
+        self.noise = b""
 
     def feed(self, data: bytes) -> list[Frame]:
         self._buffer += data
+        if self._seeking:
+            found = self._buffer.find(MAGIC)
+            if found < 0:
+                keep = len(MAGIC) - 1  # the magic may be split across reads
+                self.noise = (self.noise + bytes(self._buffer[:-keep] if len(self._buffer) > keep else b""))[-4096:]
+                del self._buffer[:max(0, len(self._buffer) - keep)]
+                return []
+            self.noise = (self.noise + bytes(self._buffer[:found]))[-4096:]
+            del self._buffer[:found + len(MAGIC)]
+            self._seeking = False
         frames = []
         while len(self._buffer) >= HEADER.size:
             kind, instance, length = HEADER.unpack_from(self._buffer)
-            if length > MAX_PAYLOAD:
-                raise ProtocolError(f"a frame of {length} bytes is too large")
             try:
                 kind = Kind(kind)
             except ValueError:
-                raise ProtocolError(f"unknown frame kind {kind}") from None
+                raise ProtocolError(f"unknown frame kind {kind} (is something printing to the agent's stdout?)") from None
+            if length > MAX_PAYLOAD:
+                raise ProtocolError(f"a frame of {length} bytes is too large")
             end = HEADER.size + length
             if len(self._buffer) < end:
                 break
