@@ -22,6 +22,7 @@ import pytest
 
 from infra.sshd import MARKER, SshServer, unavailable_reason, wait_gone
 from poprun_py.errors import EXIT_PREFLIGHT
+from poprun_py.ranges import format_cpus
 from support import PROGRAMS, Launch, assert_all_gone, pids_of, python_program, run_poprun
 
 OFFLINE = "--offline-mode=1"
@@ -261,3 +262,15 @@ def test_remote_instances_on_a_simulated_partition(home: Path) -> None:
     seen = sorted(instance_lines(result.stdout), key=lambda d: d["api"]["instance"])
     assert [d["api"]["device_id"] for d in seen] == [4, 5]  # the two 2-IPU devices of a 4-IPU partition
     assert {d["env"]["IPUOF_VIPU_API_PARTITION_ID"] for d in seen} == {seen[0]["env"]["IPUOF_VIPU_API_PARTITION_ID"]}
+
+
+def test_remote_agents_bind_their_instances_to_numa_nodes(home: Path) -> None:
+    show = "import os, popdist; print(popdist.getInstanceIndex(), sorted(os.sched_getaffinity(0)))"
+    result = run_poprun(*launch_args("--num-instances", "4", "--num-replicas", "4", "--numa-aware=yes", "--vv",
+                                     sys.executable, "-c", show))
+    assert result.returncode == 0, result.stderr
+    cpus = sorted(os.sched_getaffinity(0))
+    assert sorted(result.stdout.splitlines()) == [f"{i} {cpus}".encode() for i in range(4)]
+    stderr = result.stderr.decode()
+    for index, host in ((0, "nodeA"), (3, "nodeB")):
+        assert f"instance {index} on {host}: CPUs {format_cpus(cpus)}" in stderr

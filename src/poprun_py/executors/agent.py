@@ -121,15 +121,18 @@ def _plans(start: Mapping[str, Any]) -> list[InstancePlan]:
     return plans
 
 
-def _forward(events: EventQueue, channel: _Channel, indices: set[int], stopper: _Stopper) -> None:
+def _forward(events: EventQueue, channel: _Channel, plans: list[InstancePlan], stopper: _Stopper) -> None:
     """Every instance event becomes a frame until each instance has exited."""
+    indices = {p.index for p in plans}
+    cpus = {p.index: p.cpus for p in plans}
     while indices:
         event = events.get(None)
         if isinstance(event, Output):
             kind = wire.Kind.STDOUT if event.stream == "stdout" else wire.Kind.STDERR
             channel.send(wire.encode(kind, event.data, event.instance))
         elif isinstance(event, Started):
-            channel.send(wire.encode_json(wire.Kind.STARTED, {"pid": event.pid}, event.instance))
+            started = {"pid": event.pid, "cpus": cpus.get(event.instance)}
+            channel.send(wire.encode_json(wire.Kind.STARTED, started, event.instance))
         elif isinstance(event, Exited):
             indices.discard(event.instance)
             channel.send(wire.encode_json(
@@ -176,7 +179,7 @@ def serve() -> int:
     try:
         channel.send(wire.encode(wire.Kind.READY))
         threading.Thread(target=_read_signals, args=(channel, executor, stopper), daemon=True).start()
-        _forward(events, channel, {p.index for p in plans}, stopper)
+        _forward(events, channel, plans, stopper)
     finally:
         executor.join(2.0)
         executor.cleanup()

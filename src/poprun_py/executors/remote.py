@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import PoprunError, ProgramNotExecutable, ProgramNotFound
 from ..events import EventQueue, Exited, HostLost, Output, Started
 from ..plan import InstancePlan
+from ..ranges import format_cpus
 from . import wire
 from .channels import AgentChannel
 
@@ -159,7 +160,10 @@ class AgentExecutor:
             stream = "stdout" if frame.kind == wire.Kind.STDOUT else "stderr"
             self._events.put_output(Output(frame.instance, stream, frame.payload))
         elif frame.kind == wire.Kind.STARTED:
-            self._events.put(Started(frame.instance, int(frame.json()["pid"]), self.host))
+            started = frame.json()
+            if started.get("cpus"):
+                log.debug("instance %d on %s: CPUs %s", frame.instance, self.host, format_cpus(started["cpus"]))
+            self._events.put(Started(frame.instance, int(started["pid"]), self.host))
         elif frame.kind == wire.Kind.EXITED:
             exited: dict[str, Any] = frame.json()
             with self._lock:
