@@ -49,8 +49,10 @@ def read_line(stream, timeout: float = RUN_TIMEOUT) -> bytes:
 class Launch:
     """A poprun in the background whose output the test reads line by line."""
 
-    def __init__(self, *args: str, env: dict | None = None) -> None:
-        self.process = subprocess.Popen(poprun_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    def __init__(self, *args: str, env: dict | None = None, argv: Sequence[str] | None = None) -> None:
+        """poprun with ``args``, or ``argv`` as given (poprun wrapped in salloc, say)."""
+        command = list(argv) if argv is not None else poprun_command(*args)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.stderr = b""
         self._stderr_thread = threading.Thread(target=self._read_stderr, daemon=True)
         self._stderr_thread.start()

@@ -10,7 +10,6 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in poprun; run with --vv for the traceback
 EXIT_NO_DEVICES = 69  # EX_UNAVAILABLE: no IPUs to allocate (and not --offline-mode)
-EXIT_UNSUPPORTED = 71  # a feature that this poprun cannot run (yet)
 EXIT_PARTITION_TOO_LARGE = 72  # the partition asked for is larger than the V-IPU cluster
 EXIT_PARTITION_MISMATCH = 73  # an existing partition does not fit the launch (no --update-partition)
 EXIT_VIPU_UNREACHABLE = 74  # the V-IPU server does not answer
@@ -45,10 +44,6 @@ class ProgramNotExecutable(PoprunError):
 
 class DevicesUnavailable(PoprunError):
     exit_code = EXIT_NO_DEVICES
-
-
-class Unsupported(PoprunError):
-    exit_code = EXIT_UNSUPPORTED
 
 
 class PartitionTooBig(PoprunError):

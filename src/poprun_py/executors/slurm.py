@@ -1,0 +1,107 @@
+"""Inside a Slurm allocation: the allocation's nodes are the hosts, and srun starts their agents.
+
+No SSH is needed: for each node poprun runs one ``srun`` step (one task,
+``--overlap`` so it shares the allocation with others) whose stdin and
+stdout are the agent's channel, binary-safe. Every node, this one included,
+is reached the same way, so every instance is inside a Slurm step and is
+accounted and cleaned up by Slurm as well as by the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from ..errors import UsageError
+from ..hosts import HostListError, HostSpec, parse_host_list
+from .channels import PipeChannel
+from .greeting import HostCheckFailed, agent_script, greet, verdict_error
+
+log = logging.getLogger("poprun.slurm")
+_TASKS = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """Slurm's ``SLURM_TASKS_PER_NODE``, e.g. ``2(x3),1`` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _TASKS.match(part.strip())
+        if not match:
+            raise ValueError(f"cannot read SLURM_TASKS_PER_NODE={text!r}")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def allocation_hosts(environ: Mapping[str, str]) -> tuple[HostSpec, ...]:
+    """The allocation's nodes, with their task counts as slots."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    try:
+        nodes = parse_host_list(nodelist)
+    except HostListError as exc:
+        raise UsageError(f"cannot read the Slurm node list SLURM_JOB_NODELIST={nodelist!r}: {exc}") from None
+    try:
+        slots = tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", ""))
+    except ValueError:
+        slots = []
+    if len(slots) != len(nodes):
+        slots = [1] * len(nodes)
+    return tuple(replace(node, slots=count) for node, count in zip(nodes, slots))
+
+
+@dataclass(eq=False)
+class SrunHost:
+    """A node with its agent, started by srun and greeted."""
+
+    label: str
+    channel: PipeChannel
+    hello: Mapping[str, Any]
+    address: str
+    local_address: str
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def srun_command(node: str, python: str, cwd: str) -> list[str]:
+    """One task on ``node`` sharing the allocation; ``--unbuffered`` because slurmstepd otherwise holds
+    output back until a newline, and frames are binary (stdin and stdout stay plain pipes, no pty)."""
+    srun = shutil.which("srun")
+    if srun is None:
+        raise UsageError("inside a Slurm allocation but srun is not on PATH; "
+                         "load Slurm's environment, or choose hosts with -H")
+    return [srun, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--quiet", "--unbuffered",
+            "--kill-on-bad-exit=1", "--cpu-bind=none", "--input=all", "--job-name=poprun-agent",
+            "sh", "-c", agent_script(python, cwd)]
+
+
+def start_agents(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: float) -> dict[str, SrunHost]:
+    """One srun step per node, all started at once, each greeted within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    started: list[tuple[HostSpec, PipeChannel]] = []
+    for host in hosts:
+        process = subprocess.Popen(srun_command(host.name, python, cwd), stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        started.append((host, PipeChannel(process, str(host))))
+    here = socket.gethostname()
+    reached: dict[str, SrunHost] = {}
+    failed: list[tuple[str, HostCheckFailed]] = []
+    for host, channel in started:
+        try:
+            hello = greet(channel, python, cwd, deadline)
+        except HostCheckFailed as exc:
+            failed.append((str(host), exc))
+            channel.close()
+            continue
+        reached[str(host)] = SrunHost(str(host), channel, hello, host.name, here)
+    if failed:
+        for host in reached.values():
+            host.close()
+        raise verdict_error("Slurm nodes could not start their agents", failed, len(hosts))
+    log.debug("agents started by srun on %s", ", ".join(reached))
+    return reached

@@ -1,0 +1,105 @@
+"""poprun inside a Slurm allocation, against a real single-node Slurm (tests/infra/slurm_cluster.py).
+
+Inside ``salloc`` and without ``-H``, the allocation's nodes are the hosts
+and poprun starts one agent per node with ``srun``; outside an allocation
+none of this applies. Every process srun starts inherits the test's marker
+(srun exports the caller's environment), so the leak check covers agents and
+instances too.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from typing import Iterator
+
+import psutil
+import pytest
+
+from infra.slurm_cluster import SlurmCluster, unavailable_reason
+from poprun_py.executors.slurm import allocation_hosts, tasks_per_node
+from poprun_py.hosts import HostSpec
+from support import RUN_TIMEOUT, Launch, assert_all_gone, pids_of, poprun_command, python_program
+
+OFFLINE = "--offline-mode=1"
+
+
+# -- reading the allocation (no Slurm needed) ----------------------------------------------------
+def test_tasks_per_node_as_slurm_writes_them() -> None:
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("4") == [4]
+    with pytest.raises(ValueError):
+        tasks_per_node("2(x)")
+
+
+def test_allocation_nodes_become_hosts_with_their_slots() -> None:
+    hosts = allocation_hosts({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "pod[01-03],gw7",
+                              "SLURM_TASKS_PER_NODE": "2(x3),1"})
+    assert hosts == (HostSpec("pod01", slots=2), HostSpec("pod02", slots=2), HostSpec("pod03", slots=2),
+                     HostSpec("gw7", slots=1))
+
+
+# -- a real allocation ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no Slurm here: {reason} (scripts/test.sh installs it when run as root)")
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+def salloc(cluster: SlurmCluster, *poprun_args: str, tasks: int = 2) -> list[str]:
+    return ["salloc", "--quiet", "-N1", f"-n{tasks}", "--time=5", *poprun_command(*poprun_args)]
+
+
+def run_in_allocation(cluster: SlurmCluster, *poprun_args: str, tasks: int = 2) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(salloc(cluster, *poprun_args, tasks=tasks), capture_output=True,
+                          env=cluster.command_env(), timeout=RUN_TIMEOUT)
+
+
+def test_instances_run_in_srun_steps_on_the_allocation_nodes(slurm: SlurmCluster) -> None:
+    result = run_in_allocation(slurm, OFFLINE, "--num-instances", "2", "--num-replicas", "4",
+                               *python_program("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    seen = sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda d: d["api"]["instance"])
+    assert [d["api"]["instance"] for d in seen] == [0, 1]
+    for d in seen:
+        env = d["env"]
+        assert env["POPRUN_HOST"] == slurm.node_name and "SLURM_STEP_ID" in env  # inside an srun step
+        assert d["api"]["local_instance"] == d["api"]["instance"]
+    assert seen[0]["env"]["SLURM_STEP_ID"] == seen[1]["env"]["SLURM_STEP_ID"]  # one agent per node
+
+
+def test_collectives_inside_an_allocation(slurm: SlurmCluster) -> None:
+    result = run_in_allocation(slurm, OFFLINE, "--num-instances", "2", "--num-replicas", "2",
+                               *python_program("collectives_check.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_failure_inside_an_allocation_is_named(slurm: SlurmCluster) -> None:
+    result = run_in_allocation(slurm, OFFLINE, "--num-instances", "2", "--num-replicas", "2", "--stop-grace", "2",
+                               *python_program("behave.py", "--fail", "1", "exit3", "--others", "sleep"))
+    assert result.returncode == 3, result.stderr
+    stderr = result.stderr.decode()
+    assert "instance 1 of 2" in stderr and slurm.node_name in stderr and "exited with code 3" in stderr
+
+
+def test_sigkill_of_poprun_inside_an_allocation_leaves_nothing(slurm: SlurmCluster) -> None:
+    launch = Launch(argv=salloc(slurm, OFFLINE, "--num-instances", "2", "--num-replicas", "2",
+                                     *python_program("behave.py", "--ready", "--others", "sleep")),
+                    env=slurm.command_env())
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    (poprun,) = [p for p in psutil.Process(launch.process.pid).children() if "poprun_py" in " ".join(p.cmdline())]
+    poprun.send_signal(signal.SIGKILL)
+    launch.finish()
+    assert_all_gone(pids)
+
+
+def test_hosts_given_with_h_win_over_the_allocation(slurm: SlurmCluster) -> None:
+    result = run_in_allocation(slurm, OFFLINE, "-H", "localhost", "--num-instances", "2", "--num-replicas", "2",
+                               *python_program("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    for line in result.stdout.splitlines():
+        assert "SLURM_STEP_ID" not in json.loads(line)["env"]  # spawned directly, no srun
