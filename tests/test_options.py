@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 import popdist
+from popdist.data import Sharding
 from popdist.env import CONTRACT_NAMES, OMPI_RANK, OMPI_SIZE, InstanceEnv, target_options_for
 from popdist.options import LaunchConflict, ReplicaSettings
 from simipu.hardware import parent_device_id
+from support import RUN_TIMEOUT, program
 
 
 @pytest.fixture(autouse=True)
@@ -94,3 +100,31 @@ def test_under_poprun_ipus_per_replica_must_match(monkeypatch: pytest.MonkeyPatc
     assert popdist.Options(ipus_per_replica=2).ipus_per_replica == 2
     with pytest.raises(LaunchConflict, match="--ipus-per-replica 4"):
         popdist.Options(ipus_per_replica=4)
+
+
+def run_workers(argvs: list[list[str]], envs: list[dict[str, str]]) -> list[dict]:
+    procs = [subprocess.Popen([sys.executable, program("own_launcher_worker.py"), *argv],
+                              stdout=subprocess.PIPE, env={**os.environ, **env}) for argv, env in zip(argvs, envs)]
+    try:
+        outputs = [proc.communicate(timeout=RUN_TIMEOUT)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert all(proc.returncode == 0 for proc in procs)
+    return [json.loads(out) for out in outputs]
+
+
+@pytest.mark.parametrize("style", ["configureProcessId", "open-mpi-variables"])
+def test_your_own_launcher_gives_each_process_its_own_shard(style: str) -> None:
+    if style == "configureProcessId":
+        reports = run_workers([["0", "2"], ["1", "2"]], [{}, {}])
+    else:
+        reports = run_workers([[], []], [{OMPI_RANK: str(i), OMPI_SIZE: "2"} for i in range(2)])
+    assert [(r["process"], r["processes"]) for r in reports] == [(0, 2), (1, 2)]
+    expected = [Sharding(100, 3, ReplicaSettings(2, random_seed=42, process_id=i, num_processes=2),
+                         shuffle=True, drop_last=False).indices(0) for i in range(2)]
+    for report, want in zip(reports, expected):
+        assert report["items"] == [[rows.tolist() for rows in item] for item in want]
+    seen = [i for r in reports for item in r["items"] for batch in item for i in batch]
+    assert sorted(seen) == list(range(100))  # disjoint shards covering the dataset
