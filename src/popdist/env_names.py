@@ -49,6 +49,7 @@ DEVICE_FDS = "POPRUN_DEVICE_FDS"  # inherited IPU locks: the instance's device, 
 FABRIC_TRANSPORT = "POPRUN_FABRIC_TRANSPORT"
 FABRIC_TIMEOUT = "POPRUN_FABRIC_TIMEOUT"
 STARTUP_TIMEOUT = "POPRUN_STARTUP_TIMEOUT"
+CONSOLE_IS_TERMINAL = "POPRUN_CONSOLE_IS_TERMINAL"  # "1" when poprun's stdout is a terminal: instances may draw progress bars
 
 CONTRACT_NAMES: tuple[str, ...] = (
     TOTAL_REPLICAS, IPUS_PER_REPLICA, LOCAL_REPLICAS, UNIFORM_REPLICAS,
@@ -61,6 +62,7 @@ CONTRACT_NAMES: tuple[str, ...] = (
     MASTER_ADDR, MASTER_PORT,
     RENDEZVOUS_ADDR, RENDEZVOUS_PORT, JOB_ID, OFFLINE,
     HOST_LABEL, JOB_TOKEN, DEVICE_FDS, FABRIC_TRANSPORT, FABRIC_TIMEOUT, STARTUP_TIMEOUT,
+    CONSOLE_IS_TERMINAL,
 )
 """Every name this contract may set; clear them all to simulate 'not under poprun'."""
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from popdist.env import SOFT_DEFAULTS, FabricSettings
+from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, FabricSettings
 from simipu.fabric.rendezvous import RendezvousServer
 
 from .errors import ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
@@ -211,7 +211,8 @@ def _run_with_rendezvous(
         handler.addFilter(log_filter)
     guardian = Guardian(spec.stop_grace)
     try:
-        executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
+        console = {CONSOLE_IS_TERMINAL: "1" if sys.stdout.isatty() else "0"}  # instances' stdout is a pipe
+        executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian)
         report = Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
                      on_started=lambda: _detach_all(devices)).run(plan.instances)
     finally:
