@@ -82,7 +82,7 @@ def test_main_job_trains_data_parallel_and_reports_from_instance_0(tmp_path: Pat
     assert len(digests) == 1  # both instances hold the same weights
     assert [line for line in lines if "checkpoint saved" in line] == [
         f"[1,0]<stdout>:checkpoint saved by instance 0: {checkpoint_for(tmp_path, MAIN_JOB)}"]
-    summary = lines[-1]
+    (summary,) = [line for line in lines if "weights bit-identical" in line]
     assert summary.startswith("[1,0]<stdout>:weights bit-identical on every replica (4)")
     accuracy = float(re.search(r"test accuracy ([\d.]+)%", summary)[1])
     assert accuracy >= 95 and re.search(r"[\d,]+ samples/s; collectives \d+% of each step", summary)
@@ -90,7 +90,8 @@ def test_main_job_trains_data_parallel_and_reports_from_instance_0(tmp_path: Pat
     assert "\r" not in text(result.stdout)  # no progress bar: poprun's console is not a terminal here
 
 
-@pytest.mark.parametrize("layout", [MAIN_JOB, ("--num-instances", "2", "--num-replicas", "8")])
+@pytest.mark.parametrize("layout", [MAIN_JOB, ("--num-instances", "2", "--num-replicas", "8"),
+                                    ("--num-instances", "4", "--num-replicas", "16")])
 def test_same_global_batch_trains_the_same_on_1_replica_and_on_many(tmp_path: Path, layout: tuple[str, ...]) -> None:
     _, single = train(tmp_path, "--num-instances", "1", "--num-replicas", "1")
     _, many = train(tmp_path, *layout)
