@@ -18,8 +18,9 @@ MAIN_JOB = ("--num-instances", "2", "--num-replicas", "4")
 #: summed replica by replica and instance by instance. Each order is within (B-1)u sum|g_i| of the exact sum
 #: (u = 2**-53, B = 64), so two steps' gradients differ by ~1.4e-14 of sum|g_i|; over S = 220 steps of lr 0.5
 #: that bounds the drift near S * lr * 1.4e-14 * max|g| ~ 1e-12 (per-sample gradients here are O(1)), before
-#: any growth through the training dynamics. Measured: under 1e-15. 1e-9 leaves three orders of magnitude for
-#: that growth, while a real difference (one sample read by another step) moves the weights by ~1e-3.
+#: any growth through the training dynamics. Measured: about 1e-15. 1e-9 leaves three orders of magnitude for
+#: that growth, while a real difference (one pair of samples exchanged between the first two steps) moves the
+#: weights by up to 2e-2.
 NUMERICS_TOLERANCE = 1e-9
 
 
