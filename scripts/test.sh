@@ -30,6 +30,6 @@ else
     echo "not root: the SSH and Slurm tests run only if openssh-server, slurm-wlm and munge are installed" >&2
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,torch]'
 # Two workers: the machine has two cores; every test bounds its own time.
 exec .venv/bin/python -m pytest -n 2 "$@"

@@ -12,6 +12,7 @@ from typing import Sequence
 import psutil
 
 PROGRAMS = Path(__file__).parent / "programs"
+EXAMPLES = Path(__file__).parent.parent / "examples"
 #: Upper bound for any single poprun run in the tests.
 RUN_TIMEOUT = 60
 
@@ -32,6 +33,38 @@ def program(name: str) -> str:
 
 def python_program(name: str, *args: str) -> Sequence[str]:
     return (sys.executable, program(name), *args)
+
+
+def run_on_terminal(*args: str, timeout: float = RUN_TIMEOUT) -> bytes:
+    """Run poprun with stdout and stderr on a pseudo-terminal; return all it wrote there (bounded in time)."""
+    import select
+    import time
+
+    controller, terminal = os.openpty()
+    process = subprocess.Popen(poprun_command(*args), stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL)
+    os.close(terminal)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            try:
+                data = os.read(controller, 65536)
+            except OSError:  # EIO: every writer has closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        assert process.wait(max(1.0, deadline - time.monotonic())) == 0, b"".join(chunks)
+    finally:
+        os.close(controller)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return b"".join(chunks)
+
+
+def python_example(name: str, *args: str) -> Sequence[str]:
+    """An example program of examples/, run with this interpreter."""
+    return (sys.executable, str(EXAMPLES / name), *args)
 
 
 def read_line(stream, timeout: float = RUN_TIMEOUT) -> bytes:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from support import program, python_program, run_poprun
+from popdist import env
+from support import program, python_program, run_on_terminal, run_poprun
 
 OFFLINE = "--offline-mode=1"
 
@@ -168,3 +169,12 @@ def test_a_million_lines_none_lost_torn_or_reordered() -> None:
         assert tag == index and seq == next_seq[index]
         next_seq[index] += 1
     assert next_seq == [per_instance] * 4
+
+
+def test_instances_learn_whether_poprun_writes_to_a_terminal() -> None:
+    """Their own stdout is a pipe; this tells them a progress bar would be seen."""
+    piped = launch_env("--num-instances", "2", "--num-replicas", "2")
+    assert [r["env"][env.CONSOLE_IS_TERMINAL] for r in piped] == ["0", "0"]
+    screen = run_on_terminal(OFFLINE, *python_program("print_env.py"))
+    (record,) = [json.loads(line[line.index(b'{"env"'):]) for line in screen.splitlines() if b'{"env"' in line]
+    assert record["env"][env.CONSOLE_IS_TERMINAL] == "1"

@@ -2,29 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-
-from support import RUN_TIMEOUT, poprun_command
-
-
-def run_on_terminal(*args: str) -> bytes:
-    """Run poprun with stdout and stderr on a pseudo-terminal; return all it wrote there."""
-    controller, terminal = os.openpty()
-    process = subprocess.Popen(poprun_command(*args), stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL)
-    os.close(terminal)
-    chunks = []
-    while True:
-        try:
-            data = os.read(controller, 65536)
-        except OSError:  # EIO: every writer has closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(controller)
-    assert process.wait(RUN_TIMEOUT) == 0
-    return b"".join(chunks)
+from support import run_on_terminal
 
 
 def test_status_line_on_a_terminal_is_erased_around_output() -> None:

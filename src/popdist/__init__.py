@@ -22,5 +22,6 @@ from popdist.core import (
 )
 from popdist.collectives import execute_on_instances, synchronize
 from popdist.core import __all__ as _core_all
+from popdist.options import LaunchConflict, Options
 
-__all__ = [*_core_all, "execute_on_instances", "synchronize"]
+__all__ = [*_core_all, "LaunchConflict", "Options", "execute_on_instances", "synchronize"]

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from popdist.env import SOFT_DEFAULTS, FabricSettings
+from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, FabricSettings
 from simipu.fabric.rendezvous import RendezvousServer
 
 from .errors import UsageError
@@ -190,11 +190,12 @@ def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, "Devi
 
 def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[str, str],
               guardian: Guardian) -> LocalExecutor | FanOutExecutor:
-    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
+    console = {CONSOLE_IS_TERMINAL: "1" if sys.stdout.isatty() else "0"}  # instances' stdout is a pipe
+    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian)
     if not launch.reach.agents:
         return local
     spec = launch.spec
-    base_env = forwarded_environment(environ, SOFT_DEFAULTS)
+    base_env = {**forwarded_environment(environ, SOFT_DEFAULTS), **console}
     agents = {
         label: AgentExecutor(label, host.channel, events, base_env=base_env, grace=spec.stop_grace,
                              numa=numa_wanted(spec), start_timeout=spec.ssh_timeout)
