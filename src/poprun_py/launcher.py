@@ -2,6 +2,8 @@
 
 This is where the outside world is consulted (the program on disk, a free
 port, the executable cache directory) before the pure planning step.
+``run_job`` is the machinery without the program: ``poprun_py.functions``
+uses it to run Python functions in forked instances (``JobOptions.spawn``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import shutil
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -20,8 +23,8 @@ from simipu.fabric.rendezvous import RendezvousServer
 from .errors import ProgramNotExecutable, ProgramNotFound, Unsupported, UsageError
 from .events import EventQueue, StartupTimedOut
 from .executors.guardian import Guardian
-from .executors.local import LocalExecutor
-from .job import Job
+from .executors.local import LocalExecutor, Spawner, exec_program
+from .job import Job, JobReport, TimeLimit
 from .output import OutputOptions, OutputRouter
 from .plan import Allocation, Plan, make_plan, offline_allocation
 from .report import log_report
@@ -79,8 +82,19 @@ def _prepare_cache(path: str | None) -> None:
         raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
 
 
+@dataclass(frozen=True)
+class JobOptions:
+    """How a job's instances start and are watched, beyond what the ``LaunchSpec`` says."""
+
+    argv: tuple[str, ...]  # the program as resolved; for forked functions, only a name for the logs
+    spawn: Spawner = exec_program
+    time_limit: TimeLimit | None = None
+    status_line: bool = True  # the live status line (it still shows only on a terminal)
+
+
 def build_plan(
     spec: LaunchSpec,
+    argv: tuple[str, ...],
     environ: Mapping[str, str],
     cwd: str,
     allocation: Allocation,
@@ -89,11 +103,10 @@ def build_plan(
     fabric: FabricSettings = FabricSettings(),
     device_fds: Mapping[int, tuple[int, ...]] = {},
 ) -> Plan:
-    program = resolve_program(spec.program[0], environ, cwd)
     _prepare_cache(spec.executable_cache_path)
     return make_plan(
         spec,
-        argv=(program, *spec.program[1:]),
+        argv=argv,
         job_id=job_id,
         allocation=allocation,
         master_port=free_port(),
@@ -142,26 +155,35 @@ def print_topology(spec: LaunchSpec, plan: Plan) -> None:
 
 
 def run_launch(spec: LaunchSpec) -> int:
-    """Run a validated launch on this host; the exit code is the job's."""
+    """Run a validated launch of a program on this host; the exit code is the job's."""
+    program = resolve_program(spec.program[0], os.environ, os.getcwd())  # before any partition is created
+    report = run_job(spec, JobOptions((program, *spec.program[1:])))
+    log_report(report)
+    return report.exit_code
+
+
+def run_job(spec: LaunchSpec, options: JobOptions) -> JobReport:
+    """Allocate (a V-IPU partition, or nothing offline), run the instances to the end, release."""
     check_hosts(spec)
-    resolve_program(spec.program[0], os.environ, os.getcwd())  # before any partition is created
     job_id = os.urandom(8).hex()  # an id, not a secret
     if spec.offline_mode:
-        return _run_on(spec, offline_allocation(spec), job_id)
+        return _run_on(spec, options, offline_allocation(spec), job_id)
     from .partition import acquire_partition, attach_devices, release_partition
 
     lease = acquire_partition(spec, job_id)
     try:
         devices = attach_devices(spec, lease, job_id)
         try:
-            return _run_on(spec, lease.allocation, job_id, devices)
+            return _run_on(spec, options, lease.allocation, job_id, devices)
         finally:
             _detach_all(devices)
     finally:
         release_partition(lease)
 
 
-def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str, devices: Mapping[int, "Device"] = {}) -> int:
+def _run_on(
+    spec: LaunchSpec, options: JobOptions, allocation: Allocation, job_id: str, devices: Mapping[int, "Device"] = {}
+) -> JobReport:
     environ = dict(os.environ)
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
@@ -174,13 +196,14 @@ def _run_on(spec: LaunchSpec, allocation: Allocation, job_id: str, devices: Mapp
         on_timeout=lambda missing, message: events.put(StartupTimedOut(missing, message)),
     )
     try:
-        return _run_with_rendezvous(spec, environ, events, rendezvous, token, allocation, job_id, devices)
+        return _run_with_rendezvous(spec, options, environ, events, rendezvous, token, allocation, job_id, devices)
     finally:
         rendezvous.close()
 
 
 def _run_with_rendezvous(
     spec: LaunchSpec,
+    options: JobOptions,
     environ: dict[str, str],
     events: EventQueue,
     rendezvous: RendezvousServer,
@@ -188,11 +211,10 @@ def _run_with_rendezvous(
     allocation: Allocation,
     job_id: str,
     devices: Mapping[int, "Device"],
-) -> int:
+) -> JobReport:
     fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
     device_fds = {index: device.handed_over() for index, device in devices.items()}
-    plan = build_plan(spec, environ, os.getcwd(), allocation, job_id, rendezvous.address, fabric, device_fds)
-    rendezvous.start()
+    plan = build_plan(spec, options.argv, environ, os.getcwd(), allocation, job_id, rendezvous.address, fabric, device_fds)
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
@@ -205,18 +227,22 @@ def _run_with_rendezvous(
         ),
         spec.num_instances,
     )
-    status = StatusLine(spec.num_instances)
+    status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)
+    def on_started() -> None:
+        # Serving starts once every instance exists: a forked instance must not inherit a
+        # thread of ours halfway through something (instances wait in the listen backlog).
+        rendezvous.start()
+        _detach_all(devices)
+
     guardian = Guardian(spec.stop_grace)
     try:
-        executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian)
-        report = Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
-                     on_started=lambda: _detach_all(devices)).run(plan.instances)
+        executor = LocalExecutor(events, {**SOFT_DEFAULTS, **environ}, guardian, options.spawn)
+        return Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
+                   on_started=on_started, time_limit=options.time_limit).run(plan.instances)
     finally:
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
-    log_report(report)
-    return report.exit_code
