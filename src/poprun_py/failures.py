@@ -85,8 +85,10 @@ class InstanceFailure:
 
     @property
     def heading(self) -> str:
+        """'instance 2 of 4 raised ValueError: boom (pid 123 on localhost)': what matters first,
+        since pytest's one-line summary shows only the start."""
         pid = f"pid {self.pid}" if self.pid is not None else "pid unknown"
-        return f"instance {self.index} of {self.num_instances} ({pid} on {self.host}) {self.how}"
+        return f"instance {self.index} of {self.num_instances} {self.how} ({pid} on {self.host})"
 
     @property
     def details(self) -> str:
