@@ -156,6 +156,7 @@ def print_topology(spec: LaunchSpec, plan: Plan) -> None:
 
 def run_launch(spec: LaunchSpec) -> int:
     """Run a validated launch of a program on this host; the exit code is the job's."""
+    check_hosts(spec)  # an unsupported launch says so before anything else is looked at
     program = resolve_program(spec.program[0], os.environ, os.getcwd())  # before any partition is created
     report = run_job(spec, JobOptions((program, *spec.program[1:])))
     log_report(report)
@@ -231,6 +232,7 @@ def _run_with_rendezvous(
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)
+
     def on_started() -> None:
         # Serving starts once every instance exists: a forked instance must not inherit a
         # thread of ours halfway through something (instances wait in the listen backlog).
