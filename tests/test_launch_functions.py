@@ -117,12 +117,13 @@ def test_a_failure_stops_the_others_and_carries_its_traceback() -> None:
 
 def first_fails_then_another_on_sigterm() -> None:
     index = popdist.getInstanceIndex()
-    if index == 1:
-        raise KeyError("the root cause")
     if index == 3:
         def stopped(signum, frame):
             raise RuntimeError("failed while being stopped")
         signal.signal(signal.SIGTERM, stopped)
+    C.barrier()  # instance 3's handler is in place before anything fails
+    if index == 1:
+        raise KeyError("the root cause")
     time.sleep(RUN_TIMEOUT)
 
 
