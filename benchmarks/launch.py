@@ -160,6 +160,7 @@ def run_command(
     stdout: Any = subprocess.DEVNULL,
     env: dict[str, str] | None = None,
     timeout: float = RUN_TIMEOUT,
+    cwd: str | Path | None = None,
 ) -> tuple[float, int | None, str]:
     """Run ``argv`` in a session of its own; return (wall seconds, exit code, stderr tail).
 
@@ -167,7 +168,8 @@ def run_command(
     """
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err, env=env, cwd=cwd,
+                                start_new_session=True)
         code = wait_exact(proc, timeout)
         wall = time.perf_counter() - start
         if code is None:

@@ -1,7 +1,10 @@
 """Shared test plumbing: bounded poprun runs and a leak check after every test.
 
 Every process a test starts inherits ``POPRUN_TEST_MARKER=<unique id>`` from
-the test's environment; after the test, no live process may carry it.
+the test's environment; after the test, no live process may carry it. A fork
+keeps its parent's environment as it was at exec (``/proc/PID/environ``), so
+the instances ``poprun_py.launch`` forks from the test process do not carry
+it: they are caught as new descendants of the test process instead.
 """
 
 from __future__ import annotations
@@ -14,6 +17,17 @@ import psutil
 import pytest
 
 MARKER = "POPRUN_TEST_MARKER"
+
+
+def live_descendants() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 def marked_processes(marker: str) -> list[psutil.Process]:
@@ -42,8 +56,10 @@ def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Fail the test if anything it started is still running (after a bounded wait)."""
     marker = uuid.uuid4().hex
     monkeypatch.setenv(MARKER, marker)
+    before = {proc.pid for proc in live_descendants()}
     yield marker
     leftovers = marked_processes(marker)
+    leftovers += [proc for proc in live_descendants() if proc.pid not in before and proc not in leftovers]
     if not leftovers:
         return
     _, alive = psutil.wait_procs(leftovers, timeout=10)

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from support import Launch, assert_all_gone, pids_of, python_program, run_poprun
+from support import RUN_TIMEOUT, Launch, assert_all_gone, pids_of, python_program, run_poprun
 
 OFFLINE = "--offline-mode=1"
 
@@ -116,3 +116,22 @@ def test_children_left_behind_are_killed_at_the_end() -> None:
     child_pids = [int(line.split()[2]) for line in result.stdout.splitlines() if line.startswith(b"child")]
     assert len(child_pids) == 2
     assert_all_gone(child_pids)
+
+
+def test_a_time_limit_stops_every_instance_and_is_the_reported_cause() -> None:
+    from poprun_py.events import EventQueue
+    from poprun_py.executors.local import LocalExecutor
+    from poprun_py.job import Job, TimeLimit
+    from poprun_py.output import OutputOptions, OutputRouter
+    from poprun_py.plan import LOCALHOST, InstancePlan
+    from poprun_py.report import summary_lines
+
+    events = EventQueue()
+    plans = [InstancePlan(i, LOCALHOST, i, ("sleep", str(RUN_TIMEOUT)), {}, os.getcwd()) for i in range(2)]
+    job = Job(LocalExecutor(events, dict(os.environ)), events, OutputRouter(OutputOptions(), 2), 2, grace=5,
+              time_limit=TimeLimit(0.5))
+    report = job.run(plans)
+    assert report.timed_out == TimeLimit(0.5) and report.exit_code == 124 and report.first_failure is None
+    assert report.signalled == {0, 1} and {f.signal for f in report.knock_ons} == {signal.SIGTERM}
+    assert summary_lines(report) == ["timed out after 0.5s: poprun stopped the instances",
+                                     "instances stopped by poprun as a consequence: 0, 1"]

@@ -18,6 +18,8 @@ from popdist import env
 from popdist.env import CONTRACT_NAMES, InstanceEnv, target_options_for
 from simipu.hardware import parent_device_id
 
+from support import python_program, run_poprun
+
 API = popdist.core.__all__
 
 
@@ -201,3 +203,10 @@ def test_import_does_not_load_numpy() -> None:
     src = str(Path(popdist.__file__).resolve().parents[1])
     code = "import sys, popdist; assert 'numpy' not in sys.modules, 'numpy imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": src})
+
+
+def test_a_fork_starts_uninitialised_and_leaves_the_parents_fabric_alone() -> None:
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2",
+                        *python_program("fork_after_init.py"))
+    assert result.returncode == 0, result.stderr.decode()
+    assert sorted(result.stdout.decode().splitlines()) == ["0 3 0", "1 3 0"]

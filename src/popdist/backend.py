@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
@@ -81,6 +82,24 @@ class _Backend:
 _backend = _Backend()
 
 
+def _forget_after_fork() -> None:
+    """A forked child is not its parent's instance: it starts uninitialised, with a fresh lock.
+
+    The parent's fabric and device stay the parent's; the child never closes them
+    (closing would tell the rendezvous that the parent left). ``poprun_py.launch``
+    relies on this: its instances are forks of the caller.
+    """
+    _backend.__init__()  # type: ignore[misc]  # in place: core.py holds a reference to it
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _close_in_owner(fabric: Collectives, owner: int) -> None:
+    if os.getpid() == owner:  # an atexit handler inherited by a fork must not close the parent's fabric
+        fabric.close()
+
+
 def connect(launch: InstanceEnv | None) -> Collectives:
     """The fabric for this launch (blocking until every instance has checked in)."""
     if launch is None or launch.num_instances == 1 or not launch.fabric.token:
@@ -100,7 +119,7 @@ def connect(launch: InstanceEnv | None) -> Collectives:
         host_label=launch.host_label or None,
         bind_host=launch.fabric_addr,
     )
-    atexit.register(fabric.close)
+    atexit.register(_close_in_owner, fabric, os.getpid())
     return fabric
 
 

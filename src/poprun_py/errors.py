@@ -17,6 +17,7 @@ EXIT_PARTITION_FAILED = 76  # the partition is in a failed state after create/re
 EXIT_VIPU_ERROR = 77  # any other refusal by the V-IPU service
 EXIT_PREFLIGHT = 75  # a host failed its pre-flight checks
 EXIT_STARTUP_TIMEOUT = 124  # instances did not start in time (like timeout(1))
+EXIT_TIMEOUT = 124  # the job ran out of time (a time limit; like timeout(1))
 EXIT_NOT_EXECUTABLE = 126  # the program exists but cannot be executed
 EXIT_NOT_FOUND = 127  # the program does not exist
 

@@ -2,9 +2,9 @@
 
 Executors report ``Started``/``Output``/``Exited``/``HostLost``; signals to
 the launcher arrive as ``SignalReceived`` on the same queue. The first
-instance to fail (or the first signal) stops every other instance: the
-signal, then SIGKILL once the grace period is over. One deadline for the
-whole stop; the loop never waits unboundedly.
+instance to fail (or the first signal, or the end of a ``TimeLimit``) stops
+every other instance: the signal, then SIGKILL once the grace period is
+over. One deadline for the whole stop; the loop never waits unboundedly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
-from .errors import EXIT_STARTUP_TIMEOUT
+from .errors import EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
 from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut
 from .output import OutputRouter
 from .plan import InstancePlan
@@ -28,6 +28,20 @@ log = logging.getLogger("poprun.job")
 #: How long instances may take to die after SIGKILL before poprun gives up on them.
 REAP_AFTER_KILL_SECONDS = 10.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class TimeLimit:
+    """How long a job may run (start-up included) before it is stopped, like ``mpirun --timeout``.
+
+    At the end the instances get ``signum``: SIGTERM, or a signal on which they
+    dump their stacks and die (``mpirun --get-stack-traces``; the forked
+    function instances register faulthandler on SIGUSR1); SIGKILL follows
+    after the grace period.
+    """
+
+    seconds: float
+    signum: int = signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -61,11 +75,14 @@ class JobReport:
     unreaped: tuple[int, ...] = ()
     pids: Mapping[int, int] = field(default_factory=dict)
     startup_timeout: StartupTimedOut | None = None
+    timed_out: TimeLimit | None = None  # the job ran out of time and was stopped
 
     @property
     def exit_code(self) -> int:
         if self.startup_timeout is not None:
             return EXIT_STARTUP_TIMEOUT
+        if self.timed_out is not None:
+            return EXIT_TIMEOUT
         if self.first_failure is not None:
             return self.first_failure.exit_code
         if self.stopped_by_signal is not None:
@@ -95,8 +112,12 @@ class Job:
         grace: float,
         status: StatusLine | None = None,
         on_started: Callable[[], None] | None = None,
+        time_limit: TimeLimit | None = None,
     ) -> None:
         self._on_started = on_started
+        self._time_limit = time_limit
+        self._time_deadline: float | None = None
+        self._timed_out: TimeLimit | None = None
         self._status = status or StatusLine(num_instances, enabled=False)
         self._executor = executor
         self._events = events
@@ -116,6 +137,8 @@ class Job:
 
     def run(self, instances: Sequence[InstancePlan]) -> JobReport:
         previous = self._install_signal_handlers()
+        if self._time_limit is not None:
+            self._time_deadline = time.monotonic() + self._time_limit.seconds
         try:
             self._executor.start(instances)
             if self._on_started is not None:
@@ -136,6 +159,7 @@ class Job:
             tuple(sorted(self._remaining)),
             dict(self._pids),
             self._startup_timeout,
+            self._timed_out,
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -164,11 +188,17 @@ class Job:
                 self._on_startup_timeout(event)
 
     def _timeout(self) -> float | None:
-        deadline = self._reap_deadline or self._kill_deadline
+        deadline = self._reap_deadline or self._kill_deadline or self._time_deadline
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _on_deadline(self) -> bool:
-        """The grace period is over: SIGKILL; after that, give up on what will not die."""
+        """Out of time: stop; the grace period is over: SIGKILL; after that, give up on what will not die."""
+        if not self._stopping and self._time_limit is not None:
+            self._timed_out = self._time_limit
+            log.info("the job ran out of time (%gs): stopping instances %s",
+                     self._time_limit.seconds, format_indices(self._remaining))
+            self._begin_stop(self._time_limit.signum)
+            return True
         if self._reap_deadline is None:
             log.warning("instances %s did not stop within %gs: sending SIGKILL", format_indices(self._remaining), self._grace)
             self._kill_now()

@@ -1,7 +1,10 @@
 """One launch end to end: ``LaunchSpec`` -> allocation -> plan -> job -> exit code.
 
 This is where the outside world is consulted (the program on disk, a free
-port, the executable cache directory) before the pure planning step.
+port, the executable cache directory, the remote hosts) before the pure
+planning step. ``run_job`` is the machinery without the program:
+``poprun_py.functions`` uses it to run Python functions in forked instances
+(``JobOptions.spawn``).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from simipu.fabric.rendezvous import RendezvousServer
 from .errors import UsageError
 from .events import EventQueue, StartupTimedOut
 from .executors.guardian import Guardian
-from .executors.local import LocalExecutor
-from .job import Job
+from .executors.local import LocalExecutor, Spawner, exec_program
+from .job import Job, JobReport, TimeLimit
 from .output import OutputOptions, OutputRouter
 from .programs import resolve_program
 from .executors.fanout import FanOutExecutor
@@ -55,8 +58,19 @@ def _prepare_cache(path: str | None) -> None:
         raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class JobOptions:
+    """How a job's instances start and are watched, beyond what the ``LaunchSpec`` says."""
+
+    argv: tuple[str, ...]  # the program as found here; for forked functions, only a name for the logs
+    spawn: Spawner = exec_program
+    time_limit: TimeLimit | None = None
+    status_line: bool = True  # the live status line (it still shows only on a terminal)
+
+
 def build_plan(
     spec: LaunchSpec,
+    argv: tuple[str, ...],
     environ: Mapping[str, str],
     allocation: Allocation,
     job_id: str,
@@ -66,12 +80,12 @@ def build_plan(
     device_fds: Mapping[int, tuple[int, ...]] = {},
     rendezvous: tuple[str, int] = ("127.0.0.1", 0),
 ) -> Plan:
-    """The plan; instances on this host run the program as found here, the others as their agent finds it."""
+    """The plan; instances on this host run ``argv``, the others the program as typed, found by their agent."""
     cwd = cwd or os.getcwd()
     _prepare_cache(spec.executable_cache_path)
     plan = make_plan(
         spec,
-        argv=spec.program,
+        argv=argv,
         job_id=job_id,
         allocation=allocation,
         master_port=free_port(),
@@ -83,12 +97,10 @@ def build_plan(
         cpus=numa_binding(spec),
         addresses=reach.addresses,
     )
-    here = [i for i in plan.instances if str(i.host) not in reach.agents]
-    if not here:
+    if not reach.agents:
         return plan
-    program = (resolve_program(spec.program[0], environ, cwd), *spec.program[1:])
     return dataclasses.replace(plan, instances=tuple(
-        i if str(i.host) in reach.agents else dataclasses.replace(i, argv=program) for i in plan.instances))
+        dataclasses.replace(i, argv=spec.program) if str(i.host) in reach.agents else i for i in plan.instances))
 
 
 def numa_wanted(spec: LaunchSpec) -> bool:
@@ -133,14 +145,23 @@ def print_topology(spec: LaunchSpec, plan: Plan) -> None:
 
 
 def run_launch(spec: LaunchSpec) -> int:
-    """Run a validated launch; the exit code is the job's."""
+    """Run a validated launch of a program; the exit code is the job's."""
     spec, via_srun = with_allocation_hosts(spec, os.environ)
     cwd = check_working_dir(spec, spec.hosts)
+    argv = spec.program
     if not via_srun and (not spec.hosts or any(h.is_local for h in spec.hosts)):
-        resolve_program(spec.program[0], os.environ, cwd)  # before any partition is created or host reached
+        argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:])  # before anything starts
+    report = run_job(spec, JobOptions(argv), cwd, via_srun)
+    log_report(report)
+    return report.exit_code
+
+
+def run_job(spec: LaunchSpec, options: JobOptions, cwd: str | None = None, via_srun: bool = False) -> JobReport:
+    """Reach the hosts, allocate (a V-IPU partition, or nothing offline), run the instances to the end, release."""
+    cwd = cwd or os.getcwd()
     reach = reach_hosts(spec, cwd, via_srun)
     try:
-        launch = _Launch(spec, os.urandom(8).hex(), cwd, reach)  # the job id is an id, not a secret
+        launch = _Launch(spec, options, os.urandom(8).hex(), cwd, reach)  # the job id is an id, not a secret
         if spec.offline_mode:
             return _run_on(launch, offline_allocation(spec))
         return _run_on_partition(launch)
@@ -151,12 +172,13 @@ def run_launch(spec: LaunchSpec) -> int:
 @dataclasses.dataclass(frozen=True)
 class _Launch:
     spec: LaunchSpec
+    options: JobOptions
     job_id: str
     cwd: str
     reach: Reach
 
 
-def _run_on_partition(launch: _Launch) -> int:
+def _run_on_partition(launch: _Launch) -> JobReport:
     from .partition import acquire_partition, attach_devices, release_partition
 
     lease = acquire_partition(launch.spec, launch.job_id)
@@ -170,7 +192,7 @@ def _run_on_partition(launch: _Launch) -> int:
         release_partition(lease)
 
 
-def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, "Device"] = {}) -> int:
+def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, "Device"] = {}) -> JobReport:
     spec = launch.spec
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
@@ -191,7 +213,7 @@ def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, "Devi
 def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[str, str],
               guardian: Guardian) -> LocalExecutor | FanOutExecutor:
     console = {CONSOLE_IS_TERMINAL: "1" if sys.stdout.isatty() else "0"}  # instances' stdout is a pipe
-    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian)
+    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian, launch.options.spawn)
     if not launch.reach.agents:
         return local
     spec = launch.spec
@@ -211,15 +233,15 @@ def _run_with_rendezvous(
     token: str,
     allocation: Allocation,
     devices: Mapping[int, "Device"],
-) -> int:
-    spec, environ = launch.spec, dict(os.environ)
+) -> JobReport:
+    spec, options, environ = launch.spec, launch.options, dict(os.environ)
     fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
     here = {i for i, host in enumerate(_instance_hosts(spec)) if str(host) not in launch.reach.agents}
     handed = {index: device for index, device in devices.items() if index in here}  # the others stay with poprun
     device_fds = {index: device.handed_over() for index, device in handed.items()}
     address = (launch.reach.rendezvous_address, rendezvous.address[1])
-    plan = build_plan(spec, environ, allocation, launch.job_id, launch.reach, launch.cwd, fabric, device_fds, address)
-    rendezvous.start()
+    plan = build_plan(spec, options.argv, environ, allocation, launch.job_id, launch.reach, launch.cwd, fabric,
+                      device_fds, address)
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
@@ -232,21 +254,25 @@ def _run_with_rendezvous(
         ),
         spec.num_instances,
     )
-    status = StatusLine(spec.num_instances)
+    status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)
+    def on_started() -> None:
+        # Serving starts once every instance exists: a forked instance must not inherit a
+        # thread of ours halfway through something (instances wait in the listen backlog).
+        rendezvous.start()
+        _detach_all(handed)
+
     guardian = Guardian(spec.stop_grace)
     try:
         executor = _executor(launch, plan, events, environ, guardian)
-        report = Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
-                     on_started=lambda: _detach_all(handed)).run(plan.instances)
+        return Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
+                   on_started=on_started, time_limit=options.time_limit).run(plan.instances)
     finally:
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
-    log_report(report)
-    return report.exit_code
 
 
 def _instance_hosts(spec: LaunchSpec) -> list[HostSpec]:

@@ -53,6 +53,8 @@ def summary_lines(report: JobReport) -> list[str]:
     if report.startup_timeout is not None:
         # it stopped the job, so every failure after it is a knock-on (first is None)
         lines.append(f"start-up timed out: {report.startup_timeout.message} (see --startup-timeout)")
+    if report.timed_out is not None:
+        lines.append(f"timed out after {report.timed_out.seconds:g}s: poprun stopped the instances")
     if first is not None:
         pid = f"pid {first.pid}" if first.pid is not None else "pid unknown"
         lines.append(f"instance {first.instance} of {n} ({pid} on {first.host}) {describe_failure(first)}")

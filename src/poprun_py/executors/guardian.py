@@ -33,6 +33,10 @@ class Guardian:
         except (BrokenPipeError, ValueError):
             log.warning("the guardian process is gone; instances may survive if poprun is killed")
 
+    def fileno(self) -> int:
+        """The pipe whose end of input tells the guardian the launcher died: no instance may hold it."""
+        return self._stdin.fileno()
+
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}")
 

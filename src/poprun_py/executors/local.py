@@ -5,6 +5,11 @@ signal reaches it and its children and never the launcher's terminal group.
 One pump thread per executor multiplexes every pipe and every process-exit
 notification (pidfd) with a selector; it only reads and enqueues events.
 An instance's ``Exited`` is posted after its last ``Output``.
+
+How a process comes to be is the one thing that varies: ``exec_program``
+(the default) runs the plan's argv; ``executors.forked.ForkSpawner`` forks
+this process to run a Python function. Pumping, signalling and reaping are
+the same for both.
 """
 
 from __future__ import annotations
@@ -19,8 +24,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
-
+from typing import Collection, Iterator, Mapping, Protocol, Sequence
 
 from ..errors import ProgramNotExecutable, ProgramNotFound
 from ..events import EventQueue, Exited, HostLost, Output, Started, Stream
@@ -35,10 +39,54 @@ PIPE_SIZE = 1 << 20
 DRAIN_SECONDS = 2.0
 
 
+class Process(Protocol):
+    """What the executor needs of a started instance (``subprocess.Popen`` has it)."""
+
+    pid: int
+    returncode: int | None
+
+    def wait(self) -> int: ...
+
+
+class Spawner(Protocol):
+    """Starts one instance in a session of its own, its stdout/stderr on the given descriptors.
+
+    ``foreign_fds`` are the launcher's descriptors the instance must not keep
+    (other instances' pipes and devices, the guardian's pipe); a spawner that
+    execs closes them anyway, one that forks must close them in the child.
+    """
+
+    def __call__(
+        self, plan: InstancePlan, env: Mapping[str, str], stdout: int, stderr: int, foreign_fds: Collection[int]
+    ) -> Process: ...
+
+
+def exec_program(
+    plan: InstancePlan, env: Mapping[str, str], stdout: int, stderr: int, foreign_fds: Collection[int]
+) -> subprocess.Popen:
+    """The default spawner: run the plan's argv (``close_fds`` takes care of ``foreign_fds``)."""
+    try:
+        return subprocess.Popen(
+            plan.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env=dict(env),
+            cwd=plan.cwd,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=plan.pass_fds,
+        )
+    except FileNotFoundError:
+        raise ProgramNotFound(f"{plan.argv[0]}: no such program") from None
+    except PermissionError:
+        raise ProgramNotExecutable(f"{plan.argv[0]}: permission denied (is it executable?)") from None
+
+
 @dataclass(eq=False)
 class _Instance:
     plan: InstancePlan
-    process: subprocess.Popen
+    process: Process
     open_streams: set[Stream] = field(default_factory=lambda: {"stdout", "stderr"})
     reaped: bool = False
     drain_deadline: float | None = None
@@ -75,10 +123,17 @@ def _bound_to(cpus: tuple[int, ...] | None) -> Iterator[None]:
 class LocalExecutor:
     """Runs a set of instances on this host and reports them as events."""
 
-    def __init__(self, events: EventQueue, base_env: Mapping[str, str], guardian: Guardian | None = None) -> None:
+    def __init__(
+        self,
+        events: EventQueue,
+        base_env: Mapping[str, str],
+        guardian: Guardian | None = None,
+        spawn: Spawner = exec_program,
+    ) -> None:
         self._events = events
         self._base_env = dict(base_env)
         self._guardian = guardian
+        self._spawn_process = spawn
         self._instances: dict[int, _Instance] = {}
         self._selector = selectors.DefaultSelector()
         self._thread: threading.Thread | None = None
@@ -87,9 +142,10 @@ class LocalExecutor:
     # -- starting -----------------------------------------------------------
     def start(self, plans: Sequence[InstancePlan]) -> None:
         """Spawn every instance, then start pumping; a half-failed start stops what it began."""
+        device_fds = {fd for plan in plans for fd in plan.pass_fds}
         try:
             for plan in plans:
-                self._spawn(plan)
+                self._spawn(plan, device_fds - set(plan.pass_fds))
         except BaseException:
             self.kill_all()
             self._reap_all_now()
@@ -97,28 +153,18 @@ class LocalExecutor:
         self._thread = threading.Thread(target=self._pump_safely, name="poprun-pump", daemon=True)
         self._thread.start()
 
-    def _spawn(self, plan: InstancePlan) -> None:
+    def _spawn(self, plan: InstancePlan, others_devices: set[int]) -> None:
         out_r, out_w = _pipe()
         err_r, err_w = _pipe()
+        foreign = others_devices | set(self._selector.get_map()) | {out_r, err_r}
+        if self._guardian is not None:
+            foreign.add(self._guardian.fileno())
         try:
             with _bound_to(plan.cpus):  # inherited at fork: bound before its first instruction
-                process = subprocess.Popen(
-                    plan.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out_w,
-                    stderr=err_w,
-                    env={**self._base_env, **plan.env},
-                    cwd=plan.cwd,
-                    start_new_session=True,
-                    close_fds=True,
-                    pass_fds=plan.pass_fds,
-                )
-        except FileNotFoundError:
+                process = self._spawn_process(plan, {**self._base_env, **plan.env}, out_w, err_w, foreign)
+        except BaseException:
             os.close(out_r), os.close(err_r)
-            raise ProgramNotFound(f"{plan.argv[0]}: no such program") from None
-        except PermissionError:
-            os.close(out_r), os.close(err_r)
-            raise ProgramNotExecutable(f"{plan.argv[0]}: permission denied (is it executable?)") from None
+            raise
         finally:
             os.close(out_w), os.close(err_w)
         if self._guardian is not None:

@@ -1,0 +1,305 @@
+"""Run a Python function in N fake instances: ``poprun_py.launch(fn, *args, num_instances=4)``.
+
+The launch is poprun's own (``launcher.run_job``): the same plan and
+environment per instance, the job's rendezvous (so collectives work), the
+supervisor (first failure stops the rest), the guardian (no orphans, even if
+the caller is SIGKILLed). Only the spawner differs: each instance is a fork
+of the caller running the function (``executors.forked``). Each instance
+leaves its outcome, pickled, in a memfd of its own; when a time limit stops
+the job, faulthandler writes the stacks of every instance still running into
+a second one on SIGUSR1, then the instance dies of that signal.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import pickle
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from .executors.forked import ForkSpawner
+from .failures import InstanceFailure, InstancesFailed, RemoteError, describe_exception
+from .job import JobReport, TimeLimit
+from .launcher import JobOptions, run_job
+from .plan import InstancePlan
+from .report import describe_failure
+from .spec import LaunchSpec, build_spec
+
+log = logging.getLogger("poprun.functions")
+
+Describe = Callable[[BaseException], RemoteError]
+#: Where an instance comes from, for the logs: forks of this process.
+HOST = "localhost"
+
+
+@dataclass(frozen=True)
+class FunctionLaunch:
+    """How many instances, replicas and IPUs a function runs on, and for how long at most."""
+
+    num_instances: int = 1
+    num_replicas: int | None = None  # None: one replica per instance
+    ipus_per_replica: int = 1
+    offline: bool = True  # False: simulated IPUs from the V-IPU service, as poprun without --offline-mode
+    timeout: float | None = None  # seconds, start-up included; None: no limit
+
+    def __post_init__(self) -> None:
+        for name in ("num_instances", "num_replicas", "ipus_per_replica"):
+            value = getattr(self, name)
+            if value is None and name == "num_replicas":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be a whole number, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.replicas % self.num_instances:
+            raise ValueError(f"num_replicas={self.replicas} cannot be divided evenly among "
+                             f"num_instances={self.num_instances}; use a multiple of {self.num_instances}")
+        if not isinstance(self.offline, bool):
+            raise TypeError(f"offline must be True or False, got {self.offline!r}")
+        if self.timeout is not None:
+            if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool):
+                raise TypeError(f"timeout must be a number of seconds or None, got {self.timeout!r}")
+            if not self.timeout > 0:
+                raise ValueError(f"timeout must be more than 0 seconds, got {self.timeout!r}")
+
+    @property
+    def replicas(self) -> int:
+        return self.num_instances if self.num_replicas is None else self.num_replicas
+
+    def spec(self, name: str) -> LaunchSpec:
+        """The ``LaunchSpec`` poprun would build for this launch (tagged output, as ``--tag-output``)."""
+        return build_spec({
+            "num_instances": self.num_instances,
+            "num_replicas": self.replicas,
+            "ipus_per_replica": self.ipus_per_replica,
+            "offline_mode": self.offline,
+            "mpi_global_args": ["--tag-output"],
+        }, [name])
+
+
+def launch(
+    fn: Callable[..., Any],
+    /,
+    *args: Any,
+    num_instances: int = 1,
+    num_replicas: int | None = None,
+    ipus_per_replica: int = 1,
+    offline: bool = True,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` in every instance of a poprun job; the results in instance order.
+
+    Each instance is a fork of the calling process (start method: ``os.fork``),
+    so functions defined in a test module, closures and lambdas work and their
+    arguments are not pickled; only the results come back, pickled (they must
+    be picklable). Each instance has the full PopDist environment, so
+    ``popdist.getInstanceIndex()`` and ``popdist.collectives`` work inside.
+    Its output reaches this process's stdout/stderr tagged ``[1,i]<stdout>:``.
+    Caveats of fork apply: threads of the caller do not exist in the
+    instances, and NumPy's global random state is the same in all of them.
+
+    If any instance fails, the others are stopped and ``InstancesFailed`` is
+    raised with every failed instance's traceback, the first failure first.
+    After ``timeout`` seconds, every instance still running dumps its stacks
+    (faulthandler) into that exception and is stopped.
+    """
+    return run_function(fn, args, kwargs, FunctionLaunch(num_instances, num_replicas, ipus_per_replica, offline, timeout))
+
+
+def run_function(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    settings: FunctionLaunch,
+    describe: Describe = describe_exception,
+    name: str | None = None,
+) -> list[Any]:
+    """``launch`` with the settings as a value, a choice of how exceptions are described
+    (the pytest plugin renders them as pytest would), and a name for the logs."""
+    if not callable(fn):
+        raise TypeError(f"launch() needs a callable to run in the instances, got {fn!r}")
+    name = name or getattr(fn, "__qualname__", None) or repr(fn)
+    spec = settings.spec(name)
+    _preload()
+    channels = [_Channel(index) for index in range(settings.num_instances)]
+    try:
+        body = _InstanceBody(fn, tuple(args), dict(kwargs), channels, describe)
+        limit = TimeLimit(settings.timeout, signal.SIGUSR1) if settings.timeout is not None else None
+        report = run_job(spec, JobOptions((name,), ForkSpawner(body), limit, status_line=False))
+        outcomes = [channel.read_outcome() for channel in channels]
+        if report.exit_code == 0 and all(o is not None and o.error is None for o in outcomes):
+            return [o.value for o in outcomes]  # type: ignore[union-attr]
+        if report.stopped_by_signal is not None:
+            signal.raise_signal(report.stopped_by_signal)  # Ctrl-C: KeyboardInterrupt, now that all are stopped
+        raise _instances_failed(report, outcomes, [_trim_stacks(channel.read_stacks()) for channel in channels])
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def _preload() -> None:
+    """Import what collectives need here, once, rather than in every instance after the fork."""
+    import numpy  # noqa: F401
+
+    import simipu.fabric.connect  # noqa: F401
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: Any = None
+    error: RemoteError | None = None
+
+
+class _Channel:
+    """Where one instance leaves its outcome and, if stopped for time, its stacks: two memfds."""
+
+    def __init__(self, index: int) -> None:
+        self.result = os.memfd_create(f"poprun-result-{index}", os.MFD_CLOEXEC)
+        self.stacks = os.memfd_create(f"poprun-stacks-{index}", os.MFD_CLOEXEC)
+
+    def write(self, outcome: _Outcome) -> bool:
+        """In the instance; False when the result could not be pickled (an error outcome is left instead)."""
+        try:
+            data = pickle.dumps(outcome, pickle.HIGHEST_PROTOCOL)
+            sent = True
+        except Exception as exc:
+            error = RemoteError(type(exc).__name__, f"the function's result cannot be sent back: {exc}",
+                                f"the function returned {type(outcome.value).__name__!s}, which cannot be pickled: {exc}")
+            data, sent = pickle.dumps(_Outcome(error=error)), False
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.result, view):]
+        return sent
+
+    def read_outcome(self) -> _Outcome | None:
+        data = _read_all(self.result)
+        return pickle.loads(data) if data else None
+
+    def read_stacks(self) -> str:
+        return _read_all(self.stacks).decode("utf-8", "replace")
+
+    def close(self) -> None:
+        for fd in (self.result, self.stacks):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _read_all(fd: int) -> bytes:
+    return os.pread(fd, os.fstat(fd).st_size, 0)
+
+
+class _InstanceBody:
+    """What each forked instance runs: the function, then its outcome into the channel; the exit code."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, channels: list[_Channel],
+                 describe: Describe) -> None:
+        self._call = (fn, args, kwargs)
+        self._channels = channels
+        self._describe = describe
+
+    def __call__(self, plan: InstancePlan) -> int:
+        channel = self._channels[plan.index]
+        for other in self._channels:
+            if other is not channel:
+                other.close()
+        # On SIGUSR1 (the time limit): dump every thread's stack, then die of the signal (chain to SIG_DFL).
+        faulthandler.register(signal.SIGUSR1, file=channel.stacks, all_threads=True, chain=True)
+        code, outcome = self._run()
+        _finalize_popdist()
+        return code if channel.write(outcome) else 1
+
+    def _run(self) -> tuple[int, _Outcome]:
+        fn, args, kwargs = self._call
+        try:
+            return 0, _Outcome(fn(*args, **kwargs))
+        except SystemExit as exc:
+            if exc.code is None or exc.code == 0:
+                return 0, _Outcome(None)
+            return (exc.code if isinstance(exc.code, int) else 1), _Outcome(error=self._describe(_without_this_frame(exc)))
+        except KeyboardInterrupt as exc:
+            return 130, _Outcome(error=self._describe(_without_this_frame(exc)))
+        except BaseException as exc:
+            return 1, _Outcome(error=self._describe(_without_this_frame(exc)))
+
+
+def _without_this_frame(exc: BaseException) -> BaseException:
+    """The traceback from the user's function down: ``_run``'s own frame is noise."""
+    tb = exc.__traceback__
+    return exc.with_traceback(tb.tb_next) if tb is not None and tb.tb_next is not None else exc
+
+
+def _trim_stacks(text: str) -> str:
+    """faulthandler's dump without the frames below ``_run``: the fork inherited the launcher's stack."""
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")) or not line.strip():
+            skipping = False
+        elif skipping:
+            continue
+        elif line.startswith(f'  File "{__file__}"') and line.endswith(" in _run"):
+            skipping = True
+            continue
+        kept.append(line)
+    return "\n".join(kept) + ("\n" if kept else "")
+
+
+def _finalize_popdist() -> None:
+    """Leave the fabric cleanly (``os._exit`` skips atexit), so peers do not see a lost instance."""
+    if "popdist.core" not in sys.modules:
+        return
+    try:
+        sys.modules["popdist.core"].finalizeBackend()
+    except Exception:
+        log.debug("finalising popdist failed", exc_info=True)
+
+
+def _instances_failed(report: JobReport, outcomes: list[_Outcome | None], stacks: list[str]) -> InstancesFailed:
+    """The first failure first, then the others in the order they ended; the stopped ones apart."""
+    n = report.num_instances
+    timed_out = report.timed_out is not None
+    failures: list[InstanceFailure] = []
+    stopped: list[int] = []
+    seen: set[int] = set()
+    ended = [f for f in (report.first_failure, *report.knock_ons) if f is not None]
+    if timed_out:  # they were all stopped at once: index order reads better than the order they died in
+        ended.sort(key=lambda f: f.instance)
+    for failure in ended:
+        index = failure.instance
+        seen.add(index)
+        outcome = outcomes[index]
+        error = outcome.error if outcome is not None else None
+        hung = timed_out and index in report.signalled and error is None
+        if error is None and not hung and index in report.signalled:
+            stopped.append(index)
+            continue
+        if error is not None:
+            how = f"raised {error.summary}"
+        elif hung:
+            how = "timed out" if stacks[index] else "timed out (no stacks: it did not answer SIGUSR1)"
+        else:
+            how = describe_failure(failure)
+        failures.append(InstanceFailure(index, n, failure.host, failure.pid, how, error,
+                                        stacks[index] if hung and stacks[index] else None,
+                                        failure.stderr_tail if error is None and not hung else ()))
+    for index, outcome in enumerate(outcomes):
+        if index in seen or (outcome is not None and outcome.error is None):
+            continue
+        how = f"raised {outcome.error.summary}" if outcome is not None and outcome.error else \
+            "exited with code 0 before returning a result"
+        failures.append(InstanceFailure(index, n, HOST, report.pids.get(index), how,
+                                        outcome.error if outcome is not None else None))
+    note = None
+    if report.startup_timeout is not None:
+        note = f"start-up timed out: {report.startup_timeout.message}"
+    elif report.unreaped:
+        note = f"instances {', '.join(map(str, report.unreaped))} could not be reaped"
+    return InstancesFailed(tuple(failures), tuple(sorted(stopped)), n,
+                           report.timed_out.seconds if report.timed_out is not None else None, note)
