@@ -178,3 +178,15 @@ def test_instances_learn_whether_poprun_writes_to_a_terminal() -> None:
     screen = run_on_terminal(OFFLINE, *python_program("print_env.py"))
     (record,) = [json.loads(line[line.index(b'{"env"'):]) for line in screen.splitlines() if b'{"env"' in line]
     assert record["env"][env.CONSOLE_IS_TERMINAL] == "1"
+
+
+def test_mpirun_wdir_sets_the_instances_directory(tmp_path) -> None:
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2",
+                        f"--mpi-global-args=-wdir {tmp_path}", "pwd")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str(tmp_path).encode()] * 2
+
+
+def test_a_missing_wdir_is_a_usage_error(tmp_path) -> None:
+    result = run_poprun("--offline-mode=1", f"--mpi-global-args=-wdir {tmp_path / 'missing'}", "pwd")
+    assert result.returncode == 2 and b"no such directory" in result.stderr
