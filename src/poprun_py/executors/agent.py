@@ -23,7 +23,7 @@ import threading
 from typing import Any, Mapping
 
 from .. import __version__
-from ..errors import PoprunError
+from ..errors import EXIT_INTERNAL, PoprunError
 from ..events import EventQueue, Exited, HostLost, Output, Started
 from ..hosts import HostSpec
 from ..plan import InstancePlan
@@ -140,7 +140,7 @@ def _forward(events: EventQueue, channel: _Channel, plans: list[InstancePlan], s
                 event.instance))
         elif isinstance(event, HostLost):  # the pump failed: the launcher names it, we stop
             stopper.stop(event.reason)
-            channel.send(wire.encode_json(wire.Kind.FAILED, {"exit_code": 70, "message": event.reason}))
+            channel.send(wire.encode_json(wire.Kind.FAILED, {"exit_code": EXIT_INTERNAL, "message": event.reason}))
             return
     stopper.finished.set()
 

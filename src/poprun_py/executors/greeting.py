@@ -14,6 +14,7 @@ import time
 from typing import Any, Mapping
 
 from .. import __version__
+from ..errors import PreflightFailed
 from . import wire
 from .channels import AgentChannel
 from .remote import read_frame
@@ -80,10 +81,9 @@ def failed_start(status: int | None, tail: tuple[str, ...], python: str, cwd: st
     return HostCheckFailed("agent", f"the agent exited at once (status {status}): {detail}")
 
 
-def verdict_error(message: str, failures: list[tuple[str, HostCheckFailed]], total: int, advice: Mapping[str, str] = {}):
+def verdict_error(message: str, failures: list[tuple[str, HostCheckFailed]], total: int,
+                  advice: Mapping[str, str] = {}) -> PreflightFailed:
     """One ``PreflightFailed`` with a verdict line per failed host."""
-    from ..errors import PreflightFailed
-
     verdicts = tuple(f"{label}: {error.stage}: {error}{advice.get(label, '')}" for label, error in failures)
     ok = total - len(failures)
     return PreflightFailed(f"{len(failures)} of {total} {message}{f' ({ok} passed)' if ok else ''}:", verdicts)

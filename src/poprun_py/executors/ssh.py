@@ -15,6 +15,7 @@ no password is ever offered).
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import shlex
@@ -67,18 +68,12 @@ def ssh_target(host: HostSpec, config: paramiko.SSHConfig) -> SshTarget:
         label=str(host),
         hostname=found.get("hostname", host.name),
         port=host.port or int(found.get("port", 22)),
-        user=host.user or found.get("user") or _local_user(),
+        user=host.user or found.get("user") or getpass.getuser(),
         identity_files=tuple(os.path.expanduser(p) for p in found.get("identityfile", [])),
         identities_only=found.get("identitiesonly", "no").lower() == "yes",
         known_hosts_files=known + ("/etc/ssh/ssh_known_hosts",),
         accept_unknown_host_keys=found.get("stricthostkeychecking", "yes").lower() in ("no", "off", "accept-new"),
     )
-
-
-def _local_user() -> str:
-    import getpass
-
-    return getpass.getuser()
 
 
 class _RejectUnknownHost(paramiko.MissingHostKeyPolicy):
