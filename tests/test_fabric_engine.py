@@ -221,6 +221,15 @@ def test_mismatched_calls_raise_on_every_instance(jobs: list[Job], tmp_path: Pat
     assert lines[2][0]["message"].startswith("instance 2 called allreduce(sum) on float32[5, 3] but instance ")
 
 
+def test_a_board_frame_meets_link_frames_as_a_mismatch(jobs: list[Job], tmp_path: Path) -> None:
+    """A small allreduce (the board) against a large one and a broadcast (link frames): all three raise."""
+    job = run_job(jobs, tmp_path, 3, "mismatch-paths")
+    lines = job.finish()
+    for i in range(3):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[0][0]["message"].startswith("instance 0 called allreduce(sum) on float32[16] but instance ")
+
+
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_a_killed_peer_is_named_by_every_survivor(jobs: list[Job], tmp_path: Path, transport: str) -> None:
     job = run_job(jobs, tmp_path, 3, "loop", transport=transport)
@@ -442,3 +451,27 @@ def test_mismatches_and_notices_arrive_through_the_mailbox(link_pair) -> None:
     link1.received += 1
     with pytest.raises(CollectiveMismatchError, match=r"instance 2 called y \(reported by instance 0\)$"):
         receive_ints(link1)
+
+
+def publish_ints(link: Link, segment: MailboxSegment, value: int) -> bool:
+    """Frame ``link.sent`` on the writer's board, if a slot is free (the way ``exchange_all`` publishes)."""
+    payload = memoryview(np.full(3, value, np.int32)).cast("B")
+    if not segment.publish(HEADER + NBYTES.pack(12), payload, [link.mailbox], [link.sent]):
+        return False
+    link.sent += 1
+    return True
+
+
+def test_a_link_keeps_frame_order_across_board_mailbox_and_socket(link_pair) -> None:
+    """Board, mailbox, board, then a full board: received in link order, and the board is free again once
+    its frames are taken."""
+    link0, seg0, link1, _ = link_pair
+    assert publish_ints(link0, seg0, 0)
+    send_ints(link0, 1)
+    assert publish_ints(link0, seg0, 2)
+    assert not publish_ints(link0, seg0, 3), "the board overwrote a frame its reader had not taken"
+    send_ints(link0, 3)  # the mailbox's other slot
+    assert [receive_ints(link1)[0] for _ in range(3)] == [0, 1, 2]
+    assert publish_ints(link0, seg0, 4)
+    assert [receive_ints(link1)[0] for _ in range(2)] == [3, 4]
+    assert link1.available() == 0

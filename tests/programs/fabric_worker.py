@@ -61,6 +61,17 @@ def run_mismatch(fabric, instance: int, n: int, odd: tuple[int, int]) -> None:
     fabric.allreduce(np.ones(shape, dtype=dtype))
 
 
+def run_mismatch_paths(fabric, instance: int) -> None:
+    """Three different ways to the wire at once: the board (a small allreduce, to everyone), shared memory
+    announced on the links (a large allreduce), and link frames to one root (a broadcast)."""
+    if instance == 0:
+        fabric.allreduce(np.ones(16, np.float32))
+    elif instance == 1:
+        fabric.allreduce(np.ones(100_000, np.float32))
+    else:
+        fabric.broadcast(np.ones(16, np.float32), root=0)
+
+
 def run_churn(fabric, instance: int, n: int) -> None:
     shapes = [(300_001, "float32"), (300_001, "float32"), (20_000, "int32"), (20_000, "int32"),
               (70_000, "float64"), (20_000, "int32"), (40_000, "int64"), (300_001, "float32")]
@@ -119,6 +130,8 @@ def main() -> int:
             run_suite(fabric, instance, n, out)
         elif scenario == "mismatch":
             run_mismatch(fabric, instance, n, (1, 2))
+        elif scenario == "mismatch-paths":
+            run_mismatch_paths(fabric, instance)
         elif scenario == "mismatch-last":
             run_mismatch(fabric, instance, n, (n - 1, -1))
         elif scenario == "churn":

@@ -57,7 +57,7 @@ import numpy as np
 
 from .calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
-from .exchange import exchange
+from .exchange import exchange, exchange_all
 from .hierarchy import allreduce_hierarchical
 from .mailbox import MailboxSegment
 from .membership import Membership
@@ -88,10 +88,15 @@ class Fabric:
         self._watch = LossWatch(control)
         self._on_close = on_close
         self._mailboxes = mailboxes
+        #: Frames to every peer go to our board once, when every instance is on this host (see ``mailbox``).
+        self._board = mailboxes if mailboxes is not None and len(mailboxes.local) == self.num_instances else None
         self._groups: dict[tuple[int, ...], Group] = {}
+        self._everyone = tuple(range(self.num_instances))
         self._seq: dict[tuple[int, ...], int] = {}
         self._scratch: dict[int, np.ndarray] = {}
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
+        self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
+                                 tuple[list[np.ndarray], list[memoryview]]] = {}
         self._arenas: dict[tuple[int, tuple[int, ...]], SharedArena] = {}
         self._broken: BaseException | None = None
         self._closed = False
@@ -201,6 +206,7 @@ class Fabric:
         self._links.clear()
         self._scratch.clear()
         self._scratch_views.clear()
+        self._scratch_sets.clear()
         for arena in self._arenas.values():
             arena.close()
         self._arenas.clear()
@@ -219,9 +225,10 @@ class Fabric:
     def allreduce_flat_or_chunked(self, call: Call, x: np.ndarray, op: str) -> np.ndarray:
         """The one-round algorithm for small arrays, else reduce-scatter then allgather."""
         g, ufunc = call.group, UFUNCS[op]
-        if x.nbytes <= SMALL_BYTES:
-            scratch = self.receive_into_scratch(call, 1, to_bytes(x), x)
-            return reduce_in_order(ufunc, self._in_order(g, x, scratch), np.empty_like(x))
+        if x.nbytes <= SMALL_BYTES:  # the hot path of small collectives: see _scratch_for
+            arrays, views = self._scratch_for(g, x)
+            self.run_all(call, 1, to_bytes(x), views)
+            return reduce_in_order(ufunc, [*arrays[:g.rank], x, *arrays[g.rank:]], np.empty_like(x))
         flat = x.reshape(-1)
         spans = chunks(flat.size, len(g.members))
         mine = flat[slice(*spans[g.rank])]
@@ -256,8 +263,14 @@ class Fabric:
     def run_all(self, call: Call, phase: int, payload: memoryview, destinations: Sequence[memoryview | None]) -> None:
         """One phase where this member sends ``payload`` to every other and receives a frame from each
         (``destinations`` in the order of ``call.group.others``): the common case, made cheap."""
-        links = call.group.other_links
-        self._exchange(call, phase, [(link, payload, ()) for link in links], list(zip(links, destinations)))
+        try:
+            exchange_all(call.prefix(phase), payload, call.group.other_links, destinations, self._watch,
+                         me=self.instance, members=call.scope, mine=lambda: call.signature(phase),
+                         flush_timeout=self.timeout, spin=SPIN_SECONDS, sleeper=self._mailboxes,
+                         board=self._board if call.group.members == self._everyone else None)
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
 
     def _exchange(self, call: Call, phase: int, sends: list[tuple[Link, memoryview, Sequence[int]]],
                   receives: list[tuple[Link, memoryview | None]]) -> None:
@@ -265,15 +278,18 @@ class Fabric:
             exchange(call.prefix(phase), sends, receives, self._watch, me=self.instance, members=call.scope,
                      mine=lambda: call.signature(phase), flush_timeout=self.timeout, spin=SPIN_SECONDS,
                      sleeper=self._mailboxes)
-        except PeerLostError as exc:
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
+
+    def _broken_by(self, exc: BaseException) -> None:
+        """A phase failed: the fabric is unusable from now on, and peers that can still be told are told why."""
+        if isinstance(exc, PeerLostError):
             self._break(exc, abort_notice(exc))
-            raise
-        except CollectiveMismatchError as exc:
+        elif isinstance(exc, CollectiveMismatchError):
             self._break(exc, mismatch_notice(exc))
-            raise
-        except BaseException as exc:  # an interruption (Ctrl-C) or a corrupt stream: the streams are mid-frame
+        else:  # an interruption (Ctrl-C) or a corrupt stream: the streams are mid-frame
             self._broken = exc if isinstance(exc, FabricError) else FabricError(f"a collective was interrupted: {exc!r}")
-            raise
 
     def arena_for(self, g: Group) -> SharedArena:
         """This instance's shared segment for the group (a subgroup of a hierarchical one has its own)."""
@@ -298,6 +314,18 @@ class Fabric:
     @staticmethod
     def _in_order(g: Group, mine: np.ndarray, received: Mapping[int, np.ndarray]) -> list[np.ndarray]:
         return [mine if k == g.rank else received[k] for k in range(len(g.members))]
+
+    def _scratch_for(self, g: Group, like: np.ndarray) -> tuple[list[np.ndarray], list[memoryview]]:
+        """A ``like``-shaped scratch array per other member of ``g`` (in ``g.others`` order) and their bytes,
+        looked up once per call: with more instances than cores each microsecond here costs every instance."""
+        key = (g.members, like.dtype, like.shape)
+        cached = self._scratch_sets.get(key)
+        if cached is None:
+            if len(self._scratch_sets) >= 64:
+                self._scratch_sets.clear()
+            pairs = [self._scratch_array(k, like) for k in g.others]
+            cached = self._scratch_sets[key] = ([a for a, _ in pairs], [v for _, v in pairs])
+        return cached
 
     def _scratch_array(self, rank: int, like: np.ndarray) -> tuple[np.ndarray, memoryview]:
         """A ``like``-shaped array (and its bytes) to receive rank ``rank``'s frame into, reused across calls."""
@@ -351,7 +379,7 @@ class Fabric:
                     () if x is None else tuple(x.shape), root, seq, g, g.members)
 
     def _group(self, group: Sequence[int] | None) -> Group:
-        members = tuple(range(self.num_instances)) if group is None else tuple(int(i) for i in group)
+        members = self._everyone if group is None else tuple(int(i) for i in group)
         cached = self._groups.get(members)
         if cached is not None:
             return cached

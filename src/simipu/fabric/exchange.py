@@ -23,8 +23,8 @@ import time
 from typing import Callable, Sequence
 
 from .errors import CollectiveMismatchError
-from .mailbox import MailboxSegment
-from .transport import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take
+from .mailbox import MailboxSegment, full_fence
+from .transport import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take, take_boxed
 from .watch import LossWatch
 from .wire import NBYTES, Mismatch, Signature, mismatch_message
 
@@ -59,6 +59,87 @@ def exchange(prefix: bytes, payloads: Sequence[tuple[Link, memoryview, Sequence[
         except LinkClosed as closed:
             _salvage(receives + [Receive(link, prefix, 0 if dest is None else len(dest), dest)
                                  for link, dest in destinations[tried:]])
+            raise watch.explain(closed.peer, closed.reason, set(members) - {me}) from None
+    except Mismatch as mismatch:
+        _flush_headers(sends, flush_timeout)
+        raise CollectiveMismatchError(mismatch_message(me, mine(), mismatch.peer, mismatch.theirs, members)) from None
+
+
+def exchange_all(prefix: bytes, payload: memoryview, links: Sequence[Link], destinations: Sequence[memoryview | None],
+                 watch: LossWatch, *, me: int, members: Sequence[int], mine: Callable[[], Signature],
+                 flush_timeout: float, spin: float = 0.0, sleeper: MailboxSegment | None = None,
+                 board: MailboxSegment | None = None) -> None:
+    """``exchange`` for the most common phase: ``payload`` to every link, a frame from each (``destinations``
+    in the order of ``links``). The same frames, moved with less work: written once to ``board`` (this
+    instance's board, when ``links`` are every peer's and all are on this host: see ``mailbox``), else to
+    each mailbox inline, taken inline, and one fence covers every peer's sleeping flag. This is the small
+    collectives' hot path: with more instances than cores, every microsecond of it is paid by each of them.
+    """
+    header = prefix + NBYTES.pack(len(payload))
+    size = len(header) + len(payload)
+    sends: list[Send] = []
+    receives: list[Receive] = []
+    boxed: Sequence[Link] = []
+    tried = 0
+    try:
+        try:
+            if board is not None and size <= board.board_capacity:
+                indices = [link.sent for link in links]
+                for link in links:
+                    link.sent += 1
+                if board.publish(header, payload, [link.mailbox for link in links], indices):  # type: ignore[misc]
+                    boxed = links
+                else:  # a peer has not taken our last frames yet: each link's own way
+                    for link, index in zip(links, indices):
+                        send = Send(link, header, payload, index=index)
+                        if not send.step():
+                            sends.append(send)
+                links_to_post: Sequence[Link] = ()
+            else:
+                links_to_post = links
+                boxed = []
+            for link in links_to_post:
+                box = link.mailbox
+                if box is not None and size <= box.capacity:
+                    index = link.sent
+                    link.sent = index + 1
+                    if box.try_send(index, header, payload):
+                        boxed.append(link)  # type: ignore[attr-defined]
+                        continue
+                    send = Send(link, header, payload, index=index)  # both slots unread: the socket
+                else:
+                    send = Send(link, header, payload)
+                if not send.step():
+                    sends.append(send)
+            if boxed:
+                full_fence()  # the writes above, then the flags (see mailbox)
+                for link in boxed:
+                    if link.mailbox.peer_asleep():  # type: ignore[union-attr]
+                        link.nudge()
+            hlen = len(header)
+            for link, dest in zip(links, destinations):
+                box = link.mailbox
+                tried += 1
+                nbytes = 0 if dest is None else len(dest)
+                if box is not None:
+                    frame = box.peek(link.received)
+                    if frame:
+                        if nbytes == len(payload) and frame[:hlen] == header:  # the usual case, checked at once
+                            if nbytes:
+                                dest[:] = frame[hlen:]  # type: ignore[index]
+                            box.consume()
+                            link.received += 1
+                        else:
+                            take_boxed(link, frame, prefix, nbytes, dest)
+                        continue
+                receive = Receive(link, prefix, nbytes, dest)
+                if not receive.step(False):
+                    receives.append(receive)
+            if sends or receives:
+                _move(sends, receives, watch, spin, sleeper, members)
+        except LinkClosed as closed:
+            _salvage(receives + [Receive(link, prefix, 0 if dest is None else len(dest), dest)
+                                 for link, dest in list(zip(links, destinations))[tried:]])
             raise watch.explain(closed.peer, closed.reason, set(members) - {me}) from None
     except Mismatch as mismatch:
         _flush_headers(sends, flush_timeout)

@@ -33,6 +33,20 @@ the socket. That is a store-then-load on both sides (Dekker's pattern), so
 both sides put a full fence between them (``full_fence``): then either the
 sleeper sees the frame or the writer sees the flag, and no wake-up is lost.
 A peer that dies is seen as before, by its socket (EOF) or the rendezvous.
+
+The *board*: when every instance of the job is on this host, a frame that
+goes to every peer at once (the small collectives' common phase) is written
+once, to the writer's board, instead of once per peer. After the blocks, a
+segment holds ``[published][board slot 0][board slot 1]``; a board slot is
+``[length][the link frame index for each local instance][header and
+payload]``. Publication p goes to slot ``p % 2``, then ``published``
+becomes p. Each reader takes the writer's publications in order and counts
+them in its block for the writer (``board_taken``, beside ``consumed``); a
+writer publishes p only if every peer has taken p - 2, else that frame takes
+each link's mailbox or socket. For a reader a board frame is simply the
+link's frame with that index, like a mailbox frame: the same order, the same
+header checks, the same wake-ups. Board frames go to every instance (the
+whole job's group), so every reader takes every publication.
 """
 
 from __future__ import annotations
@@ -47,10 +61,10 @@ SLOT_BYTES = 64 * 1024 + 1024
 _LINE = 64
 _HEADER = 2 * _LINE  # magic line, then the sleeping flag's line
 _SLEEPING = _LINE // 8  # index of the sleeping flag among 8-byte words
-_SENT, _CONSUMED = 0, _LINE // 8  # word offsets in a block
+_SENT, _CONSUMED, _BOARD_TAKEN = 0, _LINE // 8, _LINE // 8 + 1  # word offsets in a block
 _SLOTS = 2 * _LINE  # byte offset of slot 0 in a block
 _BLOCK = _SLOTS + 2 * SLOT_BYTES
-_MAGIC = 0x31584F424C49414D  # "MAILBOX1"
+_MAGIC = 0x32584F424C49414D  # "MAILBOX2"
 
 #: ``peek`` answers: the mailbox is empty / its next frame is a later one (the next is on the socket).
 EMPTY, ELSEWHERE = None, False
@@ -75,7 +89,8 @@ class MailboxSegment:
     def __init__(self, label: str, local: tuple[int, ...], me: int) -> None:
         self.local = local
         self.me = me
-        size = _HEADER + len(local) * _BLOCK
+        self._board_at = _HEADER + len(local) * _BLOCK
+        size = self._board_at + _board_bytes(len(local))
         self.fd = os.memfd_create(label, os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, size)
@@ -87,6 +102,12 @@ class MailboxSegment:
         self._words[0] = _MAGIC
         self._peer_maps: list[mmap.mmap] = []
         self._boxes: list[Mailbox] = []
+        self._board = memoryview(self._map)[self._board_at:]
+        self._board_words = self._board.cast("Q")
+        self._board_slot = _board_slot(len(local))
+        self._board_frame = _board_frame_offset(len(local))  # where the frame starts in a board slot
+        #: The largest frame (header and payload) a board publication holds.
+        self.board_capacity = SLOT_BYTES - 16
 
     def attach(self, peer: int, fd: int) -> Mailbox:
         """Map ``peer``'s segment (received as ``fd``, which this closes) and return our mailboxes with it."""
@@ -96,17 +117,41 @@ class MailboxSegment:
         finally:
             os.close(fd)
         theirs = memoryview(mapped)
-        if size < _HEADER + len(self.local) * _BLOCK or theirs.cast("Q")[0] != _MAGIC:
+        if size < self._board_at + _board_bytes(len(self.local)) or theirs.cast("Q")[0] != _MAGIC:
             theirs.release()
             mapped.close()
             raise ValueError(f"instance {peer} sent a mailbox segment that is not one")
         self._peer_maps.append(mapped)
         mine = memoryview(self._map)
-        mine_at, theirs_at = _HEADER + self.local.index(peer) * _BLOCK, _HEADER + self.local.index(self.me) * _BLOCK
+        position = self.local.index(peer)
+        mine_at, theirs_at = _HEADER + position * _BLOCK, _HEADER + self.local.index(self.me) * _BLOCK
         box = Mailbox(mine[mine_at:mine_at + _BLOCK], theirs[theirs_at:theirs_at + _BLOCK],
-                      theirs[:_HEADER].cast("Q"))
+                      theirs[:_HEADER].cast("Q"), theirs[self._board_at:], self.local.index(self.me), position,
+                      len(self.local))
         self._boxes.append(box)
         return box
+
+    def publish(self, header: bytes, payload: memoryview, boxes: list[Mailbox], indices: list[int]) -> bool:
+        """Write one frame for every peer to the board (``indices[i]``: its index on the link to ``boxes[i]``,
+        which must be every peer's mailbox); False if some peer has not taken the slot's last frame."""
+        words = self._board_words
+        published = words[0] + 1
+        for box in boxes:
+            if box.board_taken_by_peer() + 2 < published:
+                return False
+        at = _LINE + (published & 1) * self._board_slot
+        start = at + self._board_frame
+        hlen, total = len(header), len(header) + len(payload)
+        board = self._board
+        board[start:start + hlen] = header
+        if total > hlen:
+            board[start + hlen:start + total] = payload
+        first = at // 8
+        words[first] = total
+        for box, index in zip(boxes, indices):
+            words[first + 2 + box.position] = index
+        words[0] = published  # publish: after the slot (x86-64 keeps stores in order)
+        return True
 
     def set_sleeping(self, sleeping: bool) -> None:
         """Raise (with a fence: see the module docstring) or lower this instance's sleeping flag."""
@@ -118,6 +163,8 @@ class MailboxSegment:
         for box in self._boxes:
             box.release()
         self._boxes.clear()
+        self._board_words.release()
+        self._board.release()
         self._words.release()
         for mapped in [self._map, *self._peer_maps]:
             try:
@@ -129,14 +176,24 @@ class MailboxSegment:
 
 
 class Mailbox:
-    """One same-host peer: our mailbox to it (our block for it) and its mailbox to us (its block for us)."""
+    """One same-host peer: our mailbox to it (our block for it), its mailbox to us (its block for us), and
+    its board, which we read the frames for us from."""
 
-    __slots__ = ("_out", "_out_words", "_in", "_in_words", "_peer_header", "capacity")
+    __slots__ = ("_out", "_out_words", "_in", "_in_words", "_peer_header", "capacity", "_board", "_board_words",
+                 "_me", "position", "_slot_bytes", "_frame_offset", "_from_board")
 
-    def __init__(self, out: memoryview, into: memoryview, peer_header: memoryview) -> None:
+    def __init__(self, out: memoryview, into: memoryview, peer_header: memoryview, peer_board: memoryview,
+                 me: int, position: int, local_count: int) -> None:
         self._out, self._in = out, into
         self._out_words, self._in_words = out.cast("Q"), into.cast("Q")
         self._peer_header = peer_header
+        self._board, self._board_words = peer_board, peer_board.cast("Q")
+        self._me = me  # our position among the host's instances
+        #: The peer's position among the host's instances.
+        self.position = position
+        self._slot_bytes = _board_slot(local_count)
+        self._frame_offset = _board_frame_offset(local_count)
+        self._from_board = False  # where the frame ``peek`` last returned is
         #: The largest frame (header and payload) a slot holds.
         self.capacity = SLOT_BYTES - 16
 
@@ -162,21 +219,58 @@ class Mailbox:
         full_fence()
         return bool(self._peer_header[_SLEEPING])
 
+    def peer_asleep(self) -> bool:
+        """``peer_sleeping`` for a caller that has fenced already, once after several writes."""
+        return bool(self._peer_header[_SLEEPING])
+
+    def board_taken_by_peer(self) -> int:
+        """How many of our board's publications the peer has taken."""
+        return self._in_words[_BOARD_TAKEN]
+
     def peek(self, index: int) -> memoryview | None | bool:
-        """The peer's next unread frame if it is frame ``index`` of the link; EMPTY or ELSEWHERE if not."""
+        """The peer's frame ``index`` of the link if its mailbox or its board holds it next; else EMPTY (neither
+        holds anything for us) or ELSEWHERE (the next frame is on the socket)."""
         consumed = self._out_words[_CONSUMED]
-        if self._in_words[_SENT] == consumed:
-            return EMPTY
-        at = _SLOTS + (consumed & 1) * SLOT_BYTES
-        words = self._in_words
-        if words[at // 8] != index:
+        mailbox = EMPTY
+        if self._in_words[_SENT] != consumed:
+            at = _SLOTS + (consumed & 1) * SLOT_BYTES
+            words = self._in_words
+            if words[at // 8] == index:
+                self._from_board = False
+                return self._in[at + 16:at + 16 + words[at // 8 + 1]]
+            mailbox = ELSEWHERE
+        taken = self._out_words[_BOARD_TAKEN]
+        board = self._board_words
+        if board[0] == taken:
+            return mailbox
+        first = (_LINE + ((taken + 1) & 1) * self._slot_bytes) // 8
+        if board[first + 2 + self._me] != index:
             return ELSEWHERE
-        return self._in[at + 16:at + 16 + words[at // 8 + 1]]
+        self._from_board = True
+        at = first * 8 + self._frame_offset
+        return self._board[at:at + board[first]]
 
     def consume(self) -> None:
         """Done with the frame ``peek`` returned: its slot may be written again."""
-        self._out_words[_CONSUMED] += 1
+        if self._from_board:
+            self._out_words[_BOARD_TAKEN] += 1
+        else:
+            self._out_words[_CONSUMED] += 1
 
     def release(self) -> None:
-        for view in (self._out_words, self._in_words, self._peer_header, self._out, self._in):
+        for view in (self._out_words, self._in_words, self._peer_header, self._out, self._in, self._board_words,
+                     self._board):
             view.release()
+
+
+def _board_slot(local_count: int) -> int:
+    """Bytes per board slot: its length word, a spare word, an index per local instance, then the frame."""
+    return _board_frame_offset(local_count) + SLOT_BYTES
+
+
+def _board_frame_offset(local_count: int) -> int:
+    return 16 + 8 * local_count
+
+
+def _board_bytes(local_count: int) -> int:
+    return _LINE + 2 * _board_slot(local_count)

@@ -252,7 +252,7 @@ class Receive:
         return self._parse_header()
 
     def _take(self, frame: memoryview) -> bool:
-        _take_boxed(self.link, frame, self.expected, self.nbytes, self.dest)
+        take_boxed(self.link, frame, self.expected, self.nbytes, self.dest)
         self.header_done = True
         self.got = self.nbytes
         return True
@@ -286,7 +286,7 @@ def _check_length(link: Link, nbytes: int, expected: int) -> None:
                           "for the same collective: the fabric's streams are out of step")
 
 
-def _take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest: memoryview | None) -> None:
+def take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest: memoryview | None) -> None:
     """The link's next frame, whole, in the peer's mailbox slot: check it, copy its payload, free the slot."""
     size = len(expected)
     if frame[:size] != expected:
@@ -321,7 +321,7 @@ def take(link: Link, expected: bytes, nbytes: int, dest: memoryview | None) -> R
     if box is not None:
         frame = box.peek(link.received)
         if frame:
-            _take_boxed(link, frame, expected, nbytes, dest)
+            take_boxed(link, frame, expected, nbytes, dest)
             return None
     receive = Receive(link, expected, nbytes, dest)
     return None if receive.step(False) else receive
