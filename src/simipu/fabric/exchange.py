@@ -76,46 +76,12 @@ def exchange_all(prefix: bytes, payload: memoryview, links: Sequence[Link], dest
     collectives' hot path: with more instances than cores, every microsecond of it is paid by each of them.
     """
     header = prefix + NBYTES.pack(len(payload))
-    size = len(header) + len(payload)
     sends: list[Send] = []
     receives: list[Receive] = []
-    boxed: Sequence[Link] = []
     tried = 0
     try:
         try:
-            if board is not None and size <= board.board_capacity:
-                indices = [link.sent for link in links]
-                for link in links:
-                    link.sent += 1
-                if board.publish(header, payload, [link.mailbox for link in links], indices):  # type: ignore[misc]
-                    boxed = links
-                else:  # a peer has not taken our last frames yet: each link's own way
-                    for link, index in zip(links, indices):
-                        send = Send(link, header, payload, index=index)
-                        if not send.step():
-                            sends.append(send)
-                links_to_post: Sequence[Link] = ()
-            else:
-                links_to_post = links
-                boxed = []
-            for link in links_to_post:
-                box = link.mailbox
-                if box is not None and size <= box.capacity:
-                    index = link.sent
-                    link.sent = index + 1
-                    if box.try_send(index, header, payload):
-                        boxed.append(link)  # type: ignore[attr-defined]
-                        continue
-                    send = Send(link, header, payload, index=index)  # both slots unread: the socket
-                else:
-                    send = Send(link, header, payload)
-                if not send.step():
-                    sends.append(send)
-            if boxed:
-                full_fence()  # the writes above, then the flags (see mailbox)
-                for link in boxed:
-                    if link.mailbox.peer_asleep():  # type: ignore[union-attr]
-                        link.nudge()
+            sends = _post_to_all(header, payload, links, board)
             hlen = len(header)
             for link, dest in zip(links, destinations):
                 box = link.mailbox
@@ -144,6 +110,48 @@ def exchange_all(prefix: bytes, payload: memoryview, links: Sequence[Link], dest
     except Mismatch as mismatch:
         _flush_headers(sends, flush_timeout)
         raise CollectiveMismatchError(mismatch_message(me, mine(), mismatch.peer, mismatch.theirs, members)) from None
+
+
+def _post_to_all(header: bytes, payload: memoryview, links: Sequence[Link], board: MailboxSegment | None) -> list[Send]:
+    """One frame to every link: on the board, else in each mailbox, else on each socket; then wake the peers
+    asleep. Returns the sends not finished yet."""
+    size = len(header) + len(payload)
+    if board is not None and size <= board.board_capacity:
+        indices = [link.sent for link in links]
+        for link in links:
+            link.sent += 1
+        if board.publish(header, payload, [link.mailbox for link in links], indices):  # type: ignore[misc]
+            _wake_asleep(links)
+            return []
+        # a peer has not taken our frame from two publications ago: each link's own way (never in SPMD order)
+        pending = [Send(link, header, payload, index=index) for link, index in zip(links, indices)]
+        return [send for send in pending if not send.step()]
+    sends: list[Send] = []
+    boxed: list[Link] = []
+    for link in links:
+        box = link.mailbox
+        if box is not None and size <= box.capacity:
+            index = link.sent
+            link.sent = index + 1
+            if box.try_send(index, header, payload):
+                boxed.append(link)
+                continue
+            send = Send(link, header, payload, index=index)  # both slots unread: the socket
+        else:
+            send = Send(link, header, payload)
+        if not send.step():
+            sends.append(send)
+    _wake_asleep(boxed)
+    return sends
+
+
+def _wake_asleep(links: Sequence[Link]) -> None:
+    """After writing to these links' mailboxes or our board: a WAKE byte to each peer asleep (one fence for all)."""
+    if links:
+        full_fence()  # the writes, then the flags (see mailbox)
+        for link in links:
+            if link.mailbox.peer_asleep():  # type: ignore[union-attr]
+                link.nudge()
 
 
 def _salvage(receives: Sequence[Receive]) -> None:

@@ -12,7 +12,10 @@ Layout of an instance's segment: a header (its *sleeping* flag, on a cache
 line of its own), then one block per same-host peer, by the peer's position
 among the host's instances::
 
-    [sent: frames written to that peer][consumed: frames read from that peer][slot 0][slot 1]
+    [sent: frames written to that peer][consumed: frames read from that peer, board frames taken from it]
+    [slot 0][slot 1]
+
+then the board (below).
 
 A slot holds ``[link frame index][length][header and payload]``. The writer
 fills slot ``sent % 2`` and then bumps ``sent``; the reader, seeing
