@@ -41,7 +41,7 @@ The *board*: when every instance of the job is on this host, a frame that
 goes to every peer at once (the small collectives' common phase) is written
 once, to the writer's board, instead of once per peer. After the blocks, a
 segment holds ``[published][board slot 0][board slot 1]``; a board slot is
-``[length][the link frame index for each local instance][header and
+``[length][a spare word][the link frame index for each local instance][header and
 payload]``. Publication p goes to slot ``p % 2``, then ``published``
 becomes p. Each reader takes the writer's publications in order and counts
 them in its block for the writer (``board_taken``, beside ``consumed``); a
