@@ -240,17 +240,13 @@ class Fabric:
         self.run_all(call, 2, to_bytes(reduced), [to_bytes(result[slice(*spans[k])]) for k in g.others])
         return result.reshape(x.shape)
 
-    def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview] | memoryview,
-                             like: np.ndarray, senders: Sequence[int] | None = None) -> dict[int, np.ndarray]:
-        """Send ``payloads`` (or one payload to every other) and receive one ``like``-shaped array from each of
-        ``senders`` (default: every other member)."""
-        ranks = call.group.others if senders is None else senders
+    def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
+                             like: np.ndarray) -> dict[int, np.ndarray]:
+        """Send ``payloads`` (a frame per rank) and receive one ``like``-shaped array from every other member.
+        (One payload to every member is ``run_all`` with ``_scratch_for``: the small collectives' hot path.)"""
+        ranks = call.group.others
         scratch = [self._scratch_array(k, like) for k in ranks]
-        if senders is None and isinstance(payloads, memoryview):
-            self.run_all(call, phase, payloads, [view for _, view in scratch])
-        else:
-            payloads = dict.fromkeys(call.group.others, payloads) if isinstance(payloads, memoryview) else payloads
-            self.run(call, phase, payloads, {k: view for k, (_, view) in zip(ranks, scratch)})
+        self.run(call, phase, payloads, {k: view for k, (_, view) in zip(ranks, scratch)})
         return {k: array for k, (array, _) in zip(ranks, scratch)}
 
     def run(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
