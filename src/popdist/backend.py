@@ -70,13 +70,19 @@ class LoneFabric:
         return None
 
 
+class _InstanceGroup(threading.local):
+    """The instances this thread's collectives span (None: all), set by ``instance_group``."""
+
+    members: tuple[int, ...] | None = None  # (a class default: reading it costs no AttributeError per call)
+
+
 class _Backend:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.initialised = False
         self.fabric: Collectives | None = None
         self.device: object | None = None  # a simipu Device held for the life of the process
-        self.groups = threading.local()
+        self.groups = _InstanceGroup()
 
 
 _backend = _Backend()
@@ -148,7 +154,7 @@ def current_fabric() -> Collectives:
 
 
 def current_group() -> tuple[int, ...] | None:
-    return getattr(_backend.groups, "members", None)
+    return _backend.groups.members
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, TypeVar
 
 from popdist import core
-from popdist.backend import current_fabric, current_group, instance_group
+from popdist.backend import _backend, current_fabric, current_group, instance_group
 
 __all__ = [
     "Average", "Max", "Min", "Product", "Sum",
@@ -34,23 +34,29 @@ T = TypeVar("T")
 
 def _op(op: str) -> str:
     try:
+        return _OPS[op]  # the usual case, without str() and lower()
+    except (KeyError, TypeError):
+        pass
+    try:
         return _OPS[str(op).lower()]
     except KeyError:
         raise ValueError(f"unknown reduction {op!r}; use one of sum, mean, max, min, prod") from None
 
 
 def _array(value: Any):
-    import numpy as np
+    """``value`` as a numeric NumPy array. (Every check here is paid on every collective: with more instances
+    than cores a microsecond per call costs several per step, so it keeps to a dtype kind check.)"""
+    import numpy as np  # with the first collective, not with popdist
 
     array = np.asarray(value)
-    if array.dtype.kind not in "biufc":  # (a kind check: np.issubdtype costs a microsecond per call)
+    if array.dtype.kind not in "biufc":
         raise TypeError(f"collectives take numeric arrays, not {array.dtype}")
     return array
 
 
 def allreduce(array: Any, op: str = Sum):
     """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod)."""
-    return current_fabric().allreduce(_array(array), _op(op), current_group())
+    return current_fabric().allreduce(_array(array), _op(op), _backend.groups.members)
 
 
 def grouped_allreduce(arrays: Iterable[Any], op: str = Sum) -> list:

@@ -15,9 +15,11 @@ Scenarios:
   mismatch-last  allreduce where only the last instance's dtype differs
   loop      allreduce 4 MiB arrays until an error; prints "ready" after the first
   churn     60 allreduces whose sizes, dtypes and layouts change from one to the next, each checked
-            (exact integer-valued sums): shared segments reused as early as the algorithms allow
-  slow      instance 0 enters a barrier and an allreduce at once, the others after reading a line
-            from stdin (instance 0 is asleep in poll by then: only a wake-up byte can wake it)
+            (exact integer-valued sums): shared segments reused as early as the algorithms allow, and
+            board frames between them
+  slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
+            after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
+            can wake it)
   group     instances 0 and n-1 run collectives together; the others close at once
   barrier   connect, print "ready", one barrier
   bystander print "ready", read a line from stdin; then instances 0 and 2 run allreduces as a
@@ -73,8 +75,8 @@ def run_mismatch_paths(fabric, instance: int) -> None:
 
 
 def run_churn(fabric, instance: int, n: int) -> None:
-    shapes = [(300_001, "float32"), (300_001, "float32"), (20_000, "int32"), (20_000, "int32"),
-              (70_000, "float64"), (20_000, "int32"), (40_000, "int64"), (300_001, "float32")]
+    shapes = [(300_001, "float32"), (300_001, "float32"), (20_000, "int32"), (20_000, "int32"), (1_000, "float32"),
+              (70_000, "float64"), (20_000, "int32"), (7, "int64"), (40_000, "int64"), (300_001, "float32")]
     for step in range(60):
         count, dtype = shapes[step % len(shapes)]
         values = (np.arange(count) % 97 + instance + step).astype(dtype)
@@ -88,8 +90,9 @@ def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     report(ready=instance, pid=os.getpid())
     if instance != 0:
         sys.stdin.readline()
+    total = fabric.allreduce(np.full(5, instance + 1, np.int64))
     fabric.barrier()
-    np.savez(out / f"{instance}.npz", total=fabric.allreduce(np.full(5, instance + 1, np.int64)))
+    np.savez(out / f"{instance}.npz", total=total)
 
 
 def run_loop(fabric, instance: int, n: int) -> None:

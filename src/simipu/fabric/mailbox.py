@@ -12,7 +12,7 @@ Layout of an instance's segment: a header (its *sleeping* flag, on a cache
 line of its own), then one block per same-host peer, by the peer's position
 among the host's instances::
 
-    [sent: frames written to that peer][consumed: frames read from that peer, board frames taken from it]
+    [sent: frames written to that peer][consumed: frames read from that peer]
     [slot 0][slot 1]
 
 then the board (below).
@@ -40,16 +40,26 @@ A peer that dies is seen as before, by its socket (EOF) or the rendezvous.
 The *board*: when every instance of the job is on this host, a frame that
 goes to every peer at once (the small collectives' common phase) is written
 once, to the writer's board, instead of once per peer. After the blocks, a
-segment holds ``[published][board slot 0][board slot 1]``; a board slot is
-``[length][a spare word][the link frame index for each local instance][header and
-payload]``. Publication p goes to slot ``p % 2``, then ``published``
-becomes p. Each reader takes the writer's publications in order and counts
-them in its block for the writer (``board_taken``, beside ``consumed``); a
-writer publishes p only if every peer has taken p - 2, else that frame takes
-each link's mailbox or socket. For a reader a board frame is simply the
-link's frame with that index, like a mailbox frame: the same order, the same
-header checks, the same wake-ups. Board frames go to every instance (the
-whole job's group), so every reader takes every publication.
+segment holds ``[board slot 0][board slot 1]``; a board slot is ``[publication
+number][length][the frame's offset in the slot][the link frame index for each
+local instance][header and payload]``, the offset putting the payload on a
+cache line of its own (``board_frame_at``) so that a reader can reduce straight
+from it. Publication p (from 1) goes to slot ``p % 2``, its number written
+last. Each reader takes the writer's publications in order, counting them
+itself. For a reader a board frame is simply the link's frame with that index,
+like a mailbox frame: the same order, the same header checks, the same
+wake-ups. Board frames go to every instance (the whole job's group), so every
+reader takes every publication.
+
+Publication p overwrites p - 2 without asking whether its readers are done
+with it, because they must be: the writer publishes p in a collective of the
+whole job, after finishing the one in which it published p - 1; finishing
+that took a frame from every peer (a board phase receives from every peer),
+and a peer sends that collective's frame only after finishing its previous
+collective of the whole job, where it took p - 2. (The headers' sequence
+numbers make "that collective's frame" exact; a mismatch breaks the fabric
+first.) So a board needs no counter written by its readers, and a
+publication costs the writer no read of the readers' cache lines.
 """
 
 from __future__ import annotations
@@ -63,11 +73,12 @@ import threading
 SLOT_BYTES = 64 * 1024 + 1024
 _LINE = 64
 _HEADER = 2 * _LINE  # magic line, then the sleeping flag's line
-_SLEEPING = _LINE // 8  # index of the sleeping flag among 8-byte words
-_SENT, _CONSUMED, _BOARD_TAKEN = 0, _LINE // 8, _LINE // 8 + 1  # word offsets in a block
+#: Word offset of the sleeping flag in a segment's header.
+SLEEPING = _LINE // 8
+_SENT, _CONSUMED = 0, _LINE // 8  # word offsets in a block
 _SLOTS = 2 * _LINE  # byte offset of slot 0 in a block
 _BLOCK = _SLOTS + 2 * SLOT_BYTES
-_MAGIC = 0x32584F424C49414D  # "MAILBOX2"
+_MAGIC = 0x33584F424C49414D  # "MAILBOX3"
 
 #: ``peek`` answers: the mailbox is empty / its next frame is a later one (the next is on the socket).
 EMPTY, ELSEWHERE = None, False
@@ -108,9 +119,10 @@ class MailboxSegment:
         self._board = memoryview(self._map)[self._board_at:]
         self._board_words = self._board.cast("Q")
         self._board_slot = _board_slot(len(local))
-        self._board_frame = _board_frame_offset(len(local))  # where the frame starts in a board slot
         #: The largest frame (header and payload) a board publication holds.
-        self.board_capacity = SLOT_BYTES - 16
+        self.board_capacity = SLOT_BYTES - 16 - _LINE
+        #: How many frames this instance has published on its board.
+        self.publications = 0
 
     def attach(self, peer: int, fd: int) -> Mailbox:
         """Map ``peer``'s segment (received as ``fd``, which this closes) and return our mailboxes with it."""
@@ -134,31 +146,36 @@ class MailboxSegment:
         self._boxes.append(box)
         return box
 
-    def publish(self, header: bytes, payload: memoryview, boxes: list[Mailbox], indices: list[int]) -> bool:
+    def publish(self, header: bytes, payload: memoryview, boxes: list[Mailbox], indices: list[int]) -> None:
         """Write one frame for every peer to the board (``indices[i]``: its index on the link to ``boxes[i]``,
-        which must be every peer's mailbox); False if some peer has not taken the slot's last frame."""
+        which must be every peer's mailbox), over the frame before last (see the module docstring)."""
         words = self._board_words
-        published = words[0] + 1
-        for box in boxes:
-            if box.board_taken_by_peer() + 2 < published:
-                return False
-        at = _LINE + (published & 1) * self._board_slot
-        start = at + self._board_frame
+        published = self.publications = self.publications + 1
+        at = self.board_slot_at(published & 1)
         hlen, total = len(header), len(header) + len(payload)
+        start = board_frame_at(at, len(self.local), hlen)
         board = self._board
         board[start:start + hlen] = header
         if total > hlen:
             board[start + hlen:start + total] = payload
         first = at // 8
-        words[first] = total
+        words[first + 1] = total
+        words[first + 2] = start - at
         for box, index in zip(boxes, indices):
-            words[first + 2 + box.position] = index
-        words[0] = published  # publish: after the slot (x86-64 keeps stores in order)
-        return True
+            words[first + 3 + box.position] = index
+        words[first] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
+
+    def board_slot_at(self, parity: int) -> int:
+        """Where board slot 0 or 1 starts in a board (ours or a peer's: the layout is the same)."""
+        return parity * self._board_slot
+
+    def board_views(self) -> tuple[memoryview, memoryview]:
+        """Our board, as bytes and as 8-byte words (for ``board.BoardAllreduce``, which writes it directly)."""
+        return self._board, self._board_words
 
     def set_sleeping(self, sleeping: bool) -> None:
         """Raise (with a fence: see the module docstring) or lower this instance's sleeping flag."""
-        self._words[_SLEEPING] = int(sleeping)
+        self._words[SLEEPING] = int(sleeping)
         if sleeping:
             full_fence()
 
@@ -183,7 +200,7 @@ class Mailbox:
     its board, which we read the frames for us from."""
 
     __slots__ = ("_out", "_out_words", "_in", "_in_words", "_peer_header", "capacity", "_board", "_board_words",
-                 "_me", "position", "_slot_bytes", "_frame_offset", "_from_board")
+                 "_me", "position", "_slot_bytes", "_from_board", "board_taken")
 
     def __init__(self, out: memoryview, into: memoryview, peer_header: memoryview, peer_board: memoryview,
                  me: int, position: int, local_count: int) -> None:
@@ -195,8 +212,9 @@ class Mailbox:
         #: The peer's position among the host's instances.
         self.position = position
         self._slot_bytes = _board_slot(local_count)
-        self._frame_offset = _board_frame_offset(local_count)
         self._from_board = False  # where the frame ``peek`` last returned is
+        #: How many of the peer's board publications we have taken.
+        self.board_taken = 0
         #: The largest frame (header and payload) a slot holds.
         self.capacity = SLOT_BYTES - 16
 
@@ -220,15 +238,11 @@ class Mailbox:
     def peer_sleeping(self) -> bool:
         """After a ``try_send``: does the peer need a WAKE byte? (Fenced: see the module docstring.)"""
         full_fence()
-        return bool(self._peer_header[_SLEEPING])
+        return bool(self._peer_header[SLEEPING])
 
     def peer_asleep(self) -> bool:
         """``peer_sleeping`` for a caller that has fenced already, once after several writes."""
-        return bool(self._peer_header[_SLEEPING])
-
-    def board_taken_by_peer(self) -> int:
-        """How many of our board's publications the peer has taken."""
-        return self._in_words[_BOARD_TAKEN]
+        return bool(self._peer_header[SLEEPING])
 
     def peek(self, index: int) -> memoryview | None | bool:
         """The peer's frame ``index`` of the link if its mailbox or its board holds it next; else EMPTY (neither
@@ -242,23 +256,28 @@ class Mailbox:
                 self._from_board = False
                 return self._in[at + 16:at + 16 + words[at // 8 + 1]]
             mailbox = ELSEWHERE
-        taken = self._out_words[_BOARD_TAKEN]
+        wanted = self.board_taken + 1
         board = self._board_words
-        if board[0] == taken:
+        first = (wanted & 1) * self._slot_bytes // 8
+        if board[first] != wanted:
             return mailbox
-        first = (_LINE + ((taken + 1) & 1) * self._slot_bytes) // 8
-        if board[first + 2 + self._me] != index:
+        if board[first + 3 + self._me] != index:
             return ELSEWHERE
         self._from_board = True
-        at = first * 8 + self._frame_offset
-        return self._board[at:at + board[first]]
+        at = first * 8 + board[first + 2]
+        return self._board[at:at + board[first + 1]]
 
     def consume(self) -> None:
         """Done with the frame ``peek`` returned: its slot may be written again."""
         if self._from_board:
-            self._out_words[_BOARD_TAKEN] += 1
+            self.board_taken += 1
         else:
             self._out_words[_CONSUMED] += 1
+
+    def reader_views(self) -> tuple[memoryview, memoryview, memoryview, int]:
+        """For ``board.BoardAllreduce``, which reads the peer's board directly: the peer's header (as words),
+        its board (as bytes and as words), and our position among the host's instances."""
+        return self._peer_header, self._board, self._board_words, self._me
 
     def release(self) -> None:
         for view in (self._out_words, self._in_words, self._peer_header, self._out, self._in, self._board_words,
@@ -267,13 +286,17 @@ class Mailbox:
 
 
 def _board_slot(local_count: int) -> int:
-    """Bytes per board slot: its length word, a spare word, an index per local instance, then the frame."""
-    return _board_frame_offset(local_count) + SLOT_BYTES
+    """Bytes per board slot: its number, length and frame offset words, an index per local instance, the
+    frame (and up to a cache line before it, to align its payload), rounded up to whole cache lines."""
+    return -(-(24 + 8 * local_count + SLOT_BYTES) // _LINE) * _LINE
 
 
-def _board_frame_offset(local_count: int) -> int:
-    return 16 + 8 * local_count
+def board_frame_at(slot_at: int, local_count: int, hlen: int) -> int:
+    """Where a frame with an ``hlen``-byte header starts in the board slot at ``slot_at``: after the slot's
+    words, placed so that its payload starts a cache line (a board starts one), aligned for any dtype."""
+    earliest = slot_at + 24 + 8 * local_count + hlen
+    return earliest + (-earliest) % _LINE - hlen
 
 
 def _board_bytes(local_count: int) -> int:
-    return _LINE + 2 * _board_slot(local_count)
+    return 2 * _board_slot(local_count)

@@ -42,6 +42,8 @@ WAKE = 0
 #: magic, kind, op, phase, ndim, dtype.str, root, seq, group key; then ndim x int64 shape; then uint64 nbytes
 FIXED = struct.Struct("<2sBBBB8siQQ")
 NBYTES = struct.Struct("<Q")
+#: Where the sequence number sits in a header: a header made once per signature can take each call's there.
+SEQ_AT = struct.calcsize("<2sBBBB8si")
 _SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(33)]
 
 

@@ -1,0 +1,135 @@
+"""The world group's small allreduce when every instance is on this host: one publication, read in place.
+
+This is the collective a data-parallel training step calls most, on arrays of
+a few KiB, and with more instances than cores every microsecond of Python in
+it is paid by each instance in turn (see the README's benchmark). So it moves
+exactly the frames the general path would (``exchange_all`` with a board: see
+``mailbox``), with a fraction of the work: the header is made once per
+signature (each call sets its sequence number), the frame is published on our
+board, each peer's publication is awaited by watching one word, its header is
+compared byte for byte, and the reduction reads the peers' payloads straight
+from their boards (``board_frame_at`` aligns them), in member order, before
+they are marked taken. Whenever that does not apply (a peer's next frame is
+not this call's on its board within the spin: it is late, or it called
+something else, or it is gone) the engine hands the receiving to
+``exchange``, which finishes the call or raises exactly as the general path
+would: nothing has been taken yet.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+import numpy as np
+
+from .calls import UFUNCS, Group, reduce_in_order
+from .mailbox import SLEEPING, MailboxSegment, board_frame_at, full_fence
+from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
+
+_SEQ = struct.Struct("<Q")
+
+
+class BoardAllreduce:
+    """One signature (dtype, shape, op) of the world group's allreduce, with every view it needs made once."""
+
+    def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str) -> None:
+        prefix = encode_prefix(ALLREDUCE, OP_CODES[op], 1, like.dtype.str, tuple(like.shape), -1, 0, group.key)
+        self._before, self._after = prefix[:SEQ_AT], prefix[SEQ_AT + _SEQ.size:] + NBYTES.pack(like.nbytes)
+        hlen = len(prefix) + NBYTES.size
+        self._total = total = hlen + like.nbytes
+        assert self.fits(segment, like), "the engine asks first"
+        self._ufunc = UFUNCS[op]
+        self._mean = len(group.members) if op == "mean" else 0
+        self._rank = group.rank
+        self._links = group.other_links
+        local = len(segment.local)
+        self._segment = segment
+        board, self._words = segment.board_views()
+        self._mine = []  # per parity: the slot's first word, the frame's offset, its header's and payload's bytes
+        for parity in (0, 1):
+            at = segment.board_slot_at(parity)
+            start = board_frame_at(at, local, hlen)
+            self._mine.append((at // 8, start - at, board[start:start + hlen], board[start + hlen:start + total]))
+        # per peer (in ``group.others`` order): its mailbox and position among the host's instances, its sleeping
+        # flag, its board's words, and per parity as above, with its payload as an array to reduce from
+        self._boxes = tuple(link.mailbox for link in self._links)
+        views = [box.reader_views() for box in self._boxes]  # type: ignore[union-attr]
+        self._positions = tuple(box.position for box in self._boxes)  # type: ignore[union-attr]
+        self._flags = tuple(v[0] for v in views)
+        self._me = views[0][3]
+        slots = []
+        for _, peer_board, _, _ in views:
+            theirs = []
+            for parity in (0, 1):
+                at = segment.board_slot_at(parity)
+                start = board_frame_at(at, local, hlen)
+                theirs.append((at // 8, start - at, peer_board[start:start + hlen],
+                               np.frombuffer(peer_board, like.dtype, like.size, start + hlen).reshape(like.shape)))
+            slots.append(theirs)
+        self._waits = tuple(zip(self._links, self._boxes, (v[2] for v in views), slots))
+
+    @staticmethod
+    def fits(segment: MailboxSegment, like: np.ndarray) -> bool:
+        """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
+        return 0 < like.nbytes <= segment.board_capacity - FIXED.size - 8 * like.ndim - NBYTES.size
+
+    def publish(self, seq: int, payload: memoryview) -> bytes:
+        """``MailboxSegment.publish`` of call ``seq``'s frame; returns its header (the bytes the general path
+        would make)."""
+        header = self._before + _SEQ.pack(seq) + self._after
+        words = self._words
+        segment = self._segment
+        published = segment.publications = segment.publications + 1
+        first, offset, header_bytes, payload_bytes = self._mine[published & 1]
+        header_bytes[:] = header
+        payload_bytes[:] = payload
+        words[first + 1] = self._total
+        words[first + 2] = offset
+        at = first + 3
+        for link, position in zip(self._links, self._positions):
+            words[at + position] = link.sent
+            link.sent += 1
+        words[first] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
+        full_fence()  # then the sleeping flags (see mailbox)
+        for link, flag in zip(self._links, self._flags):
+            if flag[SLEEPING]:
+                link.nudge()
+        return header
+
+    def gather(self, header: bytes, mine: np.ndarray, spin: float) -> list[np.ndarray] | None:
+        """Every member's array in member order, the peers' read in place from their boards; None if some
+        peer's next frame is not this call's on its board within ``spin`` seconds (nothing taken then)."""
+        arrays = []
+        deadline = 0.0
+        me, total = self._me + 3, self._total
+        for link, box, peer_words, slots in self._waits:
+            wanted = box.board_taken + 1
+            first, offset, header_bytes, array = slots[wanted & 1]
+            while peer_words[first] != wanted:
+                if not deadline:
+                    deadline = time.perf_counter() + spin
+                elif time.perf_counter() > deadline:
+                    return None
+                os.sched_yield()  # with more instances than cores, the peer we wait for may need this one
+            if (peer_words[first + me] != link.received or peer_words[first + 1] != total
+                    or peer_words[first + 2] != offset or header_bytes != header):
+                return None
+            arrays.append(array)
+        arrays.insert(self._rank, mine)
+        return arrays
+
+    def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
+        """A new array: the members' arrays reduced in member order (``calls.reduce_in_order``), then the mean's
+        division."""
+        result = reduce_in_order(self._ufunc, arrays, np.empty_like(arrays[0]))
+        if self._mean:
+            np.divide(result, self._mean, out=result, casting="unsafe")
+        return result
+
+    def take(self) -> None:
+        """Done with the publications ``gather`` returned (their writers may reuse those slots: see mailbox)."""
+        for link, box in zip(self._links, self._boxes):
+            box.board_taken += 1
+            link.received += 1
