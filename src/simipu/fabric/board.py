@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from .calls import UFUNCS, Group, reduce_in_order
+from .calls import UFUNCS, Group
 from .mailbox import SLEEPING, MailboxSegment, board_frame_at, full_fence
 from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
 
@@ -75,32 +75,31 @@ class BoardAllreduce:
         """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
         return 0 < like.nbytes <= segment.board_capacity - FIXED.size - 8 * like.ndim - NBYTES.size
 
-    def publish(self, seq: int, payload: memoryview) -> bytes:
-        """``MailboxSegment.publish`` of call ``seq``'s frame; returns its header (the bytes the general path
-        would make)."""
+    def allreduce(self, seq: int, x: np.ndarray, spin: float) -> np.ndarray | None:
+        """Call ``seq`` of this signature: publish ``x``, then reduce every member's array in member order,
+        the peers' read in place from their boards; None if some peer's next frame is not this call's on its
+        board within ``spin`` seconds (published, nothing taken: the general path receives). One method
+        with local names, because each Python call and attribute lookup here is paid on every step."""
+        # publish (``MailboxSegment.publish``, with this signature's header and views)
         header = self._before + _SEQ.pack(seq) + self._after
-        words = self._words
+        words, links = self._words, self._links
         segment = self._segment
         published = segment.publications = segment.publications + 1
         first, offset, header_bytes, payload_bytes = self._mine[published & 1]
         header_bytes[:] = header
-        payload_bytes[:] = payload
+        payload_bytes[:] = memoryview(x).cast("B")
         words[first + 1] = self._total
         words[first + 2] = offset
         at = first + 3
-        for link, position in zip(self._links, self._positions):
+        for link, position in zip(links, self._positions):
             words[at + position] = link.sent
             link.sent += 1
         words[first] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
         full_fence()  # then the sleeping flags (see mailbox)
-        for link, flag in zip(self._links, self._flags):
+        for link, flag in zip(links, self._flags):
             if flag[SLEEPING]:
                 link.nudge()
-        return header
-
-    def gather(self, header: bytes, mine: np.ndarray, spin: float) -> list[np.ndarray] | None:
-        """Every member's array in member order, the peers' read in place from their boards; None if some
-        peer's next frame is not this call's on its board within ``spin`` seconds (nothing taken then)."""
+        # gather: each peer's next publication, checked as the general path checks a frame
         arrays = []
         deadline = 0.0
         me, total = self._me + 3, self._total
@@ -117,19 +116,21 @@ class BoardAllreduce:
                     or peer_words[first + 2] != offset or header_bytes != header):
                 return None
             arrays.append(array)
-        arrays.insert(self._rank, mine)
-        return arrays
+        arrays.insert(self._rank, x)
+        result = self.reduce(arrays)
+        # take: their writers may reuse those slots (see mailbox)
+        for link, box in zip(links, self._boxes):
+            box.board_taken += 1
+            link.received += 1
+        return result
 
     def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
         """A new array: the members' arrays reduced in member order (``calls.reduce_in_order``), then the mean's
         division."""
-        result = reduce_in_order(self._ufunc, arrays, np.empty_like(arrays[0]))
+        ufunc = self._ufunc
+        result = ufunc(arrays[0], arrays[1], out=np.empty_like(arrays[0]))  # (out=: a 0-d array stays one)
+        for other in arrays[2:]:
+            ufunc(result, other, out=result)
         if self._mean:
             np.divide(result, self._mean, out=result, casting="unsafe")
         return result
-
-    def take(self) -> None:
-        """Done with the publications ``gather`` returned (their writers may reuse those slots: see mailbox)."""
-        for link, box in zip(self._links, self._boxes):
-            box.board_taken += 1
-            link.received += 1
