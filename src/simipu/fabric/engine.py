@@ -265,11 +265,12 @@ class Fabric:
         except BaseException as exc:
             self._broken_by(exc)
             raise
-        # the general path receives the peers' frames (nothing is taken yet), or raises why they cannot come
+        # the general path receives the peers' frames (nothing is taken yet), or raises why they cannot come;
+        # without spinning again: the board's wait spun already, so a peer that is still late is slept on
         call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
         g = call.group
         scratch, views = self._scratch_for(g, x)
-        self._exchange(call, 1, [], list(zip(g.other_links, views)))
+        self._exchange(call, 1, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
 
     def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
@@ -301,10 +302,10 @@ class Fabric:
             raise
 
     def _exchange(self, call: Call, phase: int, sends: list[tuple[Link, memoryview, Sequence[int]]],
-                  receives: list[tuple[Link, memoryview | None]]) -> None:
+                  receives: list[tuple[Link, memoryview | None]], spin: float = SPIN_SECONDS) -> None:
         try:
             exchange(call.prefix(phase), sends, receives, self._watch, me=self.instance, members=call.scope,
-                     mine=lambda: call.signature(phase), flush_timeout=self.timeout, spin=SPIN_SECONDS,
+                     mine=lambda: call.signature(phase), flush_timeout=self.timeout, spin=spin,
                      sleeper=self._mailboxes)
         except BaseException as exc:
             self._broken_by(exc)

@@ -106,7 +106,8 @@ def exchange_all(prefix: bytes, payload: memoryview, links: Sequence[Link], dest
                 if not receive.step(False):
                     receives.append(receive)
             if sends or receives:
-                _move(sends, receives, watch, spin, sleeper, members)
+                left = spin if not deadline else max(0.0, deadline - time.perf_counter())  # (one spin budget per call)
+                _move(sends, receives, watch, left, sleeper, members)
         except LinkClosed as closed:
             _salvage(receives + [Receive(link, prefix, 0 if dest is None else len(dest), dest)
                                  for link, dest in list(zip(links, destinations))[tried:]])
