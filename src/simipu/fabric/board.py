@@ -24,8 +24,8 @@ import time
 
 import numpy as np
 
-from .calls import UFUNCS, Group
-from .mailbox import SLEEPING, MailboxSegment, board_frame_at, full_fence
+from .calls import UFUNCS, Group, reduce_in_order
+from .mailbox import INDICES, LENGTH, OFFSET, PUBLICATION, SLEEPING, MailboxSegment, board_frame_at, full_fence
 from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
 
 _SEQ = struct.Struct("<Q")
@@ -47,11 +47,11 @@ class BoardAllreduce:
         local = len(segment.local)
         self._segment = segment
         board, self._words = segment.board_views()
-        self._mine = []  # per parity: the slot's first word, the frame's offset, its header's and payload's bytes
-        for parity in (0, 1):
-            at = segment.board_slot_at(parity)
-            start = board_frame_at(at, local, hlen)
-            self._mine.append((at // 8, start - at, board[start:start + hlen], board[start + hlen:start + total]))
+        # per parity: where the slot starts and where this signature's frame starts in it (any board: one layout)
+        frames = [(at, board_frame_at(at, local, hlen)) for at in map(segment.board_slot_at, (0, 1))]
+        # per parity: the slot's first word, the frame's offset, its header's and payload's bytes
+        self._mine = [(at // 8, start - at, board[start:start + hlen], board[start + hlen:start + total])
+                      for at, start in frames]
         # per peer (in ``group.others`` order): its mailbox and position among the host's instances, its sleeping
         # flag, its board's words, and per parity as above, with its payload as an array to reduce from
         self._boxes = tuple(link.mailbox for link in self._links)
@@ -59,15 +59,10 @@ class BoardAllreduce:
         self._positions = tuple(box.position for box in self._boxes)  # type: ignore[union-attr]
         self._flags = tuple(v[0] for v in views)
         self._me = views[0][3]
-        slots = []
-        for _, peer_board, _, _ in views:
-            theirs = []
-            for parity in (0, 1):
-                at = segment.board_slot_at(parity)
-                start = board_frame_at(at, local, hlen)
-                theirs.append((at // 8, start - at, peer_board[start:start + hlen],
-                               np.frombuffer(peer_board, like.dtype, like.size, start + hlen).reshape(like.shape)))
-            slots.append(theirs)
+        slots = [[(at // 8, start - at, peer_board[start:start + hlen],
+                   np.frombuffer(peer_board, like.dtype, like.size, start + hlen).reshape(like.shape))
+                  for at, start in frames]
+                 for _, peer_board, _, _ in views]
         self._waits = tuple(zip(self._links, self._boxes, (v[2] for v in views), slots))
 
     @staticmethod
@@ -88,13 +83,13 @@ class BoardAllreduce:
         first, offset, header_bytes, payload_bytes = self._mine[published & 1]
         header_bytes[:] = header
         payload_bytes[:] = memoryview(x).cast("B")
-        words[first + 1] = self._total
-        words[first + 2] = offset
-        at = first + 3
+        words[first + LENGTH] = self._total
+        words[first + OFFSET] = offset
+        at = first + INDICES
         for link, position in zip(links, self._positions):
             words[at + position] = link.sent
             link.sent += 1
-        words[first] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
+        words[first + PUBLICATION] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
         full_fence()  # then the sleeping flags (see mailbox)
         for link, flag in zip(links, self._flags):
             if flag[SLEEPING]:
@@ -102,18 +97,18 @@ class BoardAllreduce:
         # gather: each peer's next publication, checked as the general path checks a frame
         arrays = []
         deadline = 0.0
-        me, total = self._me + 3, self._total
+        me, total = self._me + INDICES, self._total
         for link, box, peer_words, slots in self._waits:
             wanted = box.board_taken + 1
             first, offset, header_bytes, array = slots[wanted & 1]
-            while peer_words[first] != wanted:
+            while peer_words[first + PUBLICATION] != wanted:
                 if not deadline:
                     deadline = time.perf_counter() + spin
                 elif time.perf_counter() > deadline:
                     return None
                 os.sched_yield()  # with more instances than cores, the peer we wait for may need this one
-            if (peer_words[first + me] != link.received or peer_words[first + 1] != total
-                    or peer_words[first + 2] != offset or header_bytes != header):
+            if (peer_words[first + me] != link.received or peer_words[first + LENGTH] != total
+                    or peer_words[first + OFFSET] != offset or header_bytes != header):
                 return None
             arrays.append(array)
         arrays.insert(self._rank, x)
@@ -127,10 +122,7 @@ class BoardAllreduce:
     def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
         """A new array: the members' arrays reduced in member order (``calls.reduce_in_order``), then the mean's
         division."""
-        ufunc = self._ufunc
-        result = ufunc(arrays[0], arrays[1], out=np.empty_like(arrays[0]))  # (out=: a 0-d array stays one)
-        for other in arrays[2:]:
-            ufunc(result, other, out=result)
+        result = reduce_in_order(self._ufunc, arrays, np.empty_like(arrays[0]))
         if self._mean:
             np.divide(result, self._mean, out=result, casting="unsafe")
         return result

@@ -75,6 +75,9 @@ _LINE = 64
 _HEADER = 2 * _LINE  # magic line, then the sleeping flag's line
 #: Word offset of the sleeping flag in a segment's header.
 SLEEPING = _LINE // 8
+#: Word offsets in a board slot: its publication number, the frame's length, its offset, the link frame index
+#: for the local instance at position 0 (then 1, 2, ...).
+PUBLICATION, LENGTH, OFFSET, INDICES = 0, 1, 2, 3
 _SENT, _CONSUMED = 0, _LINE // 8  # word offsets in a block
 _SLOTS = 2 * _LINE  # byte offset of slot 0 in a block
 _BLOCK = _SLOTS + 2 * SLOT_BYTES
@@ -159,11 +162,11 @@ class MailboxSegment:
         if total > hlen:
             board[start + hlen:start + total] = payload
         first = at // 8
-        words[first + 1] = total
-        words[first + 2] = start - at
+        words[first + LENGTH] = total
+        words[first + OFFSET] = start - at
         for box, index in zip(boxes, indices):
-            words[first + 3 + box.position] = index
-        words[first] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
+            words[first + INDICES + box.position] = index
+        words[first + PUBLICATION] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
 
     def board_slot_at(self, parity: int) -> int:
         """Where board slot 0 or 1 starts in a board (ours or a peer's: the layout is the same)."""
@@ -259,13 +262,13 @@ class Mailbox:
         wanted = self.board_taken + 1
         board = self._board_words
         first = (wanted & 1) * self._slot_bytes // 8
-        if board[first] != wanted:
+        if board[first + PUBLICATION] != wanted:
             return mailbox
-        if board[first + 3 + self._me] != index:
+        if board[first + INDICES + self._me] != index:
             return ELSEWHERE
         self._from_board = True
-        at = first * 8 + board[first + 2]
-        return self._board[at:at + board[first + 1]]
+        at = first * 8 + board[first + OFFSET]
+        return self._board[at:at + board[first + LENGTH]]
 
     def consume(self) -> None:
         """Done with the frame ``peek`` returned: its slot may be written again."""
@@ -288,13 +291,13 @@ class Mailbox:
 def _board_slot(local_count: int) -> int:
     """Bytes per board slot: its number, length and frame offset words, an index per local instance, the
     frame (and up to a cache line before it, to align its payload), rounded up to whole cache lines."""
-    return -(-(24 + 8 * local_count + SLOT_BYTES) // _LINE) * _LINE
+    return -(-(8 * (INDICES + local_count) + SLOT_BYTES) // _LINE) * _LINE
 
 
 def board_frame_at(slot_at: int, local_count: int, hlen: int) -> int:
     """Where a frame with an ``hlen``-byte header starts in the board slot at ``slot_at``: after the slot's
     words, placed so that its payload starts a cache line (a board starts one), aligned for any dtype."""
-    earliest = slot_at + 24 + 8 * local_count + hlen
+    earliest = slot_at + 8 * (INDICES + local_count) + hlen
     return earliest + (-earliest) % _LINE - hlen
 
 
