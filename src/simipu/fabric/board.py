@@ -14,6 +14,14 @@ not this call's on its board within the spin: it is late, or it called
 something else, or it is gone) the engine hands the receiving to
 ``exchange``, which finishes the call or raises exactly as the general path
 would: nothing has been taken yet.
+
+With more instances on the host than CPUs, two more things (``placement``):
+every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
+instance to a quieter CPU, and each call ends by yielding once, so that a
+peer on our CPU that still has this call's reduction to do runs it before we
+race into the next call and spin on its publication (the same reason as
+``shm``'s last phase: every instance's call then takes about one round,
+rather than one call none and the next two).
 """
 
 from __future__ import annotations
@@ -26,15 +34,48 @@ import numpy as np
 
 from .calls import UFUNCS, Group, reduce_in_order
 from .mailbox import INDICES, LENGTH, OFFSET, PUBLICATION, SLEEPING, MailboxSegment, board_frame_at, full_fence
+from .placement import Spreader
 from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
 
 _SEQ = struct.Struct("<Q")
+#: With more instances than CPUs, every this many calls (a power of two) an instance may move (``placement``).
+SPREAD_EVERY = 256
+#: Plans kept per fabric; beyond, the cache starts again (a program that allreduces ever new shapes).
+MAX_PLANS = 64
+
+
+class BoardAllreduces:
+    """The world group's small allreduces on this host's boards: a plan per signature, made on first use."""
+
+    def __init__(self, segment: MailboxSegment, group: Group) -> None:
+        self._segment = segment
+        self._group = group
+        #: The plans by (dtype, shape, op): the engine's hot path looks its signature up here first.
+        self.plans: dict[tuple[np.dtype, tuple[int, ...], str], BoardAllreduce] = {}
+        peers = [(link.mailbox.position, link.mailbox.reader_views()[0])  # type: ignore[union-attr]
+                 for link in group.other_links]
+        self._spreader = Spreader(segment.header_words, segment.local.index(segment.me), peers)
+
+    def plan_for(self, x: np.ndarray, op: str) -> BoardAllreduce | None:
+        """The plan for allreducing ``x`` (checked by the engine), or None if it does not fit a board."""
+        key = (x.dtype, x.shape, op)
+        plan = self.plans.get(key)
+        if plan is None and BoardAllreduce.fits(self._segment, x):
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.clear()
+            plan = self.plans[key] = BoardAllreduce(self._segment, self._group, x, op, self._spreader)
+        return plan
+
+    def close(self) -> None:
+        """Drop the plans (their views of the boards must go before the mailboxes close)."""
+        self.plans.clear()
 
 
 class BoardAllreduce:
     """One signature (dtype, shape, op) of the world group's allreduce, with every view it needs made once."""
 
-    def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str) -> None:
+    def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
+                 spreader: Spreader) -> None:
         prefix = encode_prefix(ALLREDUCE, OP_CODES[op], 1, like.dtype.str, tuple(like.shape), -1, 0, group.key)
         self._before, self._after = prefix[:SEQ_AT], prefix[SEQ_AT + _SEQ.size:] + NBYTES.pack(like.nbytes)
         hlen = len(prefix) + NBYTES.size
@@ -42,6 +83,9 @@ class BoardAllreduce:
         assert self.fits(segment, like), "the engine asks first"
         self._ufunc = UFUNCS[op]
         self._mean = len(group.members) if op == "mean" else 0
+        # ``ufunc(a, b)`` makes the result array itself (0.4 us less than ``out=np.empty_like``), except for 0-d
+        self._fresh = like.ndim > 0 and len(group.members) > 1
+        self._spreader = spreader if spreader.oversubscribed else None
         self._rank = group.rank
         self._links = group.other_links
         local = len(segment.local)
@@ -75,6 +119,8 @@ class BoardAllreduce:
         the peers' read in place from their boards; None if some peer's next frame is not this call's on its
         board within ``spin`` seconds (published, nothing taken: the general path receives). One method
         with local names, because each Python call and attribute lookup here is paid on every step."""
+        if self._spreader is not None and not seq % SPREAD_EVERY:
+            self._spreader.spread()
         # publish (``MailboxSegment.publish``, with this signature's header and views)
         header = self._before + _SEQ.pack(seq) + self._after
         words, links = self._words, self._links
@@ -117,12 +163,20 @@ class BoardAllreduce:
         for link, box in zip(links, self._boxes):
             box.board_taken += 1
             link.received += 1
+        if self._spreader is not None:
+            os.sched_yield()  # a peer on our CPU may still have this call to finish (see the module docstring)
         return result
 
     def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
         """A new array: the members' arrays reduced in member order (``calls.reduce_in_order``), then the mean's
         division."""
-        result = reduce_in_order(self._ufunc, arrays, np.empty_like(arrays[0]))
+        ufunc = self._ufunc
+        if self._fresh:  # ``reduce_in_order``'s order, into a new array
+            result = ufunc(arrays[0], arrays[1])
+            for other in arrays[2:]:
+                ufunc(result, other, result)
+        else:
+            result = reduce_in_order(ufunc, arrays, np.empty_like(arrays[0]))
         if self._mean:
             np.divide(result, self._mean, out=result, casting="unsafe")
         return result

@@ -55,7 +55,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .board import BoardAllreduce
+from .board import BoardAllreduce, BoardAllreduces
 from .calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
 from .exchange import exchange, exchange_all
@@ -94,31 +94,31 @@ class Fabric:
         self._groups: dict[tuple[int, ...], Group] = {}
         self._everyone = tuple(range(self.num_instances))
         self._seq: dict[tuple[int, ...], int] = {}
+        #: The world group's small allreduces on the boards (board.py), when there are boards.
+        self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
         self._scratch: dict[int, np.ndarray] = {}
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
         self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
                                  tuple[list[np.ndarray], list[memoryview]]] = {}
         self._arenas: dict[tuple[int, tuple[int, ...]], SharedArena] = {}
-        self._board_plans: dict[tuple[np.dtype, tuple[int, ...], str], BoardAllreduce] = {}
         self._broken: BaseException | None = None
         self._closed = False
 
     # -- public collectives ------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
         """Reduce ``array`` elementwise over the group; every member gets the same bits."""
-        if group is None and type(array) is np.ndarray and array.flags.c_contiguous:
-            plan = self._board_plans.get((array.dtype, array.shape, op))
-            if plan is not None and self._broken is None and not self._closed:  # the hot path: see board.py
-                return self._allreduce_on_board(plan, array, op)  # (the plan's signature passed _prepare's checks)
-        x = self._prepare(array, op)
-        if group is None and self._board is not None and BoardAllreduce.fits(self._board, x):
-            key = (x.dtype, x.shape, op)
-            plan = self._board_plans.get(key)
-            if plan is None:
-                if len(self._board_plans) >= 64:
-                    self._board_plans.clear()
-                plan = self._board_plans[key] = BoardAllreduce(self._board, self._group(None), x, op)
-            return self._allreduce_on_board(plan, x, op)
+        boards = self._boards
+        if boards is not None and group is None:
+            if type(array) is np.ndarray and array.flags.c_contiguous:
+                plan = boards.plans.get((array.dtype, array.shape, op))
+                if plan is not None and self._broken is None and not self._closed:  # the hot path: see board.py
+                    return self._allreduce_on_board(plan, array, op)  # (its signature passed _prepare's checks)
+            x = self._prepare(array, op)
+            plan = boards.plan_for(x, op)
+            if plan is not None:
+                return self._allreduce_on_board(plan, x, op)
+        else:
+            x = self._prepare(array, op)
         call = self._call(ALLREDUCE, x, group, op=op)
         g = call.group
         if len(g.members) == 1:
@@ -221,7 +221,8 @@ class Fabric:
         self._scratch.clear()
         self._scratch_views.clear()
         self._scratch_sets.clear()
-        self._board_plans.clear()  # (their views of the boards go before the mailboxes)
+        if self._boards is not None:
+            self._boards.close()  # (before the mailboxes)
         for arena in self._arenas.values():
             arena.close()
         self._arenas.clear()

@@ -8,9 +8,10 @@ up, SIGKILL included), and sends its descriptor to each same-host peer once,
 when the mesh is built; peers map it read-only. Every instance writes only to
 its own segment.
 
-Layout of an instance's segment: a header (its *sleeping* flag, on a cache
-line of its own), then one block per same-host peer, by the peer's position
-among the host's instances::
+Layout of an instance's segment: a header (a line with its magic number and
+the CPU it last ran on, for ``placement``; then its *sleeping* flag, on a
+cache line of its own), then one block per same-host peer, by the peer's
+position among the host's instances::
 
     [sent: frames written to that peer][consumed: frames read from that peer]
     [slot 0][slot 1]
@@ -117,6 +118,8 @@ class MailboxSegment:
             raise
         self._words = memoryview(self._map).cast("Q")
         self._words[0] = _MAGIC
+        #: Our header, as words: the magic line also holds where we run (``placement.CPU``).
+        self.header_words = self._words[:_HEADER // 8]
         self._peer_maps: list[mmap.mmap] = []
         self._boxes: list[Mailbox] = []
         self._board = memoryview(self._map)[self._board_at:]
@@ -188,6 +191,7 @@ class MailboxSegment:
         self._boxes.clear()
         self._board_words.release()
         self._board.release()
+        self.header_words.release()
         self._words.release()
         for mapped in [self._map, *self._peer_maps]:
             try:

@@ -1,0 +1,87 @@
+"""Spreading a host's instances over its CPUs when it runs more instances than CPUs (simipu/fabric/placement.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from simipu.fabric.placement import CPU, Spreader, _current_cpu, crowded_move
+
+
+@pytest.mark.parametrize("cpu, mask, position, peers, expected", [
+    # three on CPU 0 (we are the last), none on 1: we move to 1
+    (0, {0, 1}, 2, [(0, 0), (1, 0), (3, 1)], 1),
+    (0, {0, 1}, 2, [(0, 0), (1, 0)], 1),
+    # a peer after us on our CPU is the one to move
+    (0, {0, 1}, 1, [(0, 0), (2, 0), (3, 1)], None),
+    # two and two: nothing to do
+    (0, {0, 1}, 1, [(0, 0), (2, 1), (3, 1)], None),
+    # peers not known yet (-1) or on CPUs outside our mask do not count
+    (0, {0, 1}, 2, [(0, -1), (1, -1), (3, 5)], None),
+    (0, {0, 1}, 2, [(0, -1), (1, 0), (3, 5)], 1),
+    (2, {2, 3}, 3, [(0, 0), (1, 0), (2, 2), (4, 2)], None),
+    (2, {2, 3}, 4, [(0, 0), (1, 0), (2, 2), (3, 2)], 3),
+    # of equally quiet CPUs, the lowest
+    (1, {0, 1, 2}, 2, [(0, 1), (1, 1)], 0),
+    # not on a CPU of our mask (it changed): stay
+    (4, {0, 1}, 2, [(0, 4), (1, 4)], None),
+])
+def test_only_the_last_instance_on_a_crowded_cpu_moves_to_the_quietest(cpu, mask, position, peers, expected) -> None:
+    assert crowded_move(cpu, mask, position, peers) == expected
+
+
+def _header() -> memoryview:
+    return memoryview(bytearray(128)).cast("Q")
+
+
+def test_spreading_moves_the_calling_thread_and_gives_back_its_mask() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to move between")
+    here, there = cpus[0], cpus[1]
+    mine, peers = _header(), [_header(), _header()]
+    outcome: dict[str, object] = {}
+
+    def crowded_then_spread() -> None:  # in its own thread: affinity is per thread
+        spreader = Spreader(mine, 2, [(0, peers[0]), (1, peers[1])])
+        for _ in range(5):  # (the kernel may move the thread between our pin and spread(): then again)
+            os.sched_setaffinity(0, {here})
+            os.sched_setaffinity(0, {here, there})
+            for peer in peers:
+                peer[CPU] = here + 1  # both peers, before us by position, say they are on our CPU
+            spreader.spread()
+            if mine[CPU] == there + 1:
+                break
+        outcome.update(said=mine[CPU] - 1, now=_current_cpu(), mask=os.sched_getaffinity(0),
+                       oversubscribed=spreader.oversubscribed)
+
+    thread = threading.Thread(target=crowded_then_spread)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert outcome["said"] == there
+    assert outcome["now"] == there
+    assert outcome["mask"] == {here, there}
+    assert outcome["oversubscribed"] == (3 > len(cpus))
+    assert os.sched_getaffinity(0) == set(cpus)  # the test's own thread never moved
+
+
+def test_spreading_stays_when_the_host_is_balanced() -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    mine, peer = _header(), _header()
+    outcome: dict[str, object] = {}
+
+    def spread() -> None:
+        os.sched_setaffinity(0, {cpus[0]})
+        peer[CPU] = cpus[1] + 1
+        Spreader(mine, 0, [(1, peer)]).spread()
+        outcome.update(said=mine[CPU] - 1, mask=os.sched_getaffinity(0))
+
+    thread = threading.Thread(target=spread)
+    thread.start()
+    thread.join(timeout=30)
+    assert outcome == {"said": cpus[0], "mask": {cpus[0]}}
