@@ -128,7 +128,7 @@ class Fabric:
                 if g.hierarchical:
                     result = allreduce_hierarchical(self, call, x, op)
                 else:
-                    result = allreduce_shared(self.run, self.arena_for(g), call, x, UFUNCS[op])
+                    result = allreduce_shared(self.run, self.run_all, self.arena_for(g), call, x, UFUNCS[op])
             except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
                 self.fail(exc)
                 raise

@@ -12,8 +12,7 @@ process holding the descriptor or a mapping exits, SIGKILL included.
 The allreduce over it, for a group whose members all share this host, in
 one of two layouts (the frames are mailbox frames: no system call):
 
-* *whole* (while the bytes each member reads from its peers, (n - 1) x the
-  array, stay within ``WHOLE_BYTES``): each member copies its array into the
+* *whole* (arrays up to ``WHOLE_BYTES``): each member copies its array into the
   half of its segment this call's parity picks; phase 11 frames say "it is
   in place" (and carry the mismatch check); each member reduces the whole
   array reading every peer's copy in index order. One phase. A half is
@@ -51,8 +50,11 @@ from .transport import Link
 
 #: Above this many bytes, an allreduce among instances of one host goes through shared memory.
 SHARED_BYTES = 64 * 1024
-#: The one-phase *whole* layout while each member reads at most this much from its peers (it reduces the
-#: whole array, so its work grows with the group), else the two-phase *chunked* one (measured on 2 cores).
+#: The one-phase *whole* layout for arrays up to this size, else the three-phase *chunked* one. Measured on 2
+#: cores (per-instance medians, 4 instances): at 128 and 256 KiB whole took 134-223 us against 166-300 chunked,
+#: at 512 KiB they were level, at 1 MiB whole took 554-658 us against 330-468; with 2 instances the crossover
+#: was 256 KiB too. (Whole's work grows with the group, but with more instances than cores, each phase they
+#: all must reach costs more than the reading.)
 WHOLE_BYTES = 256 * 1024
 #: Segments grow in steps of this many bytes.
 GRANULE = 1 << 20
@@ -155,22 +157,25 @@ class SharedArena:
 #: (call, phase, payloads by rank, destinations by rank, descriptors by rank) -> None
 Run = Callable[[Call, int, Mapping[int, memoryview], Mapping[int, memoryview | None],
                 Mapping[int, Sequence[int]]], None]
+#: (call, phase, one payload for every other member, destinations in ``group.others`` order) -> None: the
+#: cheaper phase (one board publication when the group is the whole job): ``Fabric.run_all``
+RunAll = Callable[[Call, int, memoryview, Sequence[memoryview | None]], None]
 
 
-def allreduce_shared(run: Run, arena: SharedArena, call: Call, x: np.ndarray,
+def allreduce_shared(run: Run, run_all: RunAll, arena: SharedArena, call: Call, x: np.ndarray,
                      ufunc: Callable[..., np.ndarray]) -> np.ndarray:
     """Allreduce through the members' shared segments (all on this host); see the module docstring."""
     g = call.group
-    layout = ("whole" if x.nbytes * len(g.others) <= WHOLE_BYTES else "chunked", x.nbytes, x.itemsize)
+    layout = ("whole" if x.nbytes <= WHOLE_BYTES else "chunked", x.nbytes, x.itemsize)
     if arena.layout is not None and arena.layout[0] == "whole" and arena.layout != layout:
-        run(call, 10, dict.fromkeys(g.others, EMPTY), dict.fromkeys(g.others), {})
+        run_all(call, 10, EMPTY, [None] * len(g.others))
     arena.layout = layout
     flat = x.reshape(-1)
     if layout[0] == "whole":
         half = arena.uses % 2
         arena.uses += 1
         arena.reserve(2 * x.nbytes)[half * x.nbytes:(half + 1) * x.nbytes] = flat.view(np.uint8)
-        peers = _announce(run, arena, call, 2 * x.nbytes)
+        peers = _announce(run, run_all, arena, call, 2 * x.nbytes)
         arrays = [flat if k == g.rank else peers[k][half * x.nbytes:(half + 1) * x.nbytes].view(x.dtype)
                   for k in range(len(g.members))]
         return reduce_in_order(ufunc, arrays, np.empty_like(flat)).reshape(x.shape)
@@ -178,27 +183,30 @@ def allreduce_shared(run: Run, arena: SharedArena, call: Call, x: np.ndarray,
     segment = arena.reserve(x.nbytes).view(x.dtype)
     for k in g.others:
         segment[spans[k]] = flat[spans[k]]
-    peers = {k: array.view(x.dtype) for k, array in _announce(run, arena, call, x.nbytes).items()}
+    peers = {k: array.view(x.dtype) for k, array in _announce(run, run_all, arena, call, x.nbytes).items()}
     mine = spans[g.rank]
     result = np.empty_like(flat)
     reduce_in_order(ufunc, [flat[mine] if k == g.rank else peers[k][mine] for k in range(len(g.members))],
                     result[mine])
     segment[mine] = result[mine]
-    run(call, 12, dict.fromkeys(g.others, EMPTY), dict.fromkeys(g.others), {})
+    run_all(call, 12, EMPTY, [None] * len(g.others))
     for k in g.others:
         result[spans[k]] = peers[k][spans[k]]
     del peers, segment
-    run(call, 13, dict.fromkeys(g.others, EMPTY), dict.fromkeys(g.others), {})
+    run_all(call, 13, EMPTY, [None] * len(g.others))
     return result.reshape(x.shape)
 
 
-def _announce(run: Run, arena: SharedArena, call: Call, nbytes: int) -> dict[int, np.ndarray]:
+def _announce(run: Run, run_all: RunAll, arena: SharedArena, call: Call, nbytes: int) -> dict[int, np.ndarray]:
     """Phase 11: tell every peer my segment is ready (its size; its descriptor the first time), map theirs."""
     g = call.group
     announcements = {k: arena.announcement(g.members[k]) for k in g.others}
     received = {k: bytearray(_ANNOUNCEMENT.size) for k in g.others}
-    run(call, 11, {k: a[0] for k, a in announcements.items()}, {k: memoryview(b) for k, b in received.items()},
-        {k: a[1] for k, a in announcements.items() if a[1]})
+    if any(fds for _, fds in announcements.values()):
+        run(call, 11, {k: a[0] for k, a in announcements.items()}, {k: memoryview(b) for k, b in received.items()},
+            {k: a[1] for k, a in announcements.items() if a[1]})
+    else:  # the usual call: the same bytes to every peer
+        run_all(call, 11, announcements[g.others[0]][0], [memoryview(received[k]) for k in g.others])
     for k in g.others:
         arena.adopt(g.links[k], received[k])  # type: ignore[arg-type]
     return {k: arena.peer(g.members[k], nbytes) for k in g.others}
