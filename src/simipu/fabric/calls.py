@@ -108,12 +108,20 @@ def chunks(count: int, parts: int) -> list[tuple[int, int]]:
     return [(count * k // parts, count * (k + 1) // parts) for k in range(parts)]
 
 
-def reduce_in_order(ufunc: Callable[..., np.ndarray], arrays: list[np.ndarray], out: np.ndarray) -> np.ndarray:
-    """((x0 op x1) op x2) ... whoever computes it, so every run and every member gets the same bits."""
-    if len(arrays) == 1:
-        np.copyto(out, arrays[0])
-        return out
-    ufunc(arrays[0], arrays[1], out=out)
+def reduce_in_order(ufunc: Callable[..., np.ndarray], arrays: list[np.ndarray],
+                    out: np.ndarray | None = None) -> np.ndarray:
+    """((x0 op x1) op x2) ... whoever computes it, so every run and every member gets the same bits; into
+    ``out``, or a new array (which the first ufunc call makes: 0.4 us less per call than ``np.empty_like`` and
+    keyword arguments, on the small collectives' hot path)."""
+    if out is None and len(arrays) > 1 and arrays[0].ndim:  # (of 0-d arrays a ufunc makes a scalar)
+        out = ufunc(arrays[0], arrays[1])
+    else:
+        if out is None:
+            out = np.empty_like(arrays[0])
+        if len(arrays) == 1:
+            np.copyto(out, arrays[0])
+            return out
+        ufunc(arrays[0], arrays[1], out)
     for other in arrays[2:]:
-        ufunc(out, other, out=out)
+        ufunc(out, other, out)
     return out

@@ -194,7 +194,7 @@ class Fabric:
         else:
             mine = parts[g.rank]
             scratch = self.receive_into_scratch(call, 1, {k: to_bytes(parts[k]) for k in g.others}, mine)
-            result = reduce_in_order(UFUNCS[op], self._in_order(g, mine, scratch), np.empty_like(mine))
+            result = reduce_in_order(UFUNCS[op], self._in_order(g, mine, scratch))
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
@@ -244,7 +244,7 @@ class Fabric:
         if x.nbytes <= SMALL_BYTES:  # the hot path of small collectives: see _scratch_for
             arrays, views = self._scratch_for(g, x)
             self.run_all(call, 1, to_bytes(x), views)
-            return reduce_in_order(ufunc, [*arrays[:g.rank], x, *arrays[g.rank:]], np.empty_like(x))
+            return reduce_in_order(ufunc, [*arrays[:g.rank], x, *arrays[g.rank:]])
         flat = x.reshape(-1)
         spans = chunks(flat.size, len(g.members))
         mine = flat[slice(*spans[g.rank])]

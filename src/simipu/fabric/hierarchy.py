@@ -69,13 +69,13 @@ def _reduce_to_leader(fabric: Fabric, local: Call, x: np.ndarray, ufunc: Callabl
         return None
     if arena is None:
         scratch = fabric.receive_into_scratch(local, 21, {}, x)
-        return reduce_in_order(ufunc, [x, *(scratch[k] for k in others)], np.empty_like(x))
+        return reduce_in_order(ufunc, [x, *(scratch[k] for k in others)])
     received = {k: bytearray(ANNOUNCEMENT_BYTES) for k in others}
     fabric.run(local, 21, {}, {k: memoryview(b) for k, b in received.items()})
     for k in others:
         arena.adopt(lg.links[k], received[k])  # type: ignore[arg-type]
     peers = [arena.peer(lg.members[k], x.nbytes).view(x.dtype).reshape(x.shape) for k in others]
-    return reduce_in_order(ufunc, [x, *peers], np.empty_like(x))
+    return reduce_in_order(ufunc, [x, *peers])
 
 
 def _distribute(fabric: Fabric, local: Call, x: np.ndarray, total: np.ndarray | None,

@@ -178,7 +178,7 @@ def allreduce_shared(run: Run, run_all: RunAll, arena: SharedArena, call: Call, 
         peers = _announce(run, run_all, arena, call, 2 * x.nbytes)
         arrays = [flat if k == g.rank else peers[k][half * x.nbytes:(half + 1) * x.nbytes].view(x.dtype)
                   for k in range(len(g.members))]
-        return reduce_in_order(ufunc, arrays, np.empty_like(flat)).reshape(x.shape)
+        return reduce_in_order(ufunc, arrays).reshape(x.shape)
     spans = [slice(*span) for span in chunks(x.size, len(g.members))]
     segment = arena.reserve(x.nbytes).view(x.dtype)
     for k in g.others:
