@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from poprun_py.errors import EXIT_STARTUP_TIMEOUT
 
 from support import python_program, run_poprun
 
@@ -60,7 +61,7 @@ def test_a_peer_killed_mid_collective_is_named_in_every_survivor() -> None:
 
 def test_start_up_timeout_names_the_missing_instance() -> None:
     result = run_failing("late", "--startup-timeout", "1")
-    assert result.returncode == 124, result.stderr
+    assert result.returncode == EXIT_STARTUP_TIMEOUT, result.stderr
     assert b"instances 1 did not check in to the fabric within 1 s" in result.stderr
 
 

@@ -135,3 +135,11 @@ def test_a_time_limit_stops_every_instance_and_is_the_reported_cause() -> None:
     assert report.signalled == {0, 1} and {f.signal for f in report.knock_ons} == {signal.SIGTERM}
     assert summary_lines(report) == ["timed out after 0.5s: poprun stopped the instances",
                                      "instances stopped by poprun as a consequence: 0, 1"]
+
+
+def test_every_exit_category_has_its_own_code() -> None:
+    from poprun_py.errors import exit_codes
+
+    codes = exit_codes()
+    assert {"EXIT_STARTUP_TIMEOUT", "EXIT_TIMEOUT", "EXIT_USAGE", "EXIT_INTERNAL"} <= set(codes)
+    assert len(set(codes.values())) == len(codes), codes

@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 import typer
 
 from . import __version__
-from .errors import EXIT_INTERNAL, EXIT_USAGE, PoprunError, UsageError
+from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError
 from .logs import configure_logging
 from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(line or 0)
         return _launch(line)
     except typer.Abort:
-        return 130
+        return EXIT_INTERRUPTED
     except typer.TyperException as exc:
         sys.stderr.write(f"poprun: error: {_one_line(exc.format_message())} (see 'poprun --help')\n")
         return EXIT_USAGE
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("poprun: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: one line, the traceback only with --vv
         log.debug("internal error", exc_info=True)
         sys.stderr.write(f"poprun: internal error: {type(exc).__name__}: {exc} (run with --vv for the traceback)\n")

@@ -1,7 +1,9 @@
 """Error categories a user can cause, each with its own exit code.
 
 The CLI maps these to one line on stderr and the code below; nothing else
-in the launcher decides exit codes.
+in the launcher decides exit codes. Every ``EXIT_*`` name here is one
+category and no two share a code (a test holds that), so a script can tell
+a start-up timeout from a job time limit, or lost output from success.
 """
 
 from __future__ import annotations
@@ -16,10 +18,18 @@ EXIT_VIPU_UNREACHABLE = 74  # the V-IPU server does not answer
 EXIT_PARTITION_FAILED = 76  # the partition is in a failed state after create/reset
 EXIT_VIPU_ERROR = 77  # any other refusal by the V-IPU service
 EXIT_PREFLIGHT = 75  # a host failed its pre-flight checks
-EXIT_STARTUP_TIMEOUT = 124  # instances did not start in time (like timeout(1))
+EXIT_STARTUP_TIMEOUT = 79  # instances did not join the fabric within --startup-timeout
+EXIT_OUTPUT_LOST = 80  # every instance succeeded, but writing some output file failed (bytes lost)
 EXIT_TIMEOUT = 124  # the job ran out of time (a time limit; like timeout(1))
 EXIT_NOT_EXECUTABLE = 126  # the program exists but cannot be executed
 EXIT_NOT_FOUND = 127  # the program does not exist
+EXIT_INTERRUPTED = 130  # 128+SIGINT: stopped by Ctrl-C before or while the instances ran
+EXIT_BROKEN_PIPE = 141  # 128+SIGPIPE: poprun's stdout or stderr was closed (e.g. `| head`)
+
+
+def exit_codes() -> dict[str, int]:
+    """Every category's name and code: the one registry (the README's table and the tests read it)."""
+    return {name: value for name, value in globals().items() if name.startswith("EXIT_") and isinstance(value, int)}
 
 
 class PoprunError(Exception):

@@ -26,12 +26,13 @@ import traceback
 import warnings
 from typing import Callable, Collection, Mapping, NoReturn
 
+from ..errors import EXIT_INTERNAL
 from ..plan import InstancePlan
 
 log = logging.getLogger("poprun.forked")
 
-#: Exit code of a child whose own set-up failed (EX_SOFTWARE, as poprun's internal errors).
-EXIT_SETUP_FAILED = 70
+#: Exit code of a child whose own set-up failed: a bug of ours, as poprun's internal errors.
+EXIT_SETUP_FAILED = EXIT_INTERNAL
 #: Signals the launcher may handle itself; an instance starts with the defaults, as after exec.
 _DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
                     signal.SIGALRM, signal.SIGCHLD)
