@@ -138,6 +138,14 @@ def adopt_device(launch: InstanceEnv | None) -> object | None:
     return adopt(launch.device_fds, launch.device_id, launch.vipu_partition, job=launch.job_id)
 
 
+def held_device(launch: InstanceEnv | None) -> object | None:
+    """The device this instance holds, adopted now if ``init()`` has not yet (None offline or outside poprun)."""
+    with _backend.lock:
+        if _backend.device is None:
+            _backend.device = adopt_device(launch)
+        return _backend.device
+
+
 def current_fabric() -> Collectives:
     """The initialised fabric; the first collective initialises PopDist if nobody has."""
     fabric = _backend.fabric

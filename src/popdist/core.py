@@ -139,7 +139,7 @@ def init() -> None:
                 "first to initialise it again"
             )
         launch = _launch()
-        _backend.device = adopt_device(launch)
+        _backend.device = _backend.device or adopt_device(launch)  # popdist.popart.getDevice may have
         _backend.fabric = connect(launch)
         _backend.initialised = True
     if launch is None:

@@ -151,11 +151,9 @@ class DataLoader:
     batches, for a replica's own thread (see ``popdist.replicas.run``).
     """
 
-    def __init__(self, options: Options | ReplicaSettings, dataset: Any, batch_size: int = 1, *,
+    def __init__(self, options: Any, dataset: Any, batch_size: int = 1, *,
                  shuffle: bool = False, drop_last: bool = True) -> None:
-        settings = options.settings() if isinstance(options, Options) else options
-        if not isinstance(settings, ReplicaSettings):
-            raise TypeError(f"options must be popdist.Options, not {type(options).__name__}")
+        settings = _replica_settings(options)
         self._arrays, self._single = _as_arrays(dataset)
         self.sharding = Sharding(len(self._arrays[0]), batch_size, settings, shuffle, drop_last)
         self.epoch = 0
@@ -189,6 +187,26 @@ class DataLoader:
         if self._single:
             return self._arrays[0][rows]
         return tuple(array[rows] for array in self._arrays)
+
+
+def _replica_settings(options: Any) -> ReplicaSettings:
+    """The settings of ``popdist.Options``, ``popdist.poptorch.Options`` (also over real PopTorch), or a snapshot."""
+    if isinstance(options, ReplicaSettings):
+        return options
+    if isinstance(options, Options):
+        return options.settings()
+    try:  # PopTorch's own Options (popdist.poptorch.Options when PopTorch is installed) name them so
+        return ReplicaSettings(
+            replication_factor=options.replication_factor,
+            device_iterations=options.device_iterations,
+            gradient_accumulation=options.Training.gradient_accumulation,
+            random_seed=options.random_seed,
+            process_id=options.Distributed.processId,
+            num_processes=options.Distributed.numProcesses,
+        )
+    except AttributeError:
+        raise TypeError(f"options must be popdist.Options or popdist.poptorch.Options, "
+                        f"not {type(options).__name__}") from None
 
 
 def _as_arrays(dataset: Any) -> tuple[Sequence[np.ndarray], bool]:

@@ -134,6 +134,9 @@ class Options:
     Graphcore's ``popdist.poptorch.Options(ipus_per_replica=...)`` is).
     """
 
+    #: Builds ``self.Distributed``; ``popdist.poptorch.Options`` swaps in one whose setters are blocked.
+    _distributed_options = _DistributedOptions
+
     def __init__(self, ipus_per_replica: int | None = None, *, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
         launch = InstanceEnv.from_environ(environ)
@@ -157,7 +160,7 @@ class Options:
         self._device_iterations = 1
         self._random_seed: int | None = None
         self.Training = _TrainingOptions()
-        self.Distributed = _DistributedOptions(launched, environ)
+        self.Distributed = self._distributed_options(launched, environ)
 
     # -- the setters, PopTorch's names ----------------------------------------------------------
     def replicationFactor(self, replication_factor: int) -> Options:
