@@ -151,7 +151,8 @@ def run_launch(spec: LaunchSpec) -> int:
     argv = spec.program
     if not via_srun and (not spec.hosts or any(h.is_local for h in spec.hosts)):
         argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:])  # before anything starts
-    report = run_job(spec, JobOptions(argv), cwd, via_srun)
+    time_limit = TimeLimit(spec.timeout) if spec.timeout is not None else None
+    report = run_job(spec, JobOptions(argv, time_limit=time_limit), cwd, via_srun)
     log_report(report)
     return report.exit_code
 
