@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from support import run_on_terminal
+import re
+import sys
+
+from screen import Screen
+from support import program, run_on_terminal
+
+STATUS = re.compile(r"poprun: 1/1 started, \d running, \d exited, \d+:\d\d elapsed")
+
+
+def python_executable() -> str:
+    return sys.executable
 
 
 def test_status_line_on_a_terminal_is_erased_around_output() -> None:
@@ -13,3 +23,31 @@ def test_status_line_on_a_terminal_is_erased_around_output() -> None:
         # what remains visible of each line after the terminal handles \r and erase-line
         visible = line.split(b"\x1b[K")[-1].split(b"\r")[-1]
         assert visible in (b"hello", b""), line
+
+
+def test_a_progress_bar_stays_visible_under_the_status_line_with_its_elapsed_time() -> None:
+    """A ``\\r`` bar is never drawn over: the status line goes on the line below it, with the time so far."""
+    stream = run_on_terminal("--offline-mode", python_executable(), program("progress_bar.py"))
+    both_seen: list[list[str]] = []
+
+    def look(screen: Screen) -> None:
+        lines = screen.lines()
+        bar = any(line.startswith("progress ") for line in lines)
+        status = any(STATUS.fullmatch(line) for line in lines)
+        if bar and status and not both_seen:
+            both_seen.append(lines)
+
+    screen = Screen()
+    screen.feed(stream, after_each=look)
+    assert both_seen, stream  # at some moment the bar and the status line were both on screen
+    assert "progress 3/3 [###]" in screen.lines(), (screen.lines(), stream)  # the bar's last state stays
+    assert not any(line.startswith("poprun:") for line in screen.lines())  # the status line is gone at the end
+
+
+def test_the_screen_model_reads_the_old_way_of_drawing_as_overwriting_the_bar() -> None:
+    """The model itself: a status line drawn with \\r ESC[K over a bar leaves no bar (what happened before)."""
+    screen = Screen()
+    screen.feed(b"progress 1/3\r" + b"\r\x1b[Kpoprun: 1/1 started, 0:00 elapsed" + b"\r\x1b[K")
+    assert screen.lines()[0] == ""
+    screen.feed(b"progress 2/3\r\n\x1b[Kpoprun: status\x1b[A\r")
+    assert screen.lines()[:2] == ["progress 2/3", "poprun: status"]

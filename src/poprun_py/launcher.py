@@ -246,6 +246,7 @@ def _run_with_rendezvous(
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
+    status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     router = OutputRouter(
         OutputOptions(
             tag_output=spec.tag_output,
@@ -254,8 +255,8 @@ def _run_with_rendezvous(
             only_instance=spec.only_output_from_instance,
         ),
         spec.num_instances,
+        on_console=status.console_wrote if status.enabled else None,
     )
-    status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)
