@@ -96,11 +96,18 @@ def build_plan(
         device_fds=device_fds,
         cpus=numa_binding(spec),
         addresses=reach.addresses,
+        host_cpus=local_host_cpus(spec, reach),
     )
     if not reach.agents:
         return plan
     return dataclasses.replace(plan, instances=tuple(
         dataclasses.replace(i, argv=spec.program) if str(i.host) in reach.agents else i for i in plan.instances))
+
+
+def local_host_cpus(spec: LaunchSpec, reach: Reach = Reach()) -> dict[str, int]:
+    """The CPUs poprun may use, for each host whose instances start from here (agents count their own)."""
+    cpus = len(os.sched_getaffinity(0))
+    return {str(host): cpus for host in spec.hosts or (LOCALHOST,) if str(host) not in reach.agents}
 
 
 def numa_wanted(spec: LaunchSpec) -> bool:
