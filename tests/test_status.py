@@ -51,3 +51,39 @@ def test_the_screen_model_reads_the_old_way_of_drawing_as_overwriting_the_bar() 
     assert screen.lines()[0] == ""
     screen.feed(b"progress 2/3\r\n\x1b[Kpoprun: status\x1b[A\r")
     assert screen.lines()[:2] == ["progress 2/3", "poprun: status"]
+
+
+def test_elapsed_time_reads_like_a_stopwatch() -> None:
+    from poprun_py.status import format_elapsed
+
+    assert [format_elapsed(s) for s in (0, 7.9, 723, 3723)] == ["0:00", "0:07", "12:03", "1:02:03"]
+
+
+def test_a_log_line_under_a_bar_starts_on_its_own_line() -> None:
+    """What the terminal shows: the bar, then the log line below it, then the status line again."""
+    import logging
+    import os
+
+    from poprun_py.status import StatusLine
+
+    read_end, write_end = os.pipe()
+    try:
+        now = [100.0]
+        status = StatusLine(1, fd=write_end, enabled=True, clock=lambda: now[0])
+        status.started()
+        status.hide()  # the job's loop, before it hands output to the router
+        os.write(write_end, b"progress 1/3\r")  # as the router would
+        status.console_wrote("stderr", b"progress 1/3\r")  # (stdout counts only when it is this terminal)
+        now[0] += 5
+        status.show()
+        log_filter = status.log_filter()
+        log_filter.filter(logging.LogRecord("poprun", logging.WARNING, __file__, 1, "x", None, None))
+        os.write(write_end, b"POPRUN [W] something\n")
+        status.show()
+        screen = Screen()
+        screen.feed(os.read(read_end, 65536))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert screen.lines()[:3] == ["progress 1/3", "POPRUN [W] something",
+                                  "poprun: 1/1 started, 1 running, 0 exited, 0:05 elapsed"]
