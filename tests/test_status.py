@@ -87,3 +87,46 @@ def test_a_log_line_under_a_bar_starts_on_its_own_line() -> None:
         os.close(write_end)
     assert screen.lines()[:3] == ["progress 1/3", "POPRUN [W] something",
                                   "poprun: 1/1 started, 1 running, 0 exited, 0:05 elapsed"]
+
+
+def test_the_elapsed_time_moves_while_nothing_else_happens(tmp_path) -> None:
+    """The clock is redrawn on its own while the program waits (on a FIFO) with nothing to say.
+
+    The test lets the program go once three different times were drawn after its line: a whole
+    second has passed since it printed, so it is blocked in open() by then.
+    """
+    import os
+    import select
+    import subprocess
+    import time
+
+    from support import RUN_TIMEOUT, poprun_command
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    waiter = f"print('waiting', flush=True); open({str(fifo)!r}).read()"
+    controller, terminal = os.openpty()
+    process = subprocess.Popen(poprun_command("--offline-mode", sys.executable, "-c", waiter),
+                               stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL)
+    os.close(terminal)
+    seen, deadline = b"", time.monotonic() + RUN_TIMEOUT
+
+    def times_after_waiting() -> set[bytes]:
+        _, found, after = seen.partition(b"waiting")
+        return set(re.findall(rb"(\d+:\d\d) elapsed", after)) if found else set()
+
+    try:
+        while len(times_after_waiting()) < 3 and time.monotonic() < deadline:
+            if select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                seen += os.read(controller, 65536)
+        assert len(times_after_waiting()) >= 3, seen
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the program end (fails, never hangs)
+        assert process.wait(RUN_TIMEOUT) == 0
+    finally:
+        os.close(controller)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    screen = Screen()
+    screen.feed(seen)
+    assert "waiting" in screen.lines()
