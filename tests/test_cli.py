@@ -137,7 +137,7 @@ BAD_INPUT = [
     (["--num-replicas", "x", "true"], b"not a valid"),
     (["--frobnicate", "true"], b"No such option"),
     (["--offline-mode=maybe", "true"], b"not a boolean"),
-    (["--numa-aware", "perhaps", "true"], b"not a boolean"),
+    (["--numa-aware=perhaps", "true"], b"not a boolean"),
     (["--num-instances", "2", "--num-replicas", "2"], b"no program"),
     (["--only-output-from-instance", "5", "--num-instances", "2", "--num-replicas", "2", "true"], b"only-output-from-instance"),
     (["--process-placement", "everywhere", "true"], b"spreadnuma"),

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import time
 
+import psutil
 import pytest
 
-from support import RUN_TIMEOUT, Launch, assert_all_gone, pids_of, python_program, run_poprun
+from poprun_py.job import REPEAT_WINDOW_SECONDS
+from support import RUN_TIMEOUT, Launch, assert_all_gone, pids_of, poprun_command, python_program, read_line, run_poprun
 
 OFFLINE = "--offline-mode=1"
 
@@ -78,10 +82,50 @@ def test_second_ctrl_c_kills_at_once() -> None:
     pids = pids_of(launch.wait_for_lines(b"ready", 2))
     launch.process.send_signal(signal.SIGINT)
     launch.wait_for_lines(b"instance", 2)  # both said they ignore SIGINT
+    time.sleep(REPEAT_WINDOW_SECONDS)  # a second keypress, not the first one delivered twice
     launch.process.send_signal(signal.SIGINT)
     assert launch.finish(timeout=30) == 130  # far sooner than the 600 s grace
     assert b"killing the instances now" in launch.stderr
     assert_all_gone(pids)
+
+
+def test_one_ctrl_c_delivered_twice_at_once_is_one_ctrl_c() -> None:
+    """A terminal and a wrapper both pass on the same Ctrl-C: the second copy does not kill at once.
+
+    Real signals: the second SIGINT is sent as soon as poprun says it handled the first
+    (milliseconds, well inside the window); only a third, after the window, kills.
+    """
+    process = subprocess.Popen(
+        poprun_command(OFFLINE, "-v", "--num-instances", "2", "--num-replicas", "2", "--stop-grace", "600",
+                       *python_program("behave.py", "--ready", "--others", "ignore_term")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        pids = [int(read_line(process.stdout).split()[2]) for _ in range(2)]
+        process.send_signal(signal.SIGINT)
+        assert b"received SIGINT" in _stderr_line_with(process, (b"received SIGINT",))
+        process.send_signal(signal.SIGINT)  # the same keypress, through a wrapper
+        line = _stderr_line_with(process, (b"SIGINT again",))
+        assert b"taken as the same one" in line, line  # before: "killing the instances now"
+        assert all(psutil.pid_exists(pid) for pid in pids)
+        time.sleep(REPEAT_WINDOW_SECONDS)  # now it is a second Ctrl-C
+        process.send_signal(signal.SIGINT)
+        assert b"killing the instances now" in _stderr_line_with(process, (b"killing the instances now",))
+        assert process.wait(RUN_TIMEOUT) == 130
+        assert_all_gone(pids)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(RUN_TIMEOUT)
+        process.stdout.close()
+        process.stderr.close()
+
+
+def _stderr_line_with(process: subprocess.Popen, needles: tuple[bytes, ...]) -> bytes:
+    """The next stderr line holding one of ``needles`` (bounded in time; b"" if stderr ends first)."""
+    while True:
+        line = read_line(process.stderr)
+        if not line or any(needle in line for needle in needles):
+            return line
 
 
 def test_failure_stops_instances_that_ignore_sigterm(tmp_path) -> None:

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from support import run_on_terminal
+import re
+import sys
+
+from screen import Screen
+from support import program, run_on_terminal
+
+STATUS = re.compile(r"poprun: 1/1 started, \d running, \d exited, \d+:\d\d elapsed")
+
+
+def python_executable() -> str:
+    return sys.executable
 
 
 def test_status_line_on_a_terminal_is_erased_around_output() -> None:
@@ -13,3 +23,110 @@ def test_status_line_on_a_terminal_is_erased_around_output() -> None:
         # what remains visible of each line after the terminal handles \r and erase-line
         visible = line.split(b"\x1b[K")[-1].split(b"\r")[-1]
         assert visible in (b"hello", b""), line
+
+
+def test_a_progress_bar_stays_visible_under_the_status_line_with_its_elapsed_time() -> None:
+    """A ``\\r`` bar is never drawn over: the status line goes on the line below it, with the time so far."""
+    stream = run_on_terminal("--offline-mode", python_executable(), program("progress_bar.py"))
+    both_seen: list[list[str]] = []
+
+    def look(screen: Screen) -> None:
+        lines = screen.lines()
+        bar = any(line.startswith("progress ") for line in lines)
+        status = any(STATUS.fullmatch(line) for line in lines)
+        if bar and status and not both_seen:
+            both_seen.append(lines)
+
+    screen = Screen()
+    screen.feed(stream, after_each=look)
+    assert both_seen, stream  # at some moment the bar and the status line were both on screen
+    assert "progress 3/3 [###]" in screen.lines(), (screen.lines(), stream)  # the bar's last state stays
+    assert not any(line.startswith("poprun:") for line in screen.lines())  # the status line is gone at the end
+
+
+def test_the_screen_model_reads_the_old_way_of_drawing_as_overwriting_the_bar() -> None:
+    """The model itself: a status line drawn with \\r ESC[K over a bar leaves no bar (what happened before)."""
+    screen = Screen()
+    screen.feed(b"progress 1/3\r" + b"\r\x1b[Kpoprun: 1/1 started, 0:00 elapsed" + b"\r\x1b[K")
+    assert screen.lines()[0] == ""
+    screen.feed(b"progress 2/3\r\n\x1b[Kpoprun: status\x1b[A\r")
+    assert screen.lines()[:2] == ["progress 2/3", "poprun: status"]
+
+
+def test_elapsed_time_reads_like_a_stopwatch() -> None:
+    from poprun_py.status import format_elapsed
+
+    assert [format_elapsed(s) for s in (0, 7.9, 723, 3723)] == ["0:00", "0:07", "12:03", "1:02:03"]
+
+
+def test_a_log_line_under_a_bar_starts_on_its_own_line() -> None:
+    """What the terminal shows: the bar, then the log line below it, then the status line again."""
+    import logging
+    import os
+
+    from poprun_py.status import StatusLine
+
+    read_end, write_end = os.pipe()
+    try:
+        now = [100.0]
+        status = StatusLine(1, fd=write_end, enabled=True, clock=lambda: now[0])
+        status.started()
+        status.hide()  # the job's loop, before it hands output to the router
+        os.write(write_end, b"progress 1/3\r")  # as the router would
+        status.console_wrote("stderr", b"progress 1/3\r")  # (stdout counts only when it is this terminal)
+        now[0] += 5
+        status.show()
+        log_filter = status.log_filter()
+        log_filter.filter(logging.LogRecord("poprun", logging.WARNING, __file__, 1, "x", None, None))
+        os.write(write_end, b"POPRUN [W] something\n")
+        status.show()
+        screen = Screen()
+        screen.feed(os.read(read_end, 65536))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert screen.lines()[:3] == ["progress 1/3", "POPRUN [W] something",
+                                  "poprun: 1/1 started, 1 running, 0 exited, 0:05 elapsed"]
+
+
+def test_the_elapsed_time_moves_while_nothing_else_happens(tmp_path) -> None:
+    """The clock is redrawn on its own while the program waits (on a FIFO) with nothing to say.
+
+    The test lets the program go once three different times were drawn after its line: a whole
+    second has passed since it printed, so it is blocked in open() by then.
+    """
+    import os
+    import select
+    import subprocess
+    import time
+
+    from support import RUN_TIMEOUT, poprun_command
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    waiter = f"print('waiting', flush=True); open({str(fifo)!r}).read()"
+    controller, terminal = os.openpty()
+    process = subprocess.Popen(poprun_command("--offline-mode", sys.executable, "-c", waiter),
+                               stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL)
+    os.close(terminal)
+    seen, deadline = b"", time.monotonic() + RUN_TIMEOUT
+
+    def times_after_waiting() -> set[bytes]:
+        _, found, after = seen.partition(b"waiting")
+        return set(re.findall(rb"(\d+:\d\d) elapsed", after)) if found else set()
+
+    try:
+        while len(times_after_waiting()) < 3 and time.monotonic() < deadline:
+            if select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                seen += os.read(controller, 65536)
+        assert len(times_after_waiting()) >= 3, seen
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the program end (fails, never hangs)
+        assert process.wait(RUN_TIMEOUT) == 0
+    finally:
+        os.close(controller)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    screen = Screen()
+    screen.feed(seen)
+    assert "waiting" in screen.lines()

@@ -14,7 +14,8 @@ from typing import Any, List, Optional
 import typer
 
 from . import __version__
-from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError
+from .argv import expand_bare_flags
+from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError, exit_code_meanings
 from .logs import configure_logging
 from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
 
@@ -29,6 +30,23 @@ app = typer.Typer(
 _V = "V-IPU"
 _OUT = "Output"
 _PLACE = "Placement"
+_BOOL = "[yes|no]"  # the metavar of every yes/no option: a bare flag means yes (see argv.py)
+
+_EXAMPLES = (
+    ("Two instances on this host, no IPUs attached:",
+     "poprun --offline-mode --num-instances 2 --num-replicas 2 python3 train.py"),
+    ("What a launch on hosts a and b would run, without running it:",
+     "poprun --dry-run -H a,b --num-instances 4 --num-replicas 8 python3 train.py"),
+    ("At most an hour on hosts a and b, each output line tagged with its instance:",
+     "poprun --timeout 3600 --tag-output -H a,b --num-replicas 4 python3 train.py"),
+)
+
+
+def _epilog() -> str:
+    """The exit codes (from the one registry) and three examples; \\b keeps click from re-wrapping them."""
+    codes = "\n".join(f"  {code:>3}  {meaning}" for code, meaning in exit_code_meanings().items())
+    examples = "\n".join(f"{what}\n  {line}" for what, line in _EXAMPLES)
+    return f"\b\nExit codes (an instance's own code when it fails first):\n{codes}\n\n\b\nExamples:\n{examples}"
 
 
 def _version(value: bool) -> None:
@@ -37,59 +55,63 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.command(help="Launch instances of PROGRAM (with its arguments) as Graphcore's PopRun does.")
+@app.command(help="Launch instances of PROGRAM with its ARGS, as Graphcore's PopRun does. PROGRAM comes after "
+                  "every poprun option; a yes/no option given bare (--offline-mode) means yes.", epilog=_epilog())
 def poprun(
     ctx: typer.Context,
-    program: Optional[List[str]] = typer.Argument(None, help="The program and its arguments.", show_default=False),
-    host: Optional[List[str]] = typer.Option(None, "-H", "--host", help="Comma-separated hosts on which to run instances; ranges like node[01-04] work."),
-    host_file: Optional[str] = typer.Option(None, help="A file with one host per line (# comments allowed)."),
-    num_replicas: Optional[int] = typer.Option(None, help="The total number of replicas. (default: 1)"),
-    ipus_per_replica: Optional[int] = typer.Option(None, help="The number of IPUs per replica. (default: 1)"),
-    num_instances: Optional[int] = typer.Option(None, help="The number of instances. (default: one per host)"),
-    num_ilds: Optional[int] = typer.Option(None, help="The number of IPU-Link domains. (default: 1)"),
-    vipu_server_host: Optional[str] = typer.Option(None, help="The host of the V-IPU server. (default: the embedded service)", rich_help_panel=_V),
-    vipu_server_port: Optional[int] = typer.Option(None, help="The port of the V-IPU server. (default: 8090)", rich_help_panel=_V),
-    vipu_server_timeout: Optional[int] = typer.Option(None, help="Timeout for V-IPU requests, seconds. (default: 10)", rich_help_panel=_V),
-    vipu_partition: Optional[str] = typer.Option(None, help="Create/use this V-IPU partition.", rich_help_panel=_V),
-    update_partition: Optional[str] = typer.Option(None, help="Update the partition if needed (yes/no). (default: no)", rich_help_panel=_V),
-    reset_partition: Optional[str] = typer.Option(None, help="Reset the partition first (yes/no). (default: non-reconfigurable ones only)", rich_help_panel=_V),
-    remove_partition: Optional[str] = typer.Option(None, help="Remove a partition poprun created, after the run (yes/no). (default: yes)", rich_help_panel=_V),
-    vipu_cluster: Optional[str] = typer.Option(None, help="The V-IPU cluster to create partitions in.", rich_help_panel=_V),
-    vipu_allocation: Optional[str] = typer.Option(None, help="The V-IPU allocation to create partitions in.", rich_help_panel=_V),
-    vipu_partition_attempts: Optional[int] = typer.Option(None, help="Attempts at creating the partition. (default: 1)", rich_help_panel=_V),
-    ipu_link_routing_type: Optional[str] = typer.Option(None, help="IPU-Link routing type of the partition.", rich_help_panel=_V),
-    gw_link_routing_type: Optional[str] = typer.Option(None, help="GW-Link routing type of the partition.", rich_help_panel=_V),
-    sync_type: Optional[str] = typer.Option(None, help="Sync type of the partition.", rich_help_panel=_V),
-    executable_cache_path: Optional[str] = typer.Option(None, help="Directory for the executable cache (created if missing)."),
-    mpi_global_args: Optional[List[str]] = typer.Option(None, help="mpirun options for all instances, e.g. '--tag-output'; repeatable.", rich_help_panel=_OUT),
-    mpi_local_args: Optional[List[str]] = typer.Option(None, help="Per-instance mpirun options, e.g. '-x VAR=VALUE -x PATH'; repeatable.", rich_help_panel=_OUT),
-    instance_mpi_local_args: Optional[List[str]] = typer.Option(None, help="<index>:<args> for one instance, e.g. '1:-x VAR=VALUE'; repeatable.", rich_help_panel=_OUT),
-    numa_aware: Optional[str] = typer.Option(None, help="Bind instances to NUMA nodes round-robin (yes/no). (default: auto)", rich_help_panel=_PLACE),
-    process_placement: Optional[str] = typer.Option(None, help="spreadnuma or disabled. (default: spreadnuma)", rich_help_panel=_PLACE),
-    print_topology: Optional[str] = typer.Option(None, help="Print the topology table (yes/no). (default: no)", rich_help_panel=_OUT),
-    only_output_from_instance: Optional[int] = typer.Option(None, help="Show only this instance's output (failures are always shown).", rich_help_panel=_OUT),
-    offline_mode: Optional[str] = typer.Option(None, help="Run without requiring or attaching to any IPUs (yes/no). (default: no)"),
-    import_config: Optional[str] = typer.Option(None, help="Read a launch saved with --export-config; command-line values win.", rich_help_panel="Config"),
-    export_config: Optional[str] = typer.Option(None, help="Save this launch to a file (and run it if a program is given).", rich_help_panel="Config"),
-    overwrite_config: Optional[str] = typer.Option(None, help="Let --export-config replace an existing file (yes/no).", rich_help_panel="Config"),
-    allow_run_as_root: Optional[str] = typer.Option(None, help="Accepted for compatibility; poprun-py runs as any user."),
-    stop_grace: Optional[float] = typer.Option(None, help="Seconds between SIGTERM and SIGKILL when stopping instances. (default: 5)"),
-    fabric_transport: Optional[str] = typer.Option(None, help="auto (shared memory/Unix sockets within a host, TCP between) or tcp (TCP everywhere). (default: auto)", rich_help_panel="Fabric"),
-    fabric_timeout: Optional[float] = typer.Option(None, help="Seconds after which a silent peer counts as lost in a collective. (default: 10)", rich_help_panel="Fabric"),
-    startup_timeout: Optional[float] = typer.Option(None, help="Seconds the instances have to join the fabric once the first has. (default: 60)", rich_help_panel="Fabric"),
-    ssh_timeout: Optional[float] = typer.Option(None, help="Seconds each remote host has to pass its pre-flight checks (connect, authenticate, start the agent). (default: 10)"),
-    remote_python: Optional[str] = typer.Option(None, help="The Python that runs the agent on remote hosts. (default: the path of poprun's own Python)"),
-    verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="Verbose output; -vv for more."),
-    vv: bool = typer.Option(False, "--vv", help="Very verbose output."),
+    program: Optional[List[str]] = typer.Argument(None, metavar="PROGRAM [ARGS]...", hidden=True, show_default=False),
+    host: Optional[List[str]] = typer.Option(None, "-H", "--host", metavar="HOST[,HOST...]", help="Comma-separated hosts on which to run instances; ranges like node[01-04] work. (default: this host; inside a Slurm allocation, its nodes)"),
+    host_file: Optional[str] = typer.Option(None, metavar="FILE", help="A file with one host per line (# comments allowed)."),
+    num_replicas: Optional[int] = typer.Option(None, metavar="N", help="The total number of replicas. (default: 1)"),
+    ipus_per_replica: Optional[int] = typer.Option(None, metavar="N", help="The number of IPUs per replica. (default: 1)"),
+    num_instances: Optional[int] = typer.Option(None, metavar="N", help="The number of instances, in total (mpirun's -np). (default: one per host)"),
+    num_ilds: Optional[int] = typer.Option(None, metavar="N", help="The number of IPU-Link domains. (default: 1)"),
+    vipu_server_host: Optional[str] = typer.Option(None, metavar="HOST", help="The host of the V-IPU server. (default: the embedded service)", rich_help_panel=_V),
+    vipu_server_port: Optional[int] = typer.Option(None, metavar="PORT", help="The port of the V-IPU server. (default: 8090)", rich_help_panel=_V),
+    vipu_server_timeout: Optional[int] = typer.Option(None, metavar="SECONDS", help="Timeout for V-IPU requests. (default: 10)", rich_help_panel=_V),
+    vipu_partition: Optional[str] = typer.Option(None, metavar="NAME", help="Create/use this V-IPU partition. (default: the only partition that fits, else a temporary one)", rich_help_panel=_V),
+    update_partition: Optional[str] = typer.Option(None, metavar=_BOOL, help="Update the partition if needed. (default: no)", rich_help_panel=_V),
+    reset_partition: Optional[str] = typer.Option(None, metavar=_BOOL, help="Reset the partition first. (default: non-reconfigurable ones only)", rich_help_panel=_V),
+    remove_partition: Optional[str] = typer.Option(None, metavar=_BOOL, help="Remove a partition poprun created, after the run. (default: yes)", rich_help_panel=_V),
+    vipu_cluster: Optional[str] = typer.Option(None, metavar="NAME", help="The V-IPU cluster to create partitions in. (default: the service's)", rich_help_panel=_V),
+    vipu_allocation: Optional[str] = typer.Option(None, metavar="NAME", help="The V-IPU allocation to create partitions in. (default: the service's)", rich_help_panel=_V),
+    vipu_partition_attempts: Optional[int] = typer.Option(None, metavar="N", help="Attempts at creating the partition. (default: 1)", rich_help_panel=_V),
+    ipu_link_routing_type: Optional[str] = typer.Option(None, metavar="TYPE", help="IPU-Link routing type of the partition. (default: ringswnc)", rich_help_panel=_V),
+    gw_link_routing_type: Optional[str] = typer.Option(None, metavar="TYPE", help="GW-Link routing type of the partition. (default: ring)", rich_help_panel=_V),
+    sync_type: Optional[str] = typer.Option(None, metavar="TYPE", help="Sync type of the partition. (default: pod-native-default)", rich_help_panel=_V),
+    executable_cache_path: Optional[str] = typer.Option(None, metavar="DIR", help="Directory for the executable cache (created if missing). (default: none)"),
+    mpi_global_args: Optional[List[str]] = typer.Option(None, metavar="ARGS", help="mpirun options for all instances, e.g. '--timestamp-output'; repeatable.", rich_help_panel=_OUT),
+    mpi_local_args: Optional[List[str]] = typer.Option(None, metavar="ARGS", help="Per-instance mpirun options, e.g. '-x VAR=VALUE -x PATH'; repeatable.", rich_help_panel=_OUT),
+    instance_mpi_local_args: Optional[List[str]] = typer.Option(None, metavar="INDEX:ARGS", help="Options for one instance, e.g. '1:-x VAR=VALUE'; repeatable.", rich_help_panel=_OUT),
+    tag_output: Optional[str] = typer.Option(None, metavar=_BOOL, help="Prefix each output line with [1,<instance>]<stdout>: as mpirun does. (default: no)", rich_help_panel=_OUT),
+    numa_aware: Optional[str] = typer.Option(None, metavar=_BOOL, help="Bind instances to NUMA nodes round-robin. (default: yes with several instances per host)", rich_help_panel=_PLACE),
+    process_placement: Optional[str] = typer.Option(None, metavar="spreadnuma|disabled", help="How instances are placed on CPUs. (default: spreadnuma)", rich_help_panel=_PLACE),
+    print_topology: Optional[str] = typer.Option(None, metavar=_BOOL, help="Print the topology table. (default: no)", rich_help_panel=_OUT),
+    only_output_from_instance: Optional[int] = typer.Option(None, metavar="INDEX", help="Show only this instance's output; failures are always shown. (default: all)", rich_help_panel=_OUT),
+    offline_mode: Optional[str] = typer.Option(None, metavar=_BOOL, help="Run without requiring or attaching to any IPUs. (default: no)"),
+    dry_run: Optional[str] = typer.Option(None, metavar=_BOOL, help="Resolve hosts, placement and partition; print each instance's command, directory and environment; start nothing. (default: no)"),
+    timeout: Optional[float] = typer.Option(None, metavar="SECONDS", help="Stop the job after this long, as a failure; exit code 124. (default: none)"),
+    import_config: Optional[str] = typer.Option(None, metavar="FILE", help="Read a launch saved with --export-config; command-line values win.", rich_help_panel="Config"),
+    export_config: Optional[str] = typer.Option(None, metavar="FILE", help="Save this launch to a file (and run it if a program is given).", rich_help_panel="Config"),
+    overwrite_config: Optional[str] = typer.Option(None, metavar=_BOOL, help="Let --export-config replace an existing file. (default: no)", rich_help_panel="Config"),
+    allow_run_as_root: Optional[str] = typer.Option(None, metavar=_BOOL, help="Accepted for compatibility; poprun-py runs as any user. (default: no)"),
+    stop_grace: Optional[float] = typer.Option(None, metavar="SECONDS", help="Time between SIGTERM and SIGKILL when stopping instances. (default: 5)"),
+    fabric_transport: Optional[str] = typer.Option(None, metavar="auto|tcp", help="auto (shared memory/Unix sockets within a host, TCP between) or tcp (TCP everywhere). (default: auto)", rich_help_panel="Fabric"),
+    fabric_timeout: Optional[float] = typer.Option(None, metavar="SECONDS", help="After this long a silent peer counts as lost in a collective. (default: 10)", rich_help_panel="Fabric"),
+    startup_timeout: Optional[float] = typer.Option(None, metavar="SECONDS", help="Time the instances have to join the fabric once the first has. (default: 60)", rich_help_panel="Fabric"),
+    ssh_timeout: Optional[float] = typer.Option(None, metavar="SECONDS", help="Time each remote host has to pass its pre-flight checks (connect, authenticate, start the agent). (default: 10)"),
+    remote_python: Optional[str] = typer.Option(None, metavar="PATH", help="The Python that runs the agent on remote hosts. (default: the path of poprun's own Python)"),
+    verbose: int = typer.Option(0, "-v", "--verbose", count=True, metavar="", show_default=False, help="More output; repeat for more (-vv). (default: warnings and errors only)"),
+    vv: bool = typer.Option(False, "--vv", help="Very verbose output (as -vv)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
 ) -> "CommandLine":
     given = {
         name: value
         for name, value in ctx.params.items()
-        if name not in ("program", "import_config", "export_config", "overwrite_config", "version")
+        if name not in ("program", "import_config", "export_config", "overwrite_config", "version", "dry_run")
         and _given_on_command_line(ctx, name)
     }
-    return CommandLine(given, tuple(program or ()), import_config, export_config, overwrite_config)
+    return CommandLine(given, tuple(program or ()), import_config, export_config, overwrite_config, dry_run)
 
 
 def _given_on_command_line(ctx: typer.Context, name: str) -> bool:
@@ -106,12 +128,25 @@ class CommandLine:
     import_config: str | None = None
     export_config: str | None = None
     overwrite_config: str | None = None
+    dry_run: str | None = None  # a way of running this command line, never saved with it
 
 
 def parse_command_line(argv: list[str]) -> CommandLine | int:
     """Parse ``argv`` (without the program name); an int is an exit code (``--help``, ``--version``)."""
     command = typer.main.get_command(app)
+    argv = expand_bare_flags(argv, *_option_kinds(command))
     return command.main(args=argv, prog_name="poprun", standalone_mode=False)
+
+
+def _option_kinds(command: Any) -> tuple[list[str], list[str]]:
+    """(yes/no options' names, other options that take a value), as the parser knows them."""
+    booleans: list[str] = []
+    valued: list[str] = []
+    for param in command.params:
+        if param.param_type_name != "option" or param.is_flag or param.count:
+            continue
+        (booleans if param.metavar == _BOOL else valued).extend(param.opts)
+    return booleans, valued
 
 
 def resolve_launch(line: CommandLine) -> tuple[LaunchSpec | None, dict[str, Any], list[str]]:
@@ -136,10 +171,16 @@ def resolve_launch(line: CommandLine) -> tuple[LaunchSpec | None, dict[str, Any]
 
 
 def _launch(line: CommandLine) -> int:
+    spec, _, _ = resolve_launch(line)
+    if spec is None:
+        return 0
+    if line.dry_run is not None and parse_bool("dry_run", line.dry_run):
+        from .dryrun import dry_run
+
+        return dry_run(spec)
     from .launcher import run_launch  # imported late: --help and usage errors stay fast
 
-    spec, _, _ = resolve_launch(line)
-    return 0 if spec is None else run_launch(spec)
+    return run_launch(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,34 @@ def exit_codes() -> dict[str, int]:
     return {name: value for name, value in globals().items() if name.startswith("EXIT_") and isinstance(value, int)}
 
 
+#: What each exit code tells a user, in one line (``poprun --help`` lists them; a test holds every code to one).
+_MEANINGS = {
+    "EXIT_OK": "every instance exited with code 0",
+    "EXIT_USAGE": "bad options or arguments",
+    "EXIT_INTERNAL": "a bug in poprun (run with --vv for the traceback)",
+    "EXIT_NO_DEVICES": "no free IPUs for the partition",
+    "EXIT_PARTITION_TOO_LARGE": "the partition is larger than the V-IPU cluster",
+    "EXIT_PARTITION_MISMATCH": "the partition does not fit the launch (see --update-partition)",
+    "EXIT_VIPU_UNREACHABLE": "the V-IPU server does not answer",
+    "EXIT_PARTITION_FAILED": "the partition is in a failed state",
+    "EXIT_VIPU_ERROR": "the V-IPU service refused a request",
+    "EXIT_PREFLIGHT": "a host failed its pre-flight checks",
+    "EXIT_STARTUP_TIMEOUT": "instances did not join within --startup-timeout",
+    "EXIT_OUTPUT_LOST": "the job succeeded but an output file lost bytes",
+    "EXIT_TIMEOUT": "the job ran out of time (--timeout)",
+    "EXIT_NOT_EXECUTABLE": "the program cannot be executed",
+    "EXIT_NOT_FOUND": "the program does not exist",
+    "EXIT_INTERRUPTED": "stopped by Ctrl-C (SIGINT)",
+    "EXIT_BROKEN_PIPE": "poprun's stdout or stderr was closed",
+}
+
+
+def exit_code_meanings() -> dict[int, str]:
+    """Code -> one line saying what it means; a category without its line says so rather than vanish."""
+    return {code: _MEANINGS.get(name, name.removeprefix("EXIT_").replace("_", " ").lower())
+            for name, code in sorted(exit_codes().items(), key=lambda item: item[1])}
+
+
 class PoprunError(Exception):
     """An error with a message a user can act on and a distinct exit code."""
 

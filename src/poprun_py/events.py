@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Literal, Union
 
 Stream = Literal["stdout", "stderr"]
@@ -80,6 +81,7 @@ class SignalReceived:
     """The launcher received a signal (turned into an event on the main loop)."""
 
     signum: int
+    time: float = field(default_factory=time.monotonic)  # when the handler ran: repeats are told apart by it
 
 
 Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived]

@@ -28,6 +28,9 @@ log = logging.getLogger("poprun.job")
 #: How long instances may take to die after SIGKILL before poprun gives up on them.
 REAP_AFTER_KILL_SECONDS = 10.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: A stop signal this soon after the first is the same keypress delivered twice (to poprun and to a
+#: wrapper that forwards it, say), not a second Ctrl-C: it does not kill at once.
+REPEAT_WINDOW_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class Job:
         self._first_failure: Failure | None = None
         self._knock_ons: list[Failure] = []
         self._stop_signal: int | None = None
+        self._stop_signal_time: float | None = None
         self._stopping = False
         self._kill_deadline: float | None = None
         self._reap_deadline: float | None = None
@@ -165,9 +169,11 @@ class Job:
     # -- the loop ------------------------------------------------------------------
     def _loop(self) -> None:
         while self._remaining:
-            event = self._events.get(self._timeout())
+            event = self._events.get(self._wait())
             if event is None:
-                if not self._on_deadline():
+                if self._before_deadline():
+                    self._status.refresh()  # only the clock moved
+                elif not self._on_deadline():
                     return
             elif isinstance(event, Output):
                 self._status.hide()
@@ -181,7 +187,7 @@ class Job:
                 self._pids[event.instance] = event.pid
                 self._status.started()
             elif isinstance(event, SignalReceived):
-                self._on_signal(event.signum)
+                self._on_signal(event.signum, event.time)
             elif isinstance(event, HostLost):
                 self._on_host_lost(event)
             elif isinstance(event, StartupTimedOut):
@@ -190,6 +196,15 @@ class Job:
     def _timeout(self) -> float | None:
         deadline = self._reap_deadline or self._kill_deadline or self._time_deadline
         return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _wait(self) -> float | None:
+        """Until the next deadline, or the status line's next tick of the clock if that is sooner."""
+        waits = [w for w in (self._timeout(), self._status.seconds_to_next_tick()) if w is not None]
+        return min(waits) if waits else None
+
+    def _before_deadline(self) -> bool:
+        timeout = self._timeout()
+        return timeout is None or timeout > 0
 
     def _on_deadline(self) -> bool:
         """Out of time: stop; the grace period is over: SIGKILL; after that, give up on what will not die."""
@@ -242,13 +257,20 @@ class Job:
             log.info("instance %d failed: stopping the other %d instances", failure.instance, len(self._remaining))
         self._begin_stop(signal.SIGTERM)
 
-    def _on_signal(self, signum: int) -> None:
+    def _on_signal(self, signum: int, received: float | None = None) -> None:
         name = signal.Signals(signum).name
+        received = time.monotonic() if received is None else received
+        first = self._stop_signal_time
+        if self._stopping and first is not None and signum == self._stop_signal and \
+                received - first < REPEAT_WINDOW_SECONDS:
+            log.info("%s again %.3fs after the first: taken as the same one (a second one after %gs kills at once)",
+                     name, received - first, REPEAT_WINDOW_SECONDS)
+            return
         if self._stopping:
             log.warning("%s again: killing the instances now", name)
             self._kill_now()
             return
-        self._stop_signal = signum
+        self._stop_signal, self._stop_signal_time = signum, received
         log.warning(
             "received %s: stopping %d instances (SIGKILL in %gs; press Ctrl-C again to kill at once)",
             name, len(self._remaining), self._grace,

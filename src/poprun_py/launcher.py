@@ -96,11 +96,18 @@ def build_plan(
         device_fds=device_fds,
         cpus=numa_binding(spec),
         addresses=reach.addresses,
+        host_cpus=local_host_cpus(spec, reach),
     )
     if not reach.agents:
         return plan
     return dataclasses.replace(plan, instances=tuple(
         dataclasses.replace(i, argv=spec.program) if str(i.host) in reach.agents else i for i in plan.instances))
+
+
+def local_host_cpus(spec: LaunchSpec, reach: Reach = Reach()) -> dict[str, int]:
+    """The CPUs poprun may use, for each host whose instances start from here (agents count their own)."""
+    cpus = len(os.sched_getaffinity(0))
+    return {str(host): cpus for host in spec.hosts or (LOCALHOST,) if str(host) not in reach.agents}
 
 
 def numa_wanted(spec: LaunchSpec) -> bool:
@@ -151,7 +158,8 @@ def run_launch(spec: LaunchSpec) -> int:
     argv = spec.program
     if not via_srun and (not spec.hosts or any(h.is_local for h in spec.hosts)):
         argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:])  # before anything starts
-    report = run_job(spec, JobOptions(argv), cwd, via_srun)
+    time_limit = TimeLimit(spec.timeout) if spec.timeout is not None else None
+    report = run_job(spec, JobOptions(argv, time_limit=time_limit), cwd, via_srun)
     log_report(report)
     return report.exit_code
 
@@ -245,6 +253,7 @@ def _run_with_rendezvous(
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
+    status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     router = OutputRouter(
         OutputOptions(
             tag_output=spec.tag_output,
@@ -253,8 +262,8 @@ def _run_with_rendezvous(
             only_instance=spec.only_output_from_instance,
         ),
         spec.num_instances,
+        on_console=status.console_wrote if status.enabled else None,
     )
-    status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)

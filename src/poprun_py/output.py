@@ -264,11 +264,13 @@ class OutputRouter:
         num_instances: int,
         stdout_fd: int = 1,
         stderr_fd: int = 2,
+        on_console: Callable[[Stream, bytes], None] | None = None,
     ) -> None:
         only = options.only_instance
         if only is not None and not 0 <= only < num_instances:
             raise ValueError(f"only_instance {only} is not one of the {num_instances} instances")
         self.options = options
+        self._on_console = on_console  # told what reached the console (the status line follows the cursor)
         consoles = {
             "stdout": FdWriter(stdout_fd, "console stdout"),
             "stderr": FdWriter(stderr_fd, "console stderr"),
@@ -313,7 +315,7 @@ class OutputRouter:
         """Route one event's bytes: whole lines out now, the partial line held."""
         sink = self._sinks[event.instance, event.stream]
         sink.remember(event.data)
-        sink.deliver(sink.framer.feed(event.data))
+        self._deliver(sink, event.stream, sink.framer.feed(event.data))
 
     def close_instance(self, instance: int) -> None:
         """The instance has exited: flush its partial lines, close its files."""
@@ -322,9 +324,14 @@ class OutputRouter:
         self._open.discard(instance)
         for stream in STREAMS:
             sink = self._sinks[instance, stream]
-            sink.deliver(sink.framer.flush())
+            self._deliver(sink, stream, sink.framer.flush())
             if sink.file is not None:
                 sink.file.close()
+
+    def _deliver(self, sink: _StreamSink, stream: Stream, framed: bytes) -> None:
+        sink.deliver(framed)
+        if framed and sink.console is not None and self._on_console is not None:
+            self._on_console(stream, framed)
 
     def close(self) -> None:
         """Job end: close every instance still open (idempotent)."""

@@ -22,6 +22,12 @@ from .spec import LaunchSpec
 log = logging.getLogger("poprun.plan")
 
 LOCALHOST = HostSpec("localhost")
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
+
+def omp_threads(num_cpus: int, instances_on_host: int) -> int:
+    """Each instance's share of its host's CPUs (at least 1), as torchrun sets OMP_NUM_THREADS."""
+    return max(1, num_cpus // max(1, instances_on_host))
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,24 @@ def _resolve_env_settings(
     return result
 
 
+def _omp_setting(host: HostSpec, instances_on_host: int, user_env: Mapping[str, str],
+                 launcher_environ: Mapping[str, str], host_cpus: Mapping[str, int], said: set[str]) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for an instance sharing its host, unless the user chose it (said once at -v)."""
+    if instances_on_host < 2 or OMP_NUM_THREADS in user_env:
+        return {}
+    if OMP_NUM_THREADS in launcher_environ:  # the user's, kept; remote hosts get it too, not their own share
+        return {} if str(host) in host_cpus else {OMP_NUM_THREADS: launcher_environ[OMP_NUM_THREADS]}
+    if str(host) not in host_cpus:
+        return {}
+    threads = omp_threads(host_cpus[str(host)], instances_on_host)
+    if OMP_NUM_THREADS not in said:
+        said.add(OMP_NUM_THREADS)
+        log.info("%s=%d for each of the %d instances on %s (their share of %d CPUs); set %s yourself or with "
+                 "-x %s=N to choose", OMP_NUM_THREADS, threads, instances_on_host, host, host_cpus[str(host)],
+                 OMP_NUM_THREADS, OMP_NUM_THREADS)
+    return {OMP_NUM_THREADS: str(threads)}
+
+
 def make_plan(
     spec: LaunchSpec,
     *,
@@ -102,11 +126,16 @@ def make_plan(
     device_fds: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
     cpus: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
     addresses: Mapping[str, str] = MappingProxyType({}),
+    host_cpus: Mapping[str, int] = MappingProxyType({}),
 ) -> Plan:
     """Divide instances among hosts in contiguous blocks and give each its environment.
 
     ``addresses`` maps a host (as ``str(host)``) to the address its instances
     are reached at from other hosts; hosts not in it are on loopback.
+    ``host_cpus`` maps a host to the CPUs poprun may use there: with several
+    instances on it, each gets ``OMP_NUM_THREADS`` (its share) unless the user
+    set it (in poprun's environment or with ``-x``); a remote host's agent
+    does the same there (see ``executors/agent.py``).
     """
     hosts = spec.hosts or (LOCALHOST,)
     blocks = distribute_instances(len(hosts), spec.num_instances)
@@ -150,7 +179,8 @@ def make_plan(
                 device_fds=device_fds.get(index, ()),
                 fabric=fabric,
             )
-            env = {**user_env, **contract.render()}
+            env = {**user_env, **_omp_setting(host, len(block), user_env, launcher_environ, host_cpus, warned),
+                   **contract.render()}
             instances.append(
                 InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd,
                              device_fds.get(index, ()), cpus.get(index))

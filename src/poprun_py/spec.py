@@ -51,6 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "numa_aware": None,
     "process_placement": "spreadnuma",
     "print_topology": "no",
+    "tag_output": "no",
+    "timeout": None,
     "only_output_from_instance": None,
     "offline_mode": "no",
     "allow_run_as_root": "no",
@@ -69,6 +71,8 @@ MERGED_LISTS = ("mpi_global_args", "mpi_local_args", "instance_mpi_local_args")
 
 _TRUE = {"1", "yes", "true", "on", "y"}
 _FALSE = {"0", "no", "false", "off", "n"}
+#: Every word a yes/no option accepts as its value.
+BOOLEAN_WORDS = frozenset(_TRUE | _FALSE)
 PROCESS_PLACEMENTS = ("spreadnuma", "disabled")
 
 
@@ -154,6 +158,8 @@ class LaunchSpec:
     ssh_timeout: float = 10.0
     remote_python: str | None = None  # None: the launcher's own interpreter path
     verbosity: int = 0
+    tag_output_option: bool = False  # --tag-output itself (mpirun's, inside --mpi-*-args, counts too)
+    timeout: float | None = None  # --timeout: the job's wall-clock limit, start-up included
 
     @property
     def replicas_per_instance(self) -> int:
@@ -165,7 +171,7 @@ class LaunchSpec:
 
     @property
     def tag_output(self) -> bool:
-        return self.global_args.tag_output or self.local_args.tag_output
+        return self.tag_output_option or self.global_args.tag_output or self.local_args.tag_output
 
     @property
     def timestamp_output(self) -> bool:
@@ -326,4 +332,6 @@ def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
         ssh_timeout=_seconds("ssh_timeout", o["ssh_timeout"]),
         remote_python=_optional_str(o, "remote_python"),
         verbosity=2 if o["vv"] else min(int(o["verbose"]), 2),
+        tag_output_option=parse_bool("tag_output", o["tag_output"]),
+        timeout=None if o["timeout"] is None else _seconds("timeout", o["timeout"]),
     )

@@ -1,27 +1,55 @@
-"""A live status line on a terminal: instances started / running / exited.
+"""A live status line on a terminal: instances started / running / exited, and the time so far.
 
 Shown only when stderr is a terminal (Graphcore's poprun showed interactive
-progress); it is erased before any instance output or log line reaches the
-terminal and drawn again after, so it never mixes into a line.
+progress). It must never hide what the program draws, so it follows where
+the program left the cursor (the last byte instance output put on the
+terminal):
+
+* after a ``\\n`` (a fresh line), the status line is drawn there and erased
+  before the next output or log line;
+* after a ``\\r`` (a progress bar being redrawn in place), it is drawn on
+  the line below and the cursor goes back up, so the bar stays visible and
+  its next redraw lands where it should;
+* after anything else (a line without its end), it is not drawn.
+
+A log line while a bar is on screen starts on a line of its own, so the bar's
+last state stays readable above it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from typing import Callable
 
-_ERASE = b"\r\x1b[K"
+_ERASE = b"\r\x1b[K"  # to column 0, erase the line
+_DOWN_ERASE = b"\x1b[B\r\x1b[K"  # to the line below, erase it
+_UP = b"\x1b[A\r"  # back up to column 0 of the line above
+
+
+def format_elapsed(seconds: float) -> str:
+    """``0:07``, ``12:03``, ``1:02:03``: as a stopwatch shows it."""
+    whole = int(max(0.0, seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 class StatusLine:
     """Counts instances through their life and keeps one line up to date."""
 
-    def __init__(self, num_instances: int, fd: int = 2, enabled: bool | None = None) -> None:
+    def __init__(self, num_instances: int, fd: int = 2, enabled: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._fd = fd
         self.enabled = os.isatty(fd) if enabled is None else enabled
         self._total = num_instances
         self._started = self._exited = self._failed = 0
-        self._shown = False
+        self._clock = clock
+        self._since = clock()
+        self._shown: str | None = None  # None, "here" (on the cursor's line) or "below" (under a bar)
+        self._console_end = b"\n"  # the last byte output put on this terminal
+        self._stdout_here = self.enabled and _same_terminal(1, fd)
 
     def started(self) -> None:
         self._started += 1
@@ -35,31 +63,72 @@ class StatusLine:
     def text(self) -> str:
         running = self._started - self._exited
         failed = f", {self._failed} failed" if self._failed else ""
-        return f"poprun: {self._started}/{self._total} started, {running} running, {self._exited} exited{failed}"
+        elapsed = format_elapsed(self._clock() - self._since)
+        return (f"poprun: {self._started}/{self._total} started, {running} running, "
+                f"{self._exited} exited{failed}, {elapsed} elapsed")
+
+    def console_wrote(self, stream: str, data: bytes) -> None:
+        """Instance output reached the console (``OutputRouter``'s ``on_console``): note where it left the cursor."""
+        if data and (stream == "stderr" or self._stdout_here):
+            self._console_end = data[-1:]
 
     def show(self) -> None:
-        if self.enabled:
-            self._write(_ERASE + self.text().encode())
-            self._shown = True
+        if not self.enabled:
+            return
+        if self._console_end == b"\n":
+            self._write(self._erasing() + _ERASE + self.text().encode(), "here")
+        elif self._console_end == b"\r":
+            self._write(self._erasing() + b"\n\x1b[K" + self.text().encode() + _UP, "below")
+        else:
+            self.hide()
+
+    def refresh(self) -> None:
+        """Redraw with the time updated, if it is on screen."""
+        if self._shown is not None:
+            self.show()
+
+    def seconds_to_next_tick(self) -> float | None:
+        """When the elapsed time next changes on screen (None: nothing to redraw)."""
+        if self._shown is None:
+            return None
+        return 1.0 - (self._clock() - self._since) % 1.0
 
     def hide(self) -> None:
-        if self._shown:
-            self._write(_ERASE)
-            self._shown = False
+        if self._shown is not None:
+            self._write(self._erasing(), None)
 
-    def _write(self, data: bytes) -> None:
+    def _erasing(self) -> bytes:
+        return {"here": _ERASE, "below": _DOWN_ERASE + _UP}.get(self._shown or "", b"")
+
+    def _write(self, data: bytes, shown: str | None) -> None:
         try:
             os.write(self._fd, data)
+            self._shown = shown
         except OSError:
-            self.enabled = self._shown = False
+            self.enabled = False
+            self._shown = None
+
+    def _before_log_line(self) -> None:
+        self.hide()
+        if self.enabled and self._console_end != b"\n":
+            self._write(b"\n", None)  # keep the bar (or the unfinished line) whole, above the log line
+        self._console_end = b"\n"  # a log line ends with one
 
     def log_filter(self) -> logging.Filter:
-        """A filter for the launcher's log handler: erase the line before a log record."""
+        """A filter for the launcher's log handler: clear the way before a log record."""
         status = self
 
         class _Erase(logging.Filter):
             def filter(self, record: logging.LogRecord) -> bool:
-                status.hide()
+                status._before_log_line()
                 return True
 
         return _Erase()
+
+
+def _same_terminal(fd: int, other: int) -> bool:
+    """Whether ``fd`` writes to the same terminal as ``other`` (instance stdout then moves its cursor)."""
+    try:
+        return os.isatty(fd) and os.fstat(fd).st_rdev == os.fstat(other).st_rdev
+    except OSError:
+        return False

@@ -63,7 +63,7 @@ for _verb, _help in (("create", "Create a partition."), ("list", "List partition
                      ("reset", "Reset a partition to PS_ACTIVE."),
                      ("fail", "Put a partition into PS_FAILED, as a hardware error would (for tests).")):
     _verbs[_verb] = typer.Typer(no_args_is_help=True, help=_help, epilog=_EPILOG)
-    vipu_app.add_typer(_verbs[_verb], name=_verb)
+    vipu_app.add_typer(_verbs[_verb], name=_verb, hidden=_verb == "fail")  # fail: a fault to inject, not for users
 
 ServerOption = Annotated[Optional[str], typer.Option(
     "--server", help="HOST[:PORT] of a V-IPU server (default port 8090). (default: the embedded service)",
@@ -141,8 +141,23 @@ def _describe(partition: Partition) -> str:
     return "\n".join(f"{k.ljust(width)} : {v}" for k, v in fields)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("poprun-py")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            number = "unknown"
+        typer.echo(f"simipu (poprun-py) {number}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="Log what happens; -vv for more.")] = 0) -> None:
+def _main(verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, metavar="", show_default=False,
+                                               help="Log what happens; -vv for more.")] = 0,
+          _show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                      help="Show the version and exit.")] = False) -> None:
     if verbose:
         logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(process)d %(name)s %(levelname).1s %(message)s")

@@ -26,7 +26,7 @@ from .. import __version__
 from ..errors import EXIT_INTERNAL, PoprunError
 from ..events import EventQueue, Exited, HostLost, Output, Started
 from ..hosts import HostSpec
-from ..plan import InstancePlan
+from ..plan import OMP_NUM_THREADS, InstancePlan, omp_threads
 from ..programs import resolve_program
 from . import wire
 from .guardian import Guardian
@@ -100,6 +100,13 @@ class _Stopper:
             self._executor.kill_all()
 
 
+def _with_omp_share(env: dict[str, str], base_env: Mapping[str, str], instances_here: int) -> dict[str, str]:
+    """Several instances here and nobody chose OMP_NUM_THREADS: each its share of this host's CPUs."""
+    if instances_here < 2 or any(OMP_NUM_THREADS in where for where in (env, base_env, os.environ)):
+        return env
+    return {**env, OMP_NUM_THREADS: str(omp_threads(len(os.sched_getaffinity(0)), instances_here))}
+
+
 def _plans(start: Mapping[str, Any]) -> list[InstancePlan]:
     """The START frame's instances, their programs found here and bound to this host's NUMA nodes."""
     instances = start["instances"]
@@ -113,7 +120,7 @@ def _plans(start: Mapping[str, Any]) -> list[InstancePlan]:
             log.warning("NUMA placement is off on this host: %s", exc)
     plans = []
     for item, bound in zip(instances, cpus):
-        env = item["env"]
+        env = _with_omp_share(item["env"], start["base_env"], len(instances))
         found_with = {**os.environ, **start["base_env"], **env}
         argv = (resolve_program(item["argv"][0], found_with, item["cwd"]), *item["argv"][1:])
         plans.append(InstancePlan(item["index"], HostSpec(start["host"]), item["local_index"], argv,

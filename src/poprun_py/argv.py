@@ -1,0 +1,72 @@
+"""The command line before the option parser sees it: bare boolean flags and mpirun/torchrun habits.
+
+Graphcore's guide writes booleans with a value (``--offline-mode=1``,
+``--numa-aware yes``); mpirun and torchrun users write them bare
+(``--allow-run-as-root``). Both work, by one rule, applied only to poprun's
+own options (everything from the program on is left alone):
+
+* ``--opt=VALUE`` is that value (checked later: it must be a boolean word);
+* ``--opt WORD``, where WORD is a boolean word (yes/no, true/false, on/off,
+  y/n, 1/0, any case), is that value;
+* ``--opt`` followed by anything else (another option, the program, nothing)
+  means yes. So ``--offline-mode python3 x.py`` runs ``python3 x.py``; a
+  program literally named ``yes`` or ``1`` is run with ``--opt=yes yes``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from .errors import UsageError
+from .spec import BOOLEAN_WORDS
+
+#: mpirun's and torchrun's ways of saying how many processes, and what poprun calls it.
+_COUNT_HABITS = {
+    "-np": "mpirun's",
+    "--np": "mpirun's",
+    "-n": "mpirun's",
+    "--nproc-per-node": "torchrun's",
+    "--nproc_per_node": "torchrun's",
+}
+
+
+def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iterable[str]) -> list[str]:
+    """``argv`` with every bare boolean flag written ``--opt=yes``; mpirun's ``-np`` gets its hint.
+
+    ``booleans`` are the yes/no options' names, ``valued`` every other option
+    that takes a value (so its value is never mistaken for the program).
+    """
+    flags, takes_value = set(booleans), set(valued)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--" or token == "-" or not token.startswith("-"):
+            break  # the program and its arguments start here
+        name, has_value, _ = token.partition("=")
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if name in _COUNT_HABITS:
+            raise UsageError(_count_hint(name, token, following))
+        if name in flags and not has_value:
+            if following is not None and following.strip().lower() in BOOLEAN_WORDS:
+                out += [token, following]
+                i += 2
+            else:
+                out.append(f"{name}=yes")
+                i += 1
+            continue
+        if name in takes_value and not has_value and following is not None:
+            out += [token, following]
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out + list(argv[i:])
+
+
+def _count_hint(name: str, token: str, following: str | None) -> str:
+    value = token.partition("=")[2] or (following if following and following.isdigit() else "N")
+    if name.startswith("--nproc"):
+        return (f"{name} is {_COUNT_HABITS[name]} option; poprun counts instances in total: "
+                f"use --num-instances {value} (times the number of hosts)")
+    return f"{name} is {_COUNT_HABITS[name]} option; use --num-instances {value}"

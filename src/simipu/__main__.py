@@ -1,0 +1,5 @@
+"""``python -m simipu`` is ``simipu``."""
+
+from simipu.cli import main
+
+main()
