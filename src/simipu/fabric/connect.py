@@ -1,9 +1,12 @@
 """Joining the job's fabric: listen, check in at the rendezvous, connect the data mesh.
 
 Each instance listens on a TCP port (``bind_host``, port 0) and, unless the
-transport is forced to TCP, on an abstract-namespace Unix socket
-``\\0poprun-<job_id>-<instance>`` (abstract, so nothing is left on disk even
-after SIGKILL; ``Peer.unix_name`` holds the name without the leading NUL).
+transport is forced to TCP, on an abstract-namespace Unix socket (abstract, so
+nothing is left on disk even after SIGKILL; ``Peer.unix_name`` holds the name
+without the leading NUL). Abstract names belong to whoever binds them first
+and any local user can list them (/proc/net/unix), so the name carries 128
+random bits (``\\0poprun-<instance>-<32 hex digits>``): no one can bind it
+before us, and peers learn it only from the authenticated peer table.
 Instances on the same host talk over the Unix socket (and, on x86-64, the
 shared-memory mailboxes of ``mailbox``, whose segments they exchange over it
 once), the others over TCP with TCP_NODELAY. The same host means the same
@@ -15,7 +18,9 @@ Instance i connects to every j > i and accepts from every j < i. A data
 connection opens with a hello carrying (from, to, a fresh nonce) and an
 HMAC-SHA256 of them under the job's token; the acceptor answers with an HMAC
 over the same nonce. A connection that cannot prove it knows the token is
-closed and logged, and the job goes on: two jobs on one host never mix.
+closed and logged, and the job goes on: two jobs on one host never mix. A
+hello is read from at most ``MAX_UNKNOWN`` connections at a time (the oldest
+makes room), so strangers who connect cost a bounded number of descriptors.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import hashlib
 import hmac
 import logging
 import os
+import secrets
 import select
 import socket
 import struct
@@ -46,6 +52,8 @@ _ACK = struct.Struct("<4s32s")  # magic, mac
 _HELLO_MAGIC, _ACK_MAGIC, _MAILBOX_MAGIC = b"PFH1", b"PFA1", b"PFM1"
 #: Socket buffers for same-host links: big enough that a large frame moves in few system calls.
 UNIX_BUFFER_BYTES = 4 * 1024 * 1024
+#: Accepted connections that have not yet said who they are, at most (see the module docstring).
+MAX_UNKNOWN = 64
 TRANSPORTS = ("auto", "tcp")
 
 
@@ -119,16 +127,13 @@ class Listeners:
         tcp = socket.create_server((bind_host, 0), backlog=128)
         unix = unix_name = None
         if transport != "tcp":
-            unix_name = f"poprun-{job_id}-{instance}"
+            unix_name = f"poprun-{instance}-{secrets.token_hex(16)}"  # unpredictable: see the module docstring
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 unix.bind("\0" + unix_name)
-            except OSError as exc:
+            except OSError:
                 tcp.close()
                 unix.close()
-                if exc.errno == errno.EADDRINUSE:
-                    raise FabricError(f"another process already listens as instance {instance} of job {job_id!r} "
-                                      "on this host; each job needs its own job id") from None
                 raise
             unix.listen(128)
         advertised = bind_host if bind_host not in ("", "0.0.0.0", "::") else socket.gethostname()
@@ -281,10 +286,13 @@ def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pendi
 def _accept(listener: socket.socket, pending: dict[int, _Pending]) -> None:
     try:
         sock, address = listener.accept()
-    except (BlockingIOError, InterruptedError):
+    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
         return
     sock.setblocking(False)
     where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else "a local socket"
+    unknown = [fd for fd, item in pending.items() if item.peer is None]
+    if len(unknown) >= MAX_UNKNOWN:  # strangers are connecting: the oldest of them makes room
+        pending.pop(unknown[0]).sock.close()
     pending[sock.fileno()] = _Pending(sock, where=where)
 
 

@@ -74,11 +74,12 @@ class ControlChannel:
         while (message := self._reader.pop()) is not None:  # frames that came with the peer table
             self._handle(message)
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+        poller = select.poll()  # not select(): this socket's number may be above FD_SETSIZE (1024)
+        poller.register(self._sock, select.POLLIN)
         while not self._closing:
             timeout = max(0.0, next_beat - time.monotonic())
             try:
-                readable, _, _ = select.select([self._sock], [], [], timeout)
-                if readable:
+                if poller.poll(timeout * 1000):
                     data = self._sock.recv(65536)
                     if not data:
                         raise ConnectionResetError("the rendezvous closed the connection")
@@ -154,7 +155,7 @@ def join(
         while True:
             message = _receive(sock, reader, deadline)
             if "peers" in message:
-                peers = tuple(_peer(entry) for entry in message["peers"])
+                peers = _peer_table(message["peers"])
                 sock.settimeout(None)
                 return Membership(job_id, me.instance, peers), ControlChannel(sock, reader)
             if "error" in message:
@@ -185,12 +186,9 @@ def _receive(sock: socket.socket, reader: FrameReader, deadline: float) -> dict[
     return message
 
 
-def _peer(entry: dict[str, Any]) -> Peer:
-    return Peer(
-        instance=int(entry["instance"]),
-        host_id=str(entry["host_id"]),
-        hostname=str(entry["hostname"]),
-        tcp_addr=(str(entry["tcp_addr"][0]), int(entry["tcp_addr"][1])),
-        unix_name=entry.get("unix_name"),
-        pid=int(entry["pid"]),
-    )
+
+def _peer_table(entries: Any) -> tuple[Peer, ...]:
+    try:
+        return tuple(Peer.from_wire(entry) for entry in entries)
+    except (TypeError, ValueError) as exc:
+        raise RendezvousError(f"the job's rendezvous sent a malformed peer table ({exc})") from None
