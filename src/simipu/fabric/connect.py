@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from .engine import Fabric
 from .errors import FabricError, PeerLostError, RendezvousError
+from .frames import heartbeat_interval
 from .mailbox import MailboxSegment, supported as mailboxes_supported
 from .member import ControlChannel, join
 from .membership import Membership, Peer
@@ -64,7 +65,8 @@ def connect(rendezvous: tuple[str, int], token: bytes, *, job_id: str, instance:
 
     ``startup_timeout`` bounds the wait for every instance to check in;
     ``timeout`` bounds connecting the data mesh once they have (and, later,
-    the clean-up after a collective mismatch; see ``engine``). ``bind_host``
+    the clean-up after a collective mismatch; see ``engine``); it is also
+    the launcher's heartbeat timeout, so heartbeats go often enough for it. ``bind_host``
     is the address peers on other hosts reach this instance at;
     ``host_label`` names its host (default: the hostname), see the module
     docstring. An instance that cannot build its mesh leaves the rendezvous
@@ -75,7 +77,8 @@ def connect(rendezvous: tuple[str, int], token: bytes, *, job_id: str, instance:
     listeners = Listeners.open(job_id, instance, transport, bind_host)
     try:
         me = listeners.peer(instance, transport, host_label)
-        membership, control = join(rendezvous, token, me, num_instances, job_id=job_id, timeout=startup_timeout)
+        membership, control = join(rendezvous, token, me, num_instances, job_id=job_id, timeout=startup_timeout,
+                                   beat_every=heartbeat_interval(timeout))
     except BaseException:
         listeners.close()
         raise

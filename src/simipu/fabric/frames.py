@@ -19,10 +19,15 @@ from typing import Any
 _LENGTH = struct.Struct("!I")
 #: The largest frame a member accepts from the rendezvous (the peer table of a large job).
 MAX_FRAME = 1 << 22
-#: How often members send a heartbeat; the server's heartbeat timeout must be several of these.
+#: How often members send a heartbeat (more often for a heartbeat timeout under 4 s: see ``heartbeat_interval``).
 HEARTBEAT_INTERVAL = 1.0
 #: The "instance" number of the rendezvous itself in loss reports.
 LAUNCHER = -1
+
+
+def heartbeat_interval(heartbeat_timeout: float) -> float:
+    """How often to beat so that a live member is never late: several beats fit in the timeout."""
+    return min(HEARTBEAT_INTERVAL, heartbeat_timeout / 4)
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:

@@ -24,8 +24,9 @@ class ControlChannel:
     beyond that: one thread waits on it (the fabric's), one reads the socket.
     """
 
-    def __init__(self, sock: socket.socket, reader: FrameReader) -> None:
+    def __init__(self, sock: socket.socket, reader: FrameReader, beat_every: float = HEARTBEAT_INTERVAL) -> None:
         self._sock = sock
+        self._beat_every = beat_every
         self._reader = reader
         self._lost: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -73,7 +74,7 @@ class ControlChannel:
     def _run(self) -> None:
         while (message := self._reader.pop()) is not None:  # frames that came with the peer table
             self._handle(message)
-        next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+        next_beat = time.monotonic() + self._beat_every
         poller = select.poll()  # not select(): this socket's number may be above FD_SETSIZE (1024)
         poller.register(self._sock, select.POLLIN)
         while not self._closing:
@@ -89,7 +90,7 @@ class ControlChannel:
                     with self._lock:
                         if not self._closing:
                             self._sock.sendall(encode_frame({"hb": 1}))
-                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                    next_beat = time.monotonic() + self._beat_every
             except (OSError, ValueError) as exc:
                 if not self._closing:
                     self._mark_lost(LAUNCHER, f"the launcher's rendezvous is unreachable ({exc})")
@@ -135,8 +136,10 @@ def join(
     *,
     job_id: str,
     timeout: float,
+    beat_every: float = HEARTBEAT_INTERVAL,
 ) -> tuple[Membership, ControlChannel]:
-    """Check in, wait (at most ``timeout`` seconds) for every peer, and keep the line open."""
+    """Check in, wait (at most ``timeout`` seconds) for every peer, and keep the line open (a heartbeat
+    every ``beat_every`` seconds)."""
     deadline = time.monotonic() + timeout
     try:
         sock = socket.create_connection(address, timeout=timeout)
@@ -157,7 +160,7 @@ def join(
             if "peers" in message:
                 peers = _peer_table(message["peers"])
                 sock.settimeout(None)
-                return Membership(job_id, me.instance, peers), ControlChannel(sock, reader)
+                return Membership(job_id, me.instance, peers), ControlChannel(sock, reader, beat_every)
             if "error" in message:
                 missing = tuple(message.get("missing", ()))
                 if missing:

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .checkin import CHECKIN_FRAME_DEADLINE, SPARE_PENDING, Refused, checkin_reader, parse_checkin
-from .frames import HEARTBEAT_INTERVAL, FrameReader, encode_frame
+from .frames import FrameReader, encode_frame, heartbeat_interval
 from .member import ControlChannel, join
 
 __all__ = ["ControlChannel", "RendezvousServer", "join"]
@@ -162,7 +162,7 @@ class RendezvousServer:
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        deadlines = [now + HEARTBEAT_INTERVAL]
+        deadlines = [now + heartbeat_interval(self._heartbeat_timeout)]
         if self._checkin_deadline is not None:
             deadlines.append(self._checkin_deadline)
         if self._accept_paused_until is not None:
