@@ -272,6 +272,7 @@ def _has_hello(link: Link) -> bool:
 
 def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pending:
     local = transport != "tcp" and peer.unix_name is not None and membership.same_host(peer.instance)
+    address: str | tuple[str, int]
     if local:
         sock, address, where = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), "\0" + str(peer.unix_name), "unix"
     else:

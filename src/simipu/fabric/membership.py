@@ -15,7 +15,7 @@ class Peer:
 
     ``host_id`` groups instances that share a machine (and so can share
     memory); with the transport forced to TCP every instance gets its own.
-    ``unix_name`` is an abstract-namespace Unix socket name (no file to leak).
+    ``unix_name`` is an abstract-namespace Unix socket name (no file to leak; unguessable, see ``connect``).
     """
 
     instance: int

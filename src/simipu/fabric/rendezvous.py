@@ -205,7 +205,8 @@ class RendezvousServer:
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: leave new connections in the backlog for a moment (a readable listener would spin)."""
         (log.debug if self._warned_out_of_fds else log.warning)(
-            "fabric: the rendezvous cannot accept connections for now (%s); retrying in %g s", exc.strerror, ACCEPT_PAUSE)
+            "fabric: the rendezvous cannot accept connections for now (%s); retrying in %g s",
+            exc.strerror, ACCEPT_PAUSE)
         self._warned_out_of_fds = True
         self._selector.unregister(self._listener)
         self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
