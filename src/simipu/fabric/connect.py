@@ -1,9 +1,12 @@
 """Joining the job's fabric: listen, check in at the rendezvous, connect the data mesh.
 
 Each instance listens on a TCP port (``bind_host``, port 0) and, unless the
-transport is forced to TCP, on an abstract-namespace Unix socket
-``\\0poprun-<job_id>-<instance>`` (abstract, so nothing is left on disk even
-after SIGKILL; ``Peer.unix_name`` holds the name without the leading NUL).
+transport is forced to TCP, on an abstract-namespace Unix socket (abstract, so
+nothing is left on disk even after SIGKILL; ``Peer.unix_name`` holds the name
+without the leading NUL). Abstract names belong to whoever binds them first
+and any local user can list them (/proc/net/unix), so the name carries 128
+random bits (``\\0poprun-<instance>-<32 hex digits>``): no one can bind it
+before us, and peers learn it only from the authenticated peer table.
 Instances on the same host talk over the Unix socket (and, on x86-64, the
 shared-memory mailboxes of ``mailbox``, whose segments they exchange over it
 once), the others over TCP with TCP_NODELAY. The same host means the same
@@ -15,7 +18,9 @@ Instance i connects to every j > i and accepts from every j < i. A data
 connection opens with a hello carrying (from, to, a fresh nonce) and an
 HMAC-SHA256 of them under the job's token; the acceptor answers with an HMAC
 over the same nonce. A connection that cannot prove it knows the token is
-closed and logged, and the job goes on: two jobs on one host never mix.
+closed and logged, and the job goes on: two jobs on one host never mix. A
+hello is read from at most ``MAX_UNKNOWN`` connections at a time (the oldest
+makes room), so strangers who connect cost a bounded number of descriptors.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import hashlib
 import hmac
 import logging
 import os
+import secrets
 import select
 import socket
 import struct
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 
 from .engine import Fabric
 from .errors import FabricError, PeerLostError, RendezvousError
+from .frames import heartbeat_interval
 from .mailbox import MailboxSegment, supported as mailboxes_supported
 from .member import ControlChannel, join
 from .membership import Membership, Peer
@@ -46,6 +53,8 @@ _ACK = struct.Struct("<4s32s")  # magic, mac
 _HELLO_MAGIC, _ACK_MAGIC, _MAILBOX_MAGIC = b"PFH1", b"PFA1", b"PFM1"
 #: Socket buffers for same-host links: big enough that a large frame moves in few system calls.
 UNIX_BUFFER_BYTES = 4 * 1024 * 1024
+#: Accepted connections that have not yet said who they are, at most (see the module docstring).
+MAX_UNKNOWN = 64
 TRANSPORTS = ("auto", "tcp")
 
 
@@ -56,7 +65,8 @@ def connect(rendezvous: tuple[str, int], token: bytes, *, job_id: str, instance:
 
     ``startup_timeout`` bounds the wait for every instance to check in;
     ``timeout`` bounds connecting the data mesh once they have (and, later,
-    the clean-up after a collective mismatch; see ``engine``). ``bind_host``
+    the clean-up after a collective mismatch; see ``engine``); it is also
+    the launcher's heartbeat timeout, so heartbeats go often enough for it. ``bind_host``
     is the address peers on other hosts reach this instance at;
     ``host_label`` names its host (default: the hostname), see the module
     docstring. An instance that cannot build its mesh leaves the rendezvous
@@ -67,7 +77,8 @@ def connect(rendezvous: tuple[str, int], token: bytes, *, job_id: str, instance:
     listeners = Listeners.open(job_id, instance, transport, bind_host)
     try:
         me = listeners.peer(instance, transport, host_label)
-        membership, control = join(rendezvous, token, me, num_instances, job_id=job_id, timeout=startup_timeout)
+        membership, control = join(rendezvous, token, me, num_instances, job_id=job_id, timeout=startup_timeout,
+                                   beat_every=heartbeat_interval(timeout))
     except BaseException:
         listeners.close()
         raise
@@ -119,16 +130,13 @@ class Listeners:
         tcp = socket.create_server((bind_host, 0), backlog=128)
         unix = unix_name = None
         if transport != "tcp":
-            unix_name = f"poprun-{job_id}-{instance}"
+            unix_name = f"poprun-{instance}-{secrets.token_hex(16)}"  # unpredictable: see the module docstring
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 unix.bind("\0" + unix_name)
-            except OSError as exc:
+            except OSError:
                 tcp.close()
                 unix.close()
-                if exc.errno == errno.EADDRINUSE:
-                    raise FabricError(f"another process already listens as instance {instance} of job {job_id!r} "
-                                      "on this host; each job needs its own job id") from None
                 raise
             unix.listen(128)
         advertised = bind_host if bind_host not in ("", "0.0.0.0", "::") else socket.gethostname()
@@ -264,6 +272,7 @@ def _has_hello(link: Link) -> bool:
 
 def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pending:
     local = transport != "tcp" and peer.unix_name is not None and membership.same_host(peer.instance)
+    address: str | tuple[str, int]
     if local:
         sock, address, where = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), "\0" + str(peer.unix_name), "unix"
     else:
@@ -281,10 +290,13 @@ def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pendi
 def _accept(listener: socket.socket, pending: dict[int, _Pending]) -> None:
     try:
         sock, address = listener.accept()
-    except (BlockingIOError, InterruptedError):
+    except (BlockingIOError, InterruptedError, ConnectionAbortedError):
         return
     sock.setblocking(False)
     where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else "a local socket"
+    unknown = [fd for fd, item in pending.items() if item.peer is None]
+    if len(unknown) >= MAX_UNKNOWN:  # strangers are connecting: the oldest of them makes room
+        pending.pop(unknown[0]).sock.close()
     pending[sock.fileno()] = _Pending(sock, where=where)
 
 

@@ -255,7 +255,9 @@ def _flush_headers(sends: Sequence[Send], timeout: float) -> None:
             try:
                 n = send.link.sock.send(send.header[send.sent:], NOSIGNAL)
             except (BlockingIOError, InterruptedError):
-                select.select([], [send.link.sock], [], max(0.0, deadline - time.monotonic()))
+                poller = select.poll()  # not select(): the fd may be above FD_SETSIZE (1024)
+                poller.register(send.link.fd, select.POLLOUT)
+                poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
                 continue
             except OSError:
                 break

@@ -24,8 +24,9 @@ class ControlChannel:
     beyond that: one thread waits on it (the fabric's), one reads the socket.
     """
 
-    def __init__(self, sock: socket.socket, reader: FrameReader) -> None:
+    def __init__(self, sock: socket.socket, reader: FrameReader, beat_every: float = HEARTBEAT_INTERVAL) -> None:
         self._sock = sock
+        self._beat_every = beat_every
         self._reader = reader
         self._lost: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -73,12 +74,13 @@ class ControlChannel:
     def _run(self) -> None:
         while (message := self._reader.pop()) is not None:  # frames that came with the peer table
             self._handle(message)
-        next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+        next_beat = time.monotonic() + self._beat_every
+        poller = select.poll()  # not select(): this socket's number may be above FD_SETSIZE (1024)
+        poller.register(self._sock, select.POLLIN)
         while not self._closing:
             timeout = max(0.0, next_beat - time.monotonic())
             try:
-                readable, _, _ = select.select([self._sock], [], [], timeout)
-                if readable:
+                if poller.poll(timeout * 1000):
                     data = self._sock.recv(65536)
                     if not data:
                         raise ConnectionResetError("the rendezvous closed the connection")
@@ -88,7 +90,7 @@ class ControlChannel:
                     with self._lock:
                         if not self._closing:
                             self._sock.sendall(encode_frame({"hb": 1}))
-                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                    next_beat = time.monotonic() + self._beat_every
             except (OSError, ValueError) as exc:
                 if not self._closing:
                     self._mark_lost(LAUNCHER, f"the launcher's rendezvous is unreachable ({exc})")
@@ -134,8 +136,10 @@ def join(
     *,
     job_id: str,
     timeout: float,
+    beat_every: float = HEARTBEAT_INTERVAL,
 ) -> tuple[Membership, ControlChannel]:
-    """Check in, wait (at most ``timeout`` seconds) for every peer, and keep the line open."""
+    """Check in, wait (at most ``timeout`` seconds) for every peer, and keep the line open (a heartbeat
+    every ``beat_every`` seconds)."""
     deadline = time.monotonic() + timeout
     try:
         sock = socket.create_connection(address, timeout=timeout)
@@ -154,9 +158,9 @@ def join(
         while True:
             message = _receive(sock, reader, deadline)
             if "peers" in message:
-                peers = tuple(_peer(entry) for entry in message["peers"])
+                peers = _peer_table(message["peers"])
                 sock.settimeout(None)
-                return Membership(job_id, me.instance, peers), ControlChannel(sock, reader)
+                return Membership(job_id, me.instance, peers), ControlChannel(sock, reader, beat_every)
             if "error" in message:
                 missing = tuple(message.get("missing", ()))
                 if missing:
@@ -185,12 +189,9 @@ def _receive(sock: socket.socket, reader: FrameReader, deadline: float) -> dict[
     return message
 
 
-def _peer(entry: dict[str, Any]) -> Peer:
-    return Peer(
-        instance=int(entry["instance"]),
-        host_id=str(entry["host_id"]),
-        hostname=str(entry["hostname"]),
-        tcp_addr=(str(entry["tcp_addr"][0]), int(entry["tcp_addr"][1])),
-        unix_name=entry.get("unix_name"),
-        pid=int(entry["pid"]),
-    )
+
+def _peer_table(entries: Any) -> tuple[Peer, ...]:
+    try:
+        return tuple(Peer.from_wire(entry) for entry in entries)
+    except (TypeError, ValueError) as exc:
+        raise RendezvousError(f"the job's rendezvous sent a malformed peer table ({exc})") from None

@@ -4,12 +4,19 @@ The launcher binds the listening socket itself (port 0, kept open, so there
 is no pick-then-bind race) and passes its address down. Every connection
 proves it knows the job's secret by answering a challenge (HMAC-SHA256 over a
 fresh nonce): the secret itself never crosses the wire, and a connection that
-cannot answer is refused and logged, so two jobs on one host never mix.
+cannot answer is refused and logged (once per peer address), so two jobs on
+one host never mix. Until it has answered, a connection is hostile input and
+bounded as ``checkin`` says: small frames, a deadline of a few seconds, a cap
+on how many may wait; whatever it sends costs only that connection, never the
+rendezvous (which the whole job relies on to hear of losses).
 
 Start-up is one stage with its own deadline: once the first instance has
 checked in, the others have ``checkin_timeout`` seconds; on expiry every
 waiting instance gets an error naming the missing ones. (A program that never
-uses the fabric never checks in, and then nothing times out.)
+uses the fabric never checks in, and then nothing times out.) Heartbeats
+count only from the end of start-up: an instance waiting for slow starters
+(a program that imports torch or loads data before ``init()``) is not lost
+for being quiet while it waits.
 
 After start-up the connection stays open as a control channel: an instance
 whose connection closes without a clean leave, or that misses heartbeats for
@@ -21,22 +28,32 @@ Frames are a 4-byte big-endian length and a JSON object: never pickle.
 
 from __future__ import annotations
 
-import hmac
+import errno
 import logging
 import os
 import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .frames import HEARTBEAT_INTERVAL, FrameReader, challenge_answer, encode_frame
+from .checkin import CHECKIN_FRAME_DEADLINE, SPARE_PENDING, Refused, checkin_reader, parse_checkin
+from .frames import FrameReader, encode_frame, heartbeat_interval
 from .member import ControlChannel, join
 
 __all__ = ["ControlChannel", "RendezvousServer", "join"]
 
 log = logging.getLogger("poprun.rendezvous")
+
+#: accept() errors that mean "out of descriptors or memory": stop accepting for a moment, not for good.
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+#: Seconds the rendezvous stops accepting after running out of descriptors (connections wait in the backlog).
+ACCEPT_PAUSE = 0.5
+#: Connections taken from the backlog per wake-up: a flood cannot starve the instances' own connections.
+_ACCEPTS_PER_WAKE = 32
+#: Peer addresses remembered so that each one's refusals are logged once.
+_REMEMBERED_REFUSALS = 1024
 
 
 def _format_indices(indices: tuple[int, ...]) -> str:
@@ -46,12 +63,18 @@ def _format_indices(indices: tuple[int, ...]) -> str:
 @dataclass(eq=False)
 class _Connection:
     sock: socket.socket
-    address: str
+    host: str
+    port: int
     nonce: bytes
-    reader: FrameReader = field(default_factory=FrameReader)
+    opened: float = field(default_factory=time.monotonic)
+    reader: FrameReader = field(default_factory=checkin_reader)
     instance: int | None = None
     last_seen: float = field(default_factory=time.monotonic)
     left: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
 
 
 class RendezvousServer:
@@ -66,20 +89,27 @@ class RendezvousServer:
         checkin_timeout: float = 60.0,
         heartbeat_timeout: float = 10.0,
         on_timeout: Callable[[tuple[int, ...], str], None] | None = None,
+        checkin_frame_deadline: float = CHECKIN_FRAME_DEADLINE,
     ) -> None:
         self._num_instances = num_instances
         self._token = token
         self._checkin_timeout = checkin_timeout
         self._heartbeat_timeout = heartbeat_timeout
         self._on_timeout = on_timeout
+        self._frame_deadline = checkin_frame_deadline
+        self._max_pending = num_instances + SPARE_PENDING
         self._listener = socket.create_server((bind_host, 0), backlog=max(128, num_instances))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._selector = selectors.DefaultSelector()
         self._connections: set[_Connection] = set()
+        self._pending: dict[_Connection, None] = {}  # not yet authenticated, oldest first
         self._checked_in: dict[int, _Connection] = {}
         self._peers: dict[int, dict[str, Any]] = {}
         self._lost: dict[int, str] = {}
         self._checkin_deadline: float | None = None
+        self._accept_paused_until: float | None = None
+        self._refused_hosts: set[str] = set()
+        self._warned_out_of_fds = False
         self._complete = False
         self._timed_out = False
         self._stop_r, self._stop_w = os.pipe()
@@ -109,35 +139,79 @@ class RendezvousServer:
 
     # -- the loop ------------------------------------------------------------------
     def _serve(self) -> None:
+        """The loop; a fault in handling one connection drops that connection, never the loop."""
         while True:
             for key, _ in self._selector.select(self._next_timeout()):
                 if key.data == "stop":
                     return
                 if key.data is None:
                     self._accept()
-                else:
-                    self._read(key.data)
-            self._check_deadlines()
+                elif key.data in self._connections:  # (not one dropped earlier in this round)
+                    self._guarded(self._read, key.data)
+            try:
+                self._check_deadlines()
+            except Exception:
+                log.exception("fabric: the rendezvous failed checking its deadlines (it goes on)")
+
+    def _guarded(self, handle: Callable[[_Connection], None], connection: _Connection) -> None:
+        try:
+            handle(connection)
+        except Exception:
+            log.exception("fabric: dropped the connection from %s after an internal error", connection.address)
+            self._drop(connection)
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        deadlines = [now + HEARTBEAT_INTERVAL]
+        deadlines = [now + heartbeat_interval(self._heartbeat_timeout)]
         if self._checkin_deadline is not None:
             deadlines.append(self._checkin_deadline)
+        if self._accept_paused_until is not None:
+            deadlines.append(self._accept_paused_until)
+        oldest = next(iter(self._pending), None)
+        if oldest is not None:
+            deadlines.append(oldest.opened + self._frame_deadline)
         return max(0.0, min(deadlines) - now)
 
+    # -- new connections -----------------------------------------------------------
     def _accept(self) -> None:
-        try:
-            sock, address = self._listener.accept()
-        except BlockingIOError:
-            return
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._pause_accepting(exc)
+                    return
+                continue  # that connection failed before we got it (ECONNABORTED and the like)
+            try:
+                self._admit(sock, address)
+            except Exception:
+                log.exception("fabric: could not take a connection from %s", address)
+                sock.close()
+
+    def _admit(self, sock: socket.socket, address: tuple[Any, ...]) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = _Connection(sock, f"{address[0]}:{address[1]}", os.urandom(32))
+        connection = _Connection(sock, str(address[0]), int(address[1]), os.urandom(32))
+        if len(self._pending) >= self._max_pending:  # a flood: the oldest waiter makes room
+            oldest = next(iter(self._pending))
+            self._refuse(oldest, f"more than {self._max_pending} connections were waiting to check in")
         self._connections.add(connection)
+        self._pending[connection] = None
         self._selector.register(sock, selectors.EVENT_READ, connection)
         self._send(connection, {"nonce": connection.nonce.hex()})
 
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Out of descriptors: leave new connections in the backlog for a moment (a readable listener would spin)."""
+        (log.debug if self._warned_out_of_fds else log.warning)(
+            "fabric: the rendezvous cannot accept connections for now (%s); retrying in %g s",
+            exc.strerror, ACCEPT_PAUSE)
+        self._warned_out_of_fds = True
+        self._selector.unregister(self._listener)
+        self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
+
+    # -- traffic -------------------------------------------------------------------
     def _read(self, connection: _Connection) -> None:
         try:
             data = connection.sock.recv(65536)
@@ -156,49 +230,45 @@ class RendezvousServer:
             return
         for message in messages:
             if connection.instance is None:
-                self._check_in(connection, message)
-                if connection.instance is None:
+                try:
+                    self._check_in(connection, message)
+                except Refused as refused:
+                    self._refuse(connection, str(refused))
                     return
             elif message.get("bye"):
                 connection.left = True
 
     def _check_in(self, connection: _Connection, message: dict[str, Any]) -> None:
-        answer = str(message.get("auth", ""))
-        if not hmac.compare_digest(answer, challenge_answer(self._token, connection.nonce)):
-            self._refuse(connection, "it does not know this job's token")
-            return
-        try:
-            peer = message["peer"]
-            instance = int(peer["instance"])
-            num_instances = int(message["num_instances"])
-        except (KeyError, TypeError, ValueError):
-            self._refuse(connection, "its check-in is malformed")
-            return
-        if num_instances != self._num_instances or not 0 <= instance < self._num_instances:
-            self._refuse(connection, f"it claims instance {instance} of {num_instances}, but the job has {self._num_instances}")
-            return
-        if instance in self._checked_in or instance in self._lost:
-            self._refuse(connection, f"instance {instance} has already checked in")
-            return
+        peer = parse_checkin(message, self._token, connection.nonce, self._num_instances).peer
+        if peer.instance in self._checked_in or peer.instance in self._lost:
+            raise Refused(f"instance {peer.instance} has already checked in")
         if self._timed_out:
-            self._refuse(connection, f"instance {instance} checked in after the start-up deadline")
-            return
-        connection.instance = instance
-        self._checked_in[instance] = connection
-        self._peers[instance] = peer
-        log.debug("instance %d checked in from %s", instance, connection.address)
+            raise Refused(f"instance {peer.instance} checked in after the start-up deadline")
+        del self._pending[connection]
+        connection.instance = peer.instance
+        self._checked_in[peer.instance] = connection
+        self._peers[peer.instance] = asdict(peer)
+        log.debug("instance %d checked in from %s", peer.instance, connection.address)
         if self._checkin_deadline is None:
             self._checkin_deadline = time.monotonic() + self._checkin_timeout
         if len(self._checked_in) == self._num_instances:
             self._complete = True
             self._checkin_deadline = None
             table = [self._peers[i] for i in range(self._num_instances)]
+            now = time.monotonic()
             for other in self._checked_in.values():
+                other.last_seen = now  # heartbeats count from here: waiting for slow starters is not silence
                 self._send(other, {"peers": table})
             log.debug("all %d instances checked in", self._num_instances)
 
     def _refuse(self, connection: _Connection, why: str) -> None:
-        log.warning("refused a fabric connection from %s: %s", connection.address, why)
+        if connection.host in self._refused_hosts:
+            log.debug("refused a fabric connection from %s: %s", connection.address, why)
+        else:
+            if len(self._refused_hosts) < _REMEMBERED_REFUSALS:
+                self._refused_hosts.add(connection.host)
+            log.warning("refused a fabric connection from %s: %s (further refusals of %s are logged at debug level)",
+                        connection.address, why, connection.host)
         self._send(connection, {"error": f"refused by the job's rendezvous: {why}"})
         self._forget(connection)
 
@@ -209,6 +279,7 @@ class RendezvousServer:
 
     def _forget(self, connection: _Connection) -> None:
         self._connections.discard(connection)
+        self._pending.pop(connection, None)
         try:
             self._selector.unregister(connection.sock)
         except (KeyError, ValueError):
@@ -227,25 +298,38 @@ class RendezvousServer:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+        while self._pending:
+            oldest = next(iter(self._pending))
+            if now - oldest.opened < self._frame_deadline:
+                break
+            self._refuse(oldest, f"it did not check in within {self._frame_deadline:g} s of connecting")
         if self._checkin_deadline is not None and now >= self._checkin_deadline:
-            self._checkin_deadline = None
-            self._timed_out = True
-            missing = tuple(i for i in range(self._num_instances) if i not in self._peers)
-            message = (
-                f"instances {_format_indices(missing)} did not check in to the fabric within "
-                f"{self._checkin_timeout:g} s of the first"
-            )
-            log.error("%s", message)
-            for other in list(self._checked_in.values()):
-                self._send(other, {"error": message, "missing": list(missing)})
-            if self._on_timeout is not None:
-                self._on_timeout(missing, message)
+            self._start_up_timed_out()
+        if not self._complete:
+            return  # an instance waiting for the others sends no heartbeats; its exit is still seen at once
         for connection in list(self._checked_in.values()):
             if not connection.left and now - connection.last_seen > self._heartbeat_timeout:
                 instance = connection.instance
                 assert instance is not None
                 self._forget(connection)
                 self._declare_lost(instance, f"no heartbeat for {self._heartbeat_timeout:g} s: its host may be unreachable")
+
+    def _start_up_timed_out(self) -> None:
+        self._checkin_deadline = None
+        self._timed_out = True
+        missing = tuple(i for i in range(self._num_instances) if i not in self._peers)
+        message = (
+            f"instances {_format_indices(missing)} did not check in to the fabric within "
+            f"{self._checkin_timeout:g} s of the first"
+        )
+        log.error("%s", message)
+        for other in list(self._checked_in.values()):
+            self._send(other, {"error": message, "missing": list(missing)})
+        if self._on_timeout is not None:
+            self._on_timeout(missing, message)
 
     def _send(self, connection: _Connection, message: dict[str, Any]) -> None:
         try:

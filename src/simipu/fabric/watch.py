@@ -63,4 +63,6 @@ class LossWatch:
             left = deadline - time.monotonic()
             if left <= 0:
                 return PeerLostError(peer, reason)
-            select.select([self.fd], [], [], left)
+            poller = select.poll()  # not select(): the fd may be above FD_SETSIZE (1024)
+            poller.register(self.fd, select.POLLIN)
+            poller.poll(left * 1000)
