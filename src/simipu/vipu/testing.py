@@ -43,8 +43,13 @@ class RunningServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def client(self, timeout: float = 10.0) -> VipuClient:
-        return VipuClient(self.host, port=self.port, timeout=timeout)
+    def client(self, timeout: float = 10.0, authenticated: bool = True) -> VipuClient:
+        """A client of this server, with the token of ``default_token_path()`` (where the server put it)."""
+        from simipu.vipu.api import default_token_path
+        from simipu.vipu.token import read_token
+
+        token = read_token(default_token_path()) if authenticated else None
+        return VipuClient(self.host, port=self.port, timeout=timeout, token=token)
 
 
 def read_line(stream: IO[bytes], deadline: float) -> bytes:
