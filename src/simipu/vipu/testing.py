@@ -85,13 +85,25 @@ def stop_process(process: "subprocess.Popen[bytes]", grace: float = 5.0) -> Opti
 
 
 def start_server_process(state_path: os.PathLike[str] | str, *, cluster: Optional[str] = None,
-                         host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0) -> RunningServer:
-    """Start ``simipu vipu-server`` and wait until it says where it listens."""
+                         host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0,
+                         options: Sequence[str] = (), open_files: Optional[int] = None) -> RunningServer:
+    """Start ``simipu vipu-server`` (with more ``options``) and wait until it says where it listens.
+
+    ``open_files`` lowers the server's descriptor limit (1024 is many systems' default).
+    """
     command = [sys.executable, "-m", "simipu.cli", "vipu-server", "--host", host, "--port", str(port),
-               "--state", os.fspath(state_path)]
+               "--state", os.fspath(state_path), *options]
     if cluster is not None:
         command += ["--cluster", cluster]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def limit_open_files() -> None:
+        if open_files is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=limit_open_files if open_files is not None else None)
     assert process.stdout is not None and process.stderr is not None
     try:
         line = read_line(process.stdout, time.monotonic() + startup_timeout).decode()
