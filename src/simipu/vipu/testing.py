@@ -48,7 +48,7 @@ class RunningServer:
         from simipu.vipu.api import default_token_path
         from simipu.vipu.token import read_token
 
-        token = read_token(default_token_path()) if authenticated else None
+        token = read_token(default_token_path(), missing_ok=True) if authenticated else None
         return VipuClient(self.host, port=self.port, timeout=timeout, token=token)
 
 
