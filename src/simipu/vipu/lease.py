@@ -71,9 +71,8 @@ class Lease:
         return process_start(self.pid) == self.start
 
     def same_holder(self, other: Optional["Lease"]) -> bool:
-        """The same process (the job is a label, not part of the identity)."""
-        return other is not None and (self.host, self.boot, self.pid, self.start) == (
-            other.host, other.boot, other.pid, other.start)
+        """The same launch: same process and job (two launches in one process's threads are two holders)."""
+        return other == self
 
     def describe(self) -> str:
         job = f" of job {self.job}" if self.job else ""

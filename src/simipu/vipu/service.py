@@ -186,7 +186,7 @@ class VipuService:
             raise ClusterNotFound(f"no V-IPU cluster named {name!r} (known: {known or 'none'})")
         return Cluster(name=row[0], size=row[1])
 
-    def _partitions(self, db: sqlite3.Connection, name: Optional[str] = None) -> list[Partition]:
+    def _partitions(self, db: sqlite3.Connection, name: Optional[str] = None, hide_dead: bool = True) -> list[Partition]:
         """The partitions as a reader should see them: a dead lease's partition or hold is gone already."""
         where, args = ("WHERE name = ?", (name,)) if name is not None else ("", ())
         rows = db.execute(f"SELECT {_COLUMNS} FROM partitions {where} ORDER BY name", args).fetchall()
@@ -199,13 +199,13 @@ class VipuService:
         holders: dict[str, list[Lease]] = {}
         for partition, text in db.execute(f"SELECT DISTINCT partition, holder FROM holds {ipu_where}", args):
             holder = _lease_of(text)
-            if holder is not None and holder.alive() is not False:
+            if holder is not None and not (hide_dead and holder.alive() is False):
                 holders.setdefault(partition, []).append(holder)
         clusters = {n: Cluster(n, s) for n, s in db.execute("SELECT name, size FROM clusters")}
         found = []
         for row in rows:
             lease = _lease_of(row[11])
-            if lease is not None and lease.alive() is False:
+            if hide_dead and lease is not None and lease.alive() is False:
                 continue  # its creator is gone: reclaimed by the next write
             owned = tuple(ipus.get(row[0], ()))
             cluster = clusters[row[1]]
@@ -218,9 +218,9 @@ class VipuService:
             ))
         return found
 
-    def _partition(self, db: sqlite3.Connection, name: str) -> Partition:
+    def _partition(self, db: sqlite3.Connection, name: str, hide_dead: bool = True) -> Partition:
         check_partition_name(name)
-        found = self._partitions(db, name)
+        found = self._partitions(db, name, hide_dead)
         if not found:
             raise PartitionNotFound(f"no V-IPU partition named {name!r}; create it first (simipu vipu create partition)")
         return found[0]
@@ -297,8 +297,8 @@ class VipuService:
             )
             self._store_ipus(db, cluster.name, request.name, ipus)
             if holder is not None:
-                self._hold(db, self._partition(db, request.name), holder)
-            partition = self._partition(db, request.name)
+                self._hold(db, self._partition(db, request.name, hide_dead=False), holder)
+            partition = self._partition(db, request.name, hide_dead=False)
         log.info("created partition %s: %d IPUs %s of %s", partition.name, partition.size, list(ipus), cluster.name)
         return partition
 
