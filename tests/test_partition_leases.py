@@ -19,7 +19,7 @@ import pytest
 
 from poprun_py import errors
 from simipu.vipu import VipuService
-from simipu.vipu.testing import server_process
+from simipu.vipu.testing import server_process, start_server_process, stop_process
 from support import RUN_TIMEOUT, poprun_command, python_program, run_poprun
 
 
@@ -161,3 +161,24 @@ def test_two_state_directories_cannot_hold_the_same_partition_of_one_server(
     assert f"in use by pid {first.pid}".encode() in second.stderr
     assert partition.reset_count == 0  # the running job's partition was not reset under it
     assert code == 0, err.decode()
+
+
+def test_a_partition_left_behind_by_a_server_down_at_the_end_is_reclaimed(tmp_path: Path, gate: Gate) -> None:
+    state = tmp_path / "server.sqlite"
+    env = {**os.environ, "RELEASE_SOCKET": str(gate.path)}
+    running = start_server_process(state)
+    where = ["--vipu-server-host", "127.0.0.1", "--vipu-server-port", str(running.port), "--num-replicas", "4"]
+    try:
+        first = start("-v", *where, *python_program("hold_until_released.py"), env=env)
+        gate.wait_for(1, [first])
+        leftover = gate.arrived[0][0]
+    finally:
+        stop_process(running.process)  # the server goes away while the job runs
+        gate.open()
+    (code, err), = finish([first])
+    assert code == 0 and f"could not remove partition {leftover}".encode() in err  # a warning, not the job's result
+    with server_process(state, port=running.port) as again:
+        second = run_poprun("-v", *where, "true")
+        assert second.returncode == 0, second.stderr.decode()
+        assert b"only one available" not in second.stderr
+        assert again.client().list_partitions() == []  # the leftover was reclaimed, the new one removed

@@ -188,22 +188,25 @@ def test_a_planted_symlink_lock_is_refused_and_its_target_unchanged(tmp_path: Pa
     assert secret.read_bytes() == b"root's secret\n"
 
 
-@pytest.mark.parametrize("how", ["owned by nobody", "writable by all"])
-def test_a_state_directory_others_can_change_is_refused(how: str) -> None:
-    state_dir = Path(os.environ["XDG_STATE_HOME"]) / "poprun-py"
-    state_dir.mkdir(mode=0o700)
+@pytest.mark.parametrize("directory, how", [("poprun-py", "owned by nobody"), ("poprun-py", "writable by all"),
+                                            ("poprun-py/devices", "owned by nobody")])
+def test_a_state_directory_others_can_change_is_refused(directory: str, how: str) -> None:
+    unsafe = Path(os.environ["XDG_STATE_HOME"]) / directory
+    unsafe.mkdir(mode=0o700, parents=True)
+    unsafe.parent.chmod(0o700)
     if how == "owned by nobody":
         if os.geteuid() != 0:
             pytest.skip("giving a directory to another user needs root")
         import pwd
 
-        os.chown(state_dir, pwd.getpwnam("nobody").pw_uid, -1)
+        os.chown(unsafe, pwd.getpwnam("nobody").pw_uid, -1)
     else:
-        state_dir.chmod(0o777)
-    result = run_poprun("--num-replicas", "1", "true")
+        unsafe.chmod(0o777)
+    result = run_poprun("--num-replicas", "1", "sh", "-c", "echo ran")
     assert result.returncode == errors.EXIT_VIPU_ERROR, result.stderr
-    assert len(result.stderr.splitlines()) == 1 and str(state_dir).encode() in result.stderr
-    assert not (state_dir / "vipu.sqlite").exists()
+    assert len(result.stderr.splitlines()) == 1 and str(unsafe).encode() in result.stderr
+    assert result.stdout == b""
+    assert not list(unsafe.glob("**/*.lock"))  # nothing written in it
 
 
 def test_state_directories_are_created_private() -> None:

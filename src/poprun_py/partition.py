@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 
 from popdist.env import DEFAULT_VIPU_PORT
-from simipu.devices import Device, DeviceBusy, attach
+from simipu.devices import Device, DeviceBusy, DeviceError, attach
 from simipu.hardware import device_id
 from simipu.vipu import (
     Lease,
@@ -240,10 +240,12 @@ def attach_devices(spec: LaunchSpec, lease: PartitionLease, job_id: str) -> dict
     try:
         for index in range(spec.num_instances):
             devices[index] = attach(partition, device_id(partition.size, ipus_per_instance, index), job=job_id)
-    except DeviceBusy as exc:
+    except DeviceError as exc:
         for device in devices.values():
             device.detach()
-        raise DevicesUnavailable(f"{exc}; wait for it to finish, or use another partition") from None
+        if isinstance(exc, DeviceBusy):
+            raise DevicesUnavailable(f"{exc}; wait for it to finish, or use another partition") from None
+        raise VipuServiceError(str(exc)) from None  # an unsafe device directory, say
     log.info("Found %d children (expected %d) of device %d with %d IPUs each", len(devices), spec.num_instances,
              partition.parent_device_id, ipus_per_instance)
     return devices

@@ -28,13 +28,18 @@ def private_dir(path: Path) -> Path:
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise UnsafePath(f"{path} is not a directory (a symlink or a file is there); move it away")
-    if info.st_uid != os.geteuid():
-        raise UnsafePath(f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
-                         "use your own state directory (XDG_STATE_HOME)")
-    if info.st_mode & 0o022:
-        raise UnsafePath(f"{path} can be written by other users (mode {stat.S_IMODE(info.st_mode):04o}); "
-                         f"run 'chmod 700 {path}'")
+    refuse_unless_own(info, path, 0o022, "can be written by other users", f"chmod 700 {path}",
+                      "use your own state directory (XDG_STATE_HOME)")
     return path
+
+
+def refuse_unless_own(info: os.stat_result, what: object, others_bits: int, others_can: str, fix: str,
+                      not_yours: str) -> None:
+    """Raise UnsafePath unless ``info`` is ours and none of ``others_bits`` is set."""
+    if info.st_uid != os.geteuid():
+        raise UnsafePath(f"{what} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); {not_yours}")
+    if info.st_mode & others_bits:
+        raise UnsafePath(f"{what} {others_can} (mode {stat.S_IMODE(info.st_mode):04o}); run '{fix}'")
 
 
 def open_no_follow(path: Path, flags: int, mode: int = 0o600) -> int:

@@ -94,7 +94,8 @@ class VipuClient:
         with socket.create_connection((self.host, self.port), timeout=remaining()) as sock:
             sock.settimeout(remaining())
             sock.sendall(message)
-            chunks, size = [], 0
+            chunks: list[bytes] = []
+            size = 0
             while True:
                 sock.settimeout(remaining())  # the whole reply within the deadline, however it trickles in
                 chunk = sock.recv(65536)
@@ -179,7 +180,7 @@ class VipuClient:
 
     def cluster(self, name: Optional[str] = None) -> Cluster:
         if name is not None:
-            return Cluster.from_json(self._request("GET", "/clusters/" + quote(name, safe="")).get("cluster"))
+            return Cluster.from_json(self._request("GET", "/clusters/" + quote(name, safe="")).get("cluster") or {})
         reply = self._request("GET", "/clusters")
         for data in reply.get("clusters", []):
             cluster = Cluster.from_json(data)

@@ -80,8 +80,8 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "simipu-vipu/1"
 
     def setup(self) -> None:
-        self.timeout = self.server.limits.io_timeout  # StreamRequestHandler sets it on the socket
         super().setup()
+        self.connection.settimeout(self.server.limits.io_timeout)  # each read and write of this connection
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()

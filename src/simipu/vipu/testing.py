@@ -149,9 +149,9 @@ def concurrent_allocations(target: Sequence[str], processes: int, count: int, si
                  "--count", str(count), "--size", str(size)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         for process in started:
-            assert process.stdout is not None
+            assert process.stdout is not None and process.stderr is not None
             if read_line(process.stdout, deadline) != b"ready\n":
-                raise RuntimeError(f"allocator {process.args} did not start: {process.stderr.read()!r}")
+                raise RuntimeError(f"allocator {process.args!r} did not start: {process.stderr.read()!r}")
         for process in started:
             assert process.stdin is not None
             process.stdin.write(b"go\n")

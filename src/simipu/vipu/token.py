@@ -14,19 +14,15 @@ import stat
 from pathlib import Path
 from typing import Optional
 
-from simipu.private_files import UnsafePath, open_no_follow
+from simipu.private_files import UnsafePath, open_no_follow, refuse_unless_own
 
 
 def _checked(fd: int, path: Path) -> None:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise UnsafePath(f"the V-IPU token file {path} is not a regular file")
-    if info.st_uid != os.geteuid():
-        raise UnsafePath(f"the V-IPU token file {path} belongs to uid {info.st_uid}, not to you; "
-                         "copy it into a file of your own (mode 0600)")
-    if info.st_mode & 0o077:
-        raise UnsafePath(f"the V-IPU token file {path} can be read by others (mode "
-                         f"{stat.S_IMODE(info.st_mode):04o}); run 'chmod 600 {path}'")
+    refuse_unless_own(info, f"the V-IPU token file {path}", 0o077, "can be read by others", f"chmod 600 {path}",
+                      "copy it into a file of your own (mode 0600)")
 
 
 def read_token(path: Path, missing_ok: bool = False) -> Optional[str]:
