@@ -135,8 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
         offered = self.headers.get("Authorization", "")
         scheme, _, token = offered.partition(" ")
         if scheme != "Bearer" or not hmac.compare_digest(token.strip().encode(errors="replace"), expected.encode()):
-            log.warning("V-IPU server: refused %s %s from %s: %s", self.command, self.path, self.address_string(),
-                        "wrong token" if offered else "no token")
+            peer = self.client_address[0]
+            first = self.server.first_refusal(peer)  # once per peer: a flood of refusals must not flood the log
+            log.log(logging.WARNING if first else logging.DEBUG, "V-IPU server: refused %s %s from %s: %s%s",
+                    self.command, self.path, peer, "wrong token" if offered else "no token",
+                    " (further refusals of this peer are logged at debug level)" if first else "")
             raise VipuUnauthorized(
                 "changes need the V-IPU server's token: give the client the server's token file "
                 "(SIMIPU_VIPU_TOKEN_FILE, default $XDG_STATE_HOME/poprun-py/vipu-server.token)"
@@ -245,6 +248,7 @@ class _HttpServer(ThreadingHTTPServer):
         self.limits = limits
         self._lock = threading.Lock()
         self._open: dict[socket.socket, _Connection] = {}  # oldest first
+        self._refused: set[str] = set()
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -264,6 +268,14 @@ class _HttpServer(ThreadingHTTPServer):
             self._open[request] = connection
         connection.timer.start()
         super().process_request(request, client_address)
+
+    def first_refusal(self, peer: str) -> bool:
+        """True the first time ``peer`` is refused (remembers at most 4096 peers)."""
+        with self._lock:
+            if peer in self._refused or len(self._refused) >= 4096:
+                return False
+            self._refused.add(peer)
+            return True
 
     def mark_busy(self, request: Any) -> None:
         with self._lock:
