@@ -22,7 +22,7 @@ from simipu.vipu import (
     PartitionExists, PartitionInUse, PartitionNotFound, PartitionRequest, PartitionTooLarge, VipuApi, VipuClient, VipuService, VipuStateError,
     default_state_path, open_vipu,
 )
-from simipu.vipu.lease import boot_id, process_start
+from simipu.vipu.lease import boot_id, pid_namespace, process_start
 from simipu.vipu.server import VipuServer
 
 
@@ -217,7 +217,8 @@ def dead_lease() -> Lease:
     child.kill()
     child.wait(10)
     assert start is not None
-    return Lease(host=socket.gethostname(), boot=boot_id(), pid=child.pid, start=start, job="gone")
+    return Lease(host=socket.gethostname(), boot=boot_id(), pid=child.pid, start=start, job="gone",
+                 pidns=pid_namespace())
 
 
 def me(job: str = "mine") -> Lease:
@@ -276,3 +277,8 @@ def test_a_state_file_from_before_leases_is_upgraded(tmp_path: Path) -> None:
         db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     service = VipuService(state)
     assert service.claim_partition("old", me()).holders == (me(),)
+
+
+def test_a_lease_of_another_pid_namespace_is_never_judged_here(dead_lease: Lease) -> None:
+    assert dead_lease.alive() is False
+    assert replace(dead_lease, pidns="pid:[1]").alive() is None  # its pid names another process here

@@ -29,6 +29,15 @@ def boot_id() -> str:
         return ""
 
 
+@lru_cache(maxsize=1)
+def pid_namespace() -> str:
+    """This process's pid namespace (``pid:[4026531836]``): pids mean something only within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def process_start(pid: int) -> Optional[int]:
     """The start time of process ``pid`` in clock ticks since boot, or None if there is no such process."""
     try:
@@ -50,21 +59,26 @@ class Lease:
     pid: int
     start: int
     job: Optional[str] = None
+    pidns: str = ""
 
     @classmethod
     def of_this_process(cls, job: Optional[str] = None) -> "Lease":
         pid = os.getpid()
         start = process_start(pid)
         assert start is not None  # this process exists
-        return cls(host=socket.gethostname(), boot=boot_id(), pid=pid, start=start, job=job)
+        return cls(host=socket.gethostname(), boot=boot_id(), pid=pid, start=start, job=job, pidns=pid_namespace())
 
     @property
     def is_local(self) -> bool:
         return self.host == socket.gethostname()
 
     def alive(self) -> Optional[bool]:
-        """True or False on the lease's own host; None elsewhere (only that host can tell)."""
-        if not self.is_local:
+        """True or False on the lease's own host; None elsewhere (only that host can tell).
+
+        A lease of another pid namespace (a container with the same host name)
+        is unknown too: its pid names another process here.
+        """
+        if not self.is_local or self.pidns != pid_namespace():
             return None
         if self.boot != boot_id():
             return False  # written before this boot: every process of it is gone
@@ -79,7 +93,8 @@ class Lease:
         return f"pid {self.pid} on {self.host}{job}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "boot": self.boot, "pid": self.pid, "start": self.start, "job": self.job}
+        return {"host": self.host, "boot": self.boot, "pid": self.pid, "start": self.start, "job": self.job,
+                "pidns": self.pidns}
 
     @classmethod
     def from_json(cls, data: Any) -> "Lease":
@@ -87,6 +102,7 @@ class Lease:
             raise VipuProtocolError(f"a lease must be a JSON object, got {type(data).__name__}")
         try:
             host, boot, pid, start, job = (data["host"], data["boot"], data["pid"], data["start"], data.get("job"))
+            pidns = data.get("pidns", "")
         except KeyError as exc:
             raise VipuProtocolError(f"a lease lacks the field {exc}") from None
         if not (isinstance(host, str) and host and isinstance(boot, str) and len(host) <= 255 and len(boot) <= 64):
@@ -95,4 +111,6 @@ class Lease:
             raise VipuProtocolError("a lease's pid and start must be non-negative integers")
         if job is not None and not (isinstance(job, str) and len(job) <= 128):
             raise VipuProtocolError("a lease's job must be a string of at most 128 characters")
-        return cls(host=host, boot=boot, pid=pid, start=start, job=job)
+        if not (isinstance(pidns, str) and len(pidns) <= 64):
+            raise VipuProtocolError("a lease's pidns must be a string of at most 64 characters")
+        return cls(host=host, boot=boot, pid=pid, start=start, job=job, pidns=pidns)
