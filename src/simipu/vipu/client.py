@@ -29,6 +29,18 @@ MAX_REPLY_BYTES = 16 << 20
 """A reply larger than this is not a V-IPU server's (a partition list of a POD256 is a few hundred KiB)."""
 
 
+def _complete(reply: bytearray) -> bool:
+    """Whether ``reply`` holds its headers and the Content-Length they announce (else read to the close)."""
+    head, found, body = bytes(reply).partition(b"\r\n\r\n")
+    if not found:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return len(body) >= int(value)
+    return False
+
+
 class _Replayed(io.BytesIO):
     """The bytes of a whole reply, for ``http.client.HTTPResponse`` to parse (it reads a socket's file)."""
 
@@ -94,17 +106,16 @@ class VipuClient:
         with socket.create_connection((self.host, self.port), timeout=remaining()) as sock:
             sock.settimeout(remaining())
             sock.sendall(message)
-            chunks: list[bytes] = []
-            size = 0
-            while True:
+            reply = bytearray()
+            while not _complete(reply):
                 sock.settimeout(remaining())  # the whole reply within the deadline, however it trickles in
                 chunk = sock.recv(65536)
                 if not chunk:
-                    return b"".join(chunks)
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_REPLY_BYTES:
+                    break
+                reply += chunk
+                if len(reply) > MAX_REPLY_BYTES:
                     raise http.client.HTTPException(f"a reply of more than {MAX_REPLY_BYTES} bytes")
+            return bytes(reply)
 
     def _describe(self, reason: object) -> str:
         if isinstance(reason, (TimeoutError, socket.timeout)):
