@@ -161,7 +161,7 @@ def _find_or_create(api: VipuApi, spec: LaunchSpec, holder: Lease) -> tuple[Part
         try:
             return _create(api, spec, request, holder, temporary=spec.vipu.remove_partition), True
         except PartitionExists:  # created by a concurrent launch of the same name: use it as any existing one
-            partition = api.get_partition(name)
+            pass
     partition = api.claim_partition(name, holder)  # before any change: refused if another launch holds it
     log.info("Partition %s already exists and is in state: %s", name, partition.state)
     try:
