@@ -340,7 +340,8 @@ def listing_lines(partitions: Iterable[Partition], device_dir: Optional[os.PathL
     lines = ["Graphcore device listing:"]
     for partition in partitions:
         state = "active" if partition.state == PS_ACTIVE else partition.state.removeprefix("PS_").lower()
-        lines += ["", f"Partition: {partition.name} [{state}]"]
+        held = "".join(f", held by {holder.describe()}" for holder in partition.holders)
+        lines += ["", f"Partition: {partition.name} [{state}]{held}"]
         devices = partition_devices(partition)
         width = len(str(devices[-1].id)) + 2
         for device in devices:
