@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from simipu.devices import (
     DeviceBusy, NoSuchDevice, PartitionNotActive, attach, attach_ipus, device_info, ipu_holder, listing_lines,
     partition_devices,
 )
-from simipu.vipu import Partition, PartitionRequest, VipuService
+from simipu.vipu import Lease, Partition, PartitionRequest, VipuService
 from simipu.vipu.testing import start_holder, stop_process
 
 
@@ -167,3 +168,6 @@ def test_listing_looks_like_gc_info(service: VipuService, tmp_path: Path) -> Non
     assert lines[-1] == " |--- Id: [3], DNC Id: [3], IPU-M host: [cluster0-m00], IPU#: [3]"
     assert len(lines) == 3 + 4 + (2 + 2 * 2) + (1 + 4)
     assert "No partitions" in listing_lines([])[-1]
+    held = service.claim_partition("p4", Lease.of_this_process("j1"))  # the service's holders are named too
+    assert listing_lines([held], tmp_path)[2] == (
+        f"Partition: p4 [active], held by pid {os.getpid()} on {socket.gethostname()} of job j1")

@@ -5,11 +5,15 @@ if it does not fit, update it with ``--update-partition=yes``, else stop with
 a line saying so. Reset per ``--reset-partition`` (default: reset a
 non-reconfigurable partition, not a reconfigurable one), and verify the final
 state after a create or reset. Without a name: use the only partition that
-fits, else create a temporary one. A partition poprun created is removed when
-the job ends unless ``--remove-partition=no``.
+fits and no one uses, else create a temporary one. A partition poprun
+created is removed when the job ends unless ``--remove-partition=no``.
 
 Creation is one atomic allocation in the service, so two launches can never
-be given the same IPUs (the race in the guide's "Known issues").
+be given the same IPUs (the race in the guide's "Known issues"). poprun
+holds the partition in the service for the whole job (a lease that dies with
+it), before any reset or update: a partition another live launch holds is
+never adopted, reset or updated, and a temporary partition whose poprun was
+killed is reclaimed, not reused.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import logging
 from dataclasses import dataclass
 
 from popdist.env import DEFAULT_VIPU_PORT
-from simipu.devices import Device, DeviceBusy, attach
+from simipu.devices import Device, DeviceBusy, DeviceError, attach
 from simipu.hardware import device_id
 from simipu.vipu import (
+    Lease,
     NotEnoughIpus,
     Partition,
+    PartitionExists,
+    PartitionInUse,
     PartitionNotFound,
     PartitionRequest,
     PartitionTooLarge,
@@ -54,6 +61,7 @@ class PartitionLease:
     partition: Partition
     remove_at_end: bool
     api: VipuApi | None = None
+    holder: Lease | None = None
 
 
 def partition_request(spec: LaunchSpec, name: str) -> PartitionRequest:
@@ -72,6 +80,7 @@ def partition_request(spec: LaunchSpec, name: str) -> PartitionRequest:
 
 def acquire_partition(spec: LaunchSpec, job_id: str) -> PartitionLease:
     """Find, create, update or reset the partition this launch runs on; errors say what to do."""
+    holder = Lease.of_this_process(job_id)
     try:
         api = open_vipu(
             host=spec.vipu.server_host,
@@ -79,8 +88,17 @@ def acquire_partition(spec: LaunchSpec, job_id: str) -> PartitionLease:
             timeout=float(spec.vipu.server_timeout),
             cluster_name=spec.vipu.cluster or spec.vipu.allocation,
         )
-        partition, created = _find_or_create(api, spec, job_id)
-        partition = _reset_if_asked(api, spec, partition, created)
+        _reclaim_dead_launches_of_this_host(api)
+        partition, created = _find_or_create(api, spec, holder)
+        try:
+            partition = _reset_if_asked(api, spec, partition, created, holder)
+        except BaseException:
+            _let_go(api, partition, holder, created and spec.vipu.remove_partition)
+            raise
+    except PermissionError as exc:  # the token file is not safe to use
+        raise VipuServiceError(str(exc)) from None
+    except PartitionInUse as exc:
+        raise DevicesUnavailable(str(exc)) from None
     except VipuUnreachable as exc:
         raise VipuServerUnreachable(f"{exc}; start one with 'simipu vipu-server', or leave out --vipu-server-host "
                                     "to use the embedded service") from None
@@ -91,6 +109,7 @@ def acquire_partition(spec: LaunchSpec, job_id: str) -> PartitionLease:
     except VipuError as exc:
         raise VipuServiceError(str(exc)) from None
     if not partition.is_active:
+        _let_go(api, partition, holder, created and spec.vipu.remove_partition)
         raise PartitionFailed(
             f"partition {partition.name} is in state {partition.state}; reset it with --reset-partition=yes "
             f"(or 'simipu vipu reset partition {partition.name}')"
@@ -105,41 +124,72 @@ def acquire_partition(spec: LaunchSpec, job_id: str) -> PartitionLease:
         gateway_mode=True,
         offline=False,
     )
-    return PartitionLease(allocation, partition, created and spec.vipu.remove_partition, api)
+    return PartitionLease(allocation, partition, created and spec.vipu.remove_partition, api, holder)
 
 
-def _find_or_create(api: VipuApi, spec: LaunchSpec, job_id: str) -> tuple[Partition, bool]:
+def _reclaim_dead_launches_of_this_host(api: VipuApi) -> None:
+    """Tell the service which of this host's holders are gone (a server elsewhere cannot check them)."""
+    seen: set[Lease] = set()
+    for partition in api.list_partitions():
+        for lease in (partition.lease, *partition.holders):
+            if lease is not None and lease not in seen and lease.alive() is False:
+                seen.add(lease)
+                removed = api.reclaim(lease)
+                log.info("Reclaimed what %s held (removed %s)", lease.describe(), ", ".join(removed) or "no partition")
+
+
+def _find_or_create(api: VipuApi, spec: LaunchSpec, holder: Lease) -> tuple[Partition, bool]:
+    """The partition, held by this launch from here on, and whether poprun created it."""
     name = spec.vipu.partition
+    assert holder.job is not None
     if name is None:
-        request = partition_request(spec, f"poprun-{job_id[:8]}")
+        request = partition_request(spec, f"poprun-{holder.job[:8]}")
         fitting = [p for p in api.list_partitions() if p.is_active and not p.differences(request)]
-        if len(fitting) == 1:
-            log.info("Using V-IPU partition %s as it is the only one available", fitting[0].name)
-            return fitting[0], False
-        return _create(api, spec, request), True
+        free = [p for p in fitting if not p.in_use]
+        if len(free) == 1:
+            try:
+                partition = api.claim_partition(free[0].name, holder)
+                log.info("Using V-IPU partition %s as it is the only one available", partition.name)
+                return partition, False
+            except PartitionInUse:  # another launch took it a moment ago: make our own
+                pass
+        return _create(api, spec, request, holder, temporary=True), True
     request = partition_request(spec, name)
     try:
         partition = api.get_partition(name)
     except PartitionNotFound:
-        return _create(api, spec, request), True
+        try:
+            return _create(api, spec, request, holder, temporary=spec.vipu.remove_partition), True
+        except PartitionExists:  # created by a concurrent launch of the same name: use it as any existing one
+            pass
+    partition = api.claim_partition(name, holder)  # before any change: refused if another launch holds it
     log.info("Partition %s already exists and is in state: %s", name, partition.state)
+    try:
+        return _fit(api, spec, partition, request, holder), False
+    except BaseException:
+        _let_go(api, partition, holder, False)
+        raise
+
+
+def _fit(api: VipuApi, spec: LaunchSpec, partition: Partition, request: PartitionRequest, holder: Lease) -> Partition:
+    """The existing partition as the launch needs it: updated if it differs and --update-partition=yes."""
     differences = partition.differences(request)
-    if differences:
-        if not spec.vipu.update_partition:
-            raise PartitionMismatch(
-                f"partition {name} does not fit this launch ({_describe(partition, request, differences)}); "
-                "add --update-partition=yes to update it, or choose another --vipu-partition"
-            )
-        log.info("Updating partition %s (%s)", name, ", ".join(differences))
-        partition = api.update_partition(name, request)
-    return partition, False
+    if not differences:
+        return partition
+    if not spec.vipu.update_partition:
+        raise PartitionMismatch(
+            f"partition {partition.name} does not fit this launch ({_describe(partition, request, differences)}); "
+            "add --update-partition=yes to update it, or choose another --vipu-partition"
+        )
+    log.info("Updating partition %s (%s)", partition.name, ", ".join(differences))
+    return api.update_partition(partition.name, request, holder)
 
 
-def _create(api: VipuApi, spec: LaunchSpec, request: PartitionRequest) -> Partition:
+def _create(api: VipuApi, spec: LaunchSpec, request: PartitionRequest, holder: Lease, temporary: bool) -> Partition:
     attempts = spec.vipu.partition_attempts
     for attempt in range(1, attempts + 1):
         try:
-            partition = api.create_partition(request)
+            partition = api.create_partition(request, holder, temporary)
             log.info("Created partition %s with %d IPUs (parent device %d)", partition.name, partition.size,
                      partition.parent_device_id)
             return partition
@@ -150,14 +200,27 @@ def _create(api: VipuApi, spec: LaunchSpec, request: PartitionRequest) -> Partit
     raise AssertionError("unreachable")
 
 
-def _reset_if_asked(api: VipuApi, spec: LaunchSpec, partition: Partition, created: bool) -> Partition:
+def _reset_if_asked(api: VipuApi, spec: LaunchSpec, partition: Partition, created: bool, holder: Lease) -> Partition:
     reset = spec.vipu.reset_partition
     if reset is None:  # the guide's default; a partition just created needs none
         reset = not created and not partition.reconfigurable
     if reset:
         log.info("Resetting partition %s", partition.name)
-        partition = api.reset_partition(partition.name)
+        partition = api.reset_partition(partition.name, holder)
     return partition
+
+
+def _let_go(api: VipuApi, partition: Partition, holder: Lease, remove: bool) -> None:
+    """Give back what this launch holds (and the partition it made, if asked); a failure is only a warning."""
+    try:
+        if remove:
+            api.remove_partition(partition.name, holder)
+            log.info("Removed partition %s", partition.name)
+        else:
+            api.release_partition(partition.name, holder)
+    except VipuError as exc:
+        log.warning("could not %s partition %s: %s (it is reclaimed once poprun has exited)",
+                    "remove" if remove else "release", partition.name, exc)
 
 
 def _describe(partition: Partition, request: PartitionRequest, differences: list[str]) -> str:
@@ -177,21 +240,19 @@ def attach_devices(spec: LaunchSpec, lease: PartitionLease, job_id: str) -> dict
     try:
         for index in range(spec.num_instances):
             devices[index] = attach(partition, device_id(partition.size, ipus_per_instance, index), job=job_id)
-    except DeviceBusy as exc:
+    except DeviceError as exc:
         for device in devices.values():
             device.detach()
-        raise DevicesUnavailable(f"{exc}; wait for it to finish, or use another partition") from None
+        if isinstance(exc, DeviceBusy):
+            raise DevicesUnavailable(f"{exc}; wait for it to finish, or use another partition") from None
+        raise VipuServiceError(str(exc)) from None  # an unsafe device directory, say
     log.info("Found %d children (expected %d) of device %d with %d IPUs each", len(devices), spec.num_instances,
              partition.parent_device_id, ipus_per_instance)
     return devices
 
 
 def release_partition(lease: PartitionLease) -> None:
-    """Remove the partition poprun created, if asked; a failure here is a warning, not the job's result."""
-    if not lease.remove_at_end or lease.api is None:
+    """Let go of the partition, removing it if poprun created it; a failure here is a warning, not the job's result."""
+    if lease.api is None or lease.holder is None:
         return
-    try:
-        lease.api.remove_partition(lease.partition.name)
-        log.info("Removed partition %s", lease.partition.name)
-    except VipuError as exc:
-        log.warning("could not remove partition %s: %s", lease.partition.name, exc)
+    _let_go(lease.api, lease.partition, lease.holder, lease.remove_at_end)

@@ -19,10 +19,13 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from simipu.devices import DeviceBusy, DeviceError, default_device_dir, listing_lines
+from simipu.private_files import UnsafePath
 from simipu.vipu import (
     DEFAULT_PORT, DEFAULT_TIMEOUT, ClusterMismatch, ClusterNotFound, InvalidPartitionRequest, NotEnoughIpus,
-    Partition, PartitionExists, PartitionNotFound, PartitionRequest, PartitionTooLarge, VipuApi, VipuError, VipuProtocolError, VipuService, VipuStateError, VipuUnreachable, parse_server,
+    Partition, PartitionExists, PartitionInUse, PartitionNotFound, PartitionRequest, PartitionTooLarge, VipuApi,
+    VipuError, VipuProtocolError, VipuService, VipuStateError, VipuUnauthorized, VipuUnreachable, parse_server,
 )
+from simipu.vipu.api import default_token_path
 
 log = logging.getLogger("simipu")
 
@@ -43,13 +46,17 @@ EXIT_CODES: dict[type[BaseException], int] = {
     VipuProtocolError: 12,
     DeviceBusy: 13,
     DeviceError: 13,
+    PartitionInUse: 15,
+    VipuUnauthorized: 16,
+    UnsafePath: 17,
 }
 """Exit code per error type (the most specific class wins); other V-IPU errors exit 1, usage errors 2."""
 
 _EPILOG = ("Exit codes: 0 ok, 1 other error, 2 usage, 3 server unreachable, 4 no such partition, "
            "5 no such cluster, 6 partition exists, 7 partition too large, 8 not enough free IPUs, "
            "9 invalid request, 10 cluster mismatch, 11 state file unusable, 12 server protocol error, "
-           "13 device busy, 14 cannot listen, 70 internal error.")
+           "13 device busy, 14 cannot listen, 15 partition in use by another job, 16 no or wrong token for the "
+           "server, 17 unsafe state directory or token file, 70 internal error.")
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, epilog=_EPILOG,
                   context_settings={"help_option_names": ["--help", "-h"]},
@@ -87,7 +94,7 @@ def _one_line_errors() -> Iterator[None]:
     """Turn every error a user can cause into one line on stderr and its exit code."""
     try:
         yield
-    except (VipuError, DeviceError) as exc:
+    except (VipuError, DeviceError, UnsafePath) as exc:
         typer.echo(f"simipu: error: {exc}", err=True)
         raise typer.Exit(_exit_code(exc)) from None
 
@@ -107,8 +114,11 @@ def _api(server: Optional[str], state: Optional[Path], timeout: float = DEFAULT_
     except ValueError as exc:
         raise _usage(f"--server: {exc}") from None
     from simipu.vipu.client import VipuClient
+    from simipu.vipu.token import read_token
 
-    return VipuClient(host, port=port, timeout=timeout)
+    with _one_line_errors():
+        token = read_token(default_token_path(), missing_ok=True)
+    return VipuClient(host, port=port, timeout=timeout, token=token)
 
 
 def _ranges(ipus: tuple[int, ...]) -> str:
@@ -182,15 +192,31 @@ def vipu_server(
     cluster: Annotated[Optional[str], typer.Option(
         help="Size of the default cluster when the state has none: pod16, pod64, pod128, pod256 or a number of "
              "IPUs. (default: pod64)", show_default=False)] = None,
+    token_file: Annotated[Optional[Path], typer.Option(
+        help="The credential clients must send to change partitions; made (mode 0600) if missing. "
+             "(default: $SIMIPU_VIPU_TOKEN_FILE, else $XDG_STATE_HOME/poprun-py/vipu-server.token)",
+        show_default=False, dir_okay=False)] = None,
+    io_timeout: Annotated[float, typer.Option(help="Seconds each read or write of a connection may wait.",
+                                              min=0.001)] = 5.0,
+    request_deadline: Annotated[float, typer.Option(help="Seconds one connection (a request and its reply) "
+                                                         "may last.", min=0.001)] = 15.0,
+    max_connections: Annotated[int, typer.Option(help="Connections open at once; at the cap the longest idle "
+                                                      "one is dropped.", min=1)] = 64,
 ) -> None:
     """Serve the V-IPU HTTP API until SIGINT or SIGTERM; prints 'listening on HOST:PORT' once ready."""
-    from simipu.vipu.server import VipuServer
+    from simipu.vipu.server import ServerLimits, VipuServer
+    from simipu.vipu.token import ensure_token
 
+    if not logging.getLogger().handlers:  # the server's own warnings (refusals, binding beyond loopback)
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                            format="%(asctime)s %(process)d %(name)s %(levelname).1s %(message)s")
     with _one_line_errors():
         service = VipuService(state, cluster=cluster)
         default = service.cluster()
+        token = ensure_token(token_file or default_token_path())
+    limits = ServerLimits(io_timeout=io_timeout, request_deadline=request_deadline, max_connections=max_connections)
     try:
-        server = VipuServer(service, host=host, port=port)
+        server = VipuServer(service, host=host, port=port, token=token, limits=limits)
     except OSError as exc:
         typer.echo(f"simipu: error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         raise typer.Exit(EXIT_CANNOT_LISTEN) from None

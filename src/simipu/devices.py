@@ -8,6 +8,12 @@ descriptor closes, so the IPUs come free however the holder ends, even by
 SIGKILL; no cleanup or stale-pid guessing is needed. The holder writes its
 pid (and job) into each file, so a refused attach can name who has the IPU.
 
+The lock files live in a directory only their owner can write (created
+0700, refused if another user owns it or can write to it) and are opened
+with ``O_NOFOLLOW``, so a planted symlink cannot make us write elsewhere.
+Exclusivity between users and state directories is the V-IPU service's
+(it records who holds which IPU); these locks keep it within one.
+
 Descriptors are close-on-exec: a program the holder ``exec``s does not keep
 the IPUs, but a child it ``fork``s without exec does, as with real devices.
 """
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from simipu import hardware
+from simipu.private_files import UnsafePath, open_no_follow, private_dir
 from simipu.vipu.api import default_state_dir
 from simipu.vipu.models import PS_ACTIVE, Partition, check_cluster_name
 
@@ -54,6 +61,10 @@ class DeviceBusy(DeviceError):
         self.ipu = ipu
         self.holder = holder
         self.holder_pid = holder.pid if holder else None
+
+
+class UnsafeDeviceDir(DeviceError):
+    """The device directory or a lock file in it could be changed by another user (or is a symlink)."""
 
 
 class NoSuchDevice(DeviceError, ValueError):
@@ -127,6 +138,24 @@ def _lock_path(device_dir: Path, cluster: str, ipu: int) -> Path:
     return device_dir / cluster / f"ipu{ipu:04d}.lock"
 
 
+def _private_lock_dir(device_dir: Path, cluster: str) -> None:
+    """Make (or check) the device directory and its cluster directory: ours alone, as is the state directory."""
+    try:
+        if device_dir == default_device_dir():
+            private_dir(default_state_dir())
+        private_dir(device_dir)
+        private_dir(device_dir / cluster)
+    except UnsafePath as exc:
+        raise UnsafeDeviceDir(str(exc)) from None
+
+
+def _open_lock(path: Path, flags: int) -> int:
+    try:
+        return open_no_follow(path, flags, 0o600)
+    except UnsafePath as exc:
+        raise UnsafeDeviceDir(str(exc)) from None
+
+
 def _read_holder(fd: int) -> Optional[IpuHolder]:
     try:
         data = json.loads(os.pread(fd, 4096, 0) or b"null")
@@ -140,7 +169,7 @@ def ipu_holder(cluster: str, ipu: int, device_dir: Optional[os.PathLike[str] | s
     """Return who holds IPU ``ipu`` of ``cluster`` now, or None if it is free."""
     path = _lock_path(Path(device_dir) if device_dir else default_device_dir(), cluster, ipu)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _open_lock(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
@@ -217,10 +246,9 @@ def _lock_ipus(info: DeviceInfo, device_dir: Path, job: Optional[str]) -> list[i
     record = _holder_record(info, job)
     held: list[int] = []
     try:
+        _private_lock_dir(device_dir, info.cluster)
         for ipu in sorted(info.ipus):
-            path = _lock_path(device_dir, info.cluster, ipu)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = _open_lock(_lock_path(device_dir, info.cluster, ipu), os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -312,7 +340,8 @@ def listing_lines(partitions: Iterable[Partition], device_dir: Optional[os.PathL
     lines = ["Graphcore device listing:"]
     for partition in partitions:
         state = "active" if partition.state == PS_ACTIVE else partition.state.removeprefix("PS_").lower()
-        lines += ["", f"Partition: {partition.name} [{state}]"]
+        held = "".join(f", held by {holder.describe()}" for holder in partition.holders)
+        lines += ["", f"Partition: {partition.name} [{state}]{held}"]
         devices = partition_devices(partition)
         width = len(str(devices[-1].id)) + 2
         for device in devices:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional, Protocol, runtime_checkable
 
+from simipu.vipu.lease import Lease
 from simipu.vipu.models import Cluster, Partition, PartitionRequest
 
 DEFAULT_PORT = 8090
@@ -18,14 +19,22 @@ DEFAULT_PORT = 8090
 DEFAULT_TIMEOUT = 10.0
 """Seconds a client waits for one reply (PopRun's ``--vipu-server-timeout`` default)."""
 STATE_FILE_NAME = "vipu.sqlite"
+TOKEN_FILE_NAME = "vipu-server.token"
+TOKEN_FILE_ENV = "SIMIPU_VIPU_TOKEN_FILE"
+"""Names the file holding the V-IPU server's credential, for the server and its clients."""
 
 
 @runtime_checkable
 class VipuApi(Protocol):
     """Partitions and clusters of a V-IPU service; every method may raise a ``VipuError``."""
 
-    def create_partition(self, request: PartitionRequest) -> Partition:
-        """Allocate IPUs atomically and record the partition (state PS_ACTIVE)."""
+    def create_partition(self, request: PartitionRequest, holder: Optional[Lease] = None,
+                         temporary: bool = False) -> Partition:
+        """Allocate IPUs atomically and record the partition (state PS_ACTIVE).
+
+        With ``holder``, its IPUs are held by that process from the start; with
+        ``temporary`` too, the partition goes when that process does.
+        """
         ...
 
     def get_partition(self, name: str) -> Partition:
@@ -35,16 +44,32 @@ class VipuApi(Protocol):
         """All partitions, sorted by name."""
         ...
 
-    def update_partition(self, name: str, request: PartitionRequest) -> Partition:
-        """Reconfigure (and resize, if the IPUs are free) partition ``name``; back to PS_ACTIVE."""
+    def update_partition(self, name: str, request: PartitionRequest, holder: Optional[Lease] = None) -> Partition:
+        """Reconfigure (and resize, if the IPUs are free) partition ``name``; back to PS_ACTIVE.
+
+        Refused (PartitionInUse) while a live process other than ``holder``
+        holds it; so are reset and remove.
+        """
         ...
 
-    def reset_partition(self, name: str) -> Partition:
+    def reset_partition(self, name: str, holder: Optional[Lease] = None) -> Partition:
         """Return the partition to PS_ACTIVE and count the reset."""
         ...
 
-    def remove_partition(self, name: str) -> Partition:
+    def remove_partition(self, name: str, holder: Optional[Lease] = None) -> Partition:
         """Free the partition's IPUs; returns the partition as it was."""
+        ...
+
+    def claim_partition(self, name: str, holder: Lease) -> Partition:
+        """Hold every IPU of the partition for ``holder``, or raise PartitionInUse naming who does."""
+        ...
+
+    def release_partition(self, name: str, holder: Lease) -> Partition:
+        """Let go of what ``holder`` holds in the partition."""
+        ...
+
+    def reclaim(self, lease: Lease) -> list[str]:
+        """Drop what a dead process (of the caller's host) held; returns the temporary partitions removed."""
         ...
 
     def cluster(self, name: Optional[str] = None) -> Cluster:
@@ -64,6 +89,12 @@ def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME", "")
     root = Path(base) if base and os.path.isabs(base) else Path.home() / ".local" / "state"
     return root / "poprun-py"
+
+
+def default_token_path() -> Path:
+    """The V-IPU server's credential: ``$SIMIPU_VIPU_TOKEN_FILE``, or ``<state dir>/vipu-server.token``."""
+    named = os.environ.get(TOKEN_FILE_ENV, "")
+    return Path(named) if named else default_state_dir() / TOKEN_FILE_NAME
 
 
 def default_state_path() -> Path:
@@ -95,7 +126,8 @@ def parse_server(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
 
 
 def open_vipu(host: Optional[str] = None, port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT,
-              state_path: Optional[os.PathLike[str] | str] = None, cluster_name: Optional[str] = None) -> VipuApi:
+              state_path: Optional[os.PathLike[str] | str] = None, cluster_name: Optional[str] = None,
+              token_path: Optional[os.PathLike[str] | str] = None) -> VipuApi:
     """Return a client for the server at ``host``, or, with no host, the embedded service.
 
     This is what ``--vipu-server-host`` means: given, talk HTTP; absent, use
@@ -103,11 +135,15 @@ def open_vipu(host: Optional[str] = None, port: int = DEFAULT_PORT, timeout: flo
     :func:`default_state_path`). For the embedded service, ``cluster_name``
     (``--vipu-cluster``) is its default cluster, created as a POD64 if the
     state does not have it yet; a server only knows the clusters it has.
+    A client sends the credential of ``token_path`` (default
+    :func:`default_token_path`) if that file exists.
     """
     if host:
         from simipu.vipu.client import VipuClient
+        from simipu.vipu.token import read_token
 
-        return VipuClient(host, port=port, timeout=timeout)
+        return VipuClient(host, port=port, timeout=timeout,
+                          token=read_token(Path(token_path) if token_path else default_token_path(), missing_ok=True))
     from simipu.vipu.models import DEFAULT_CLUSTER_NAME
     from simipu.vipu.service import VipuService
 

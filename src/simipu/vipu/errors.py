@@ -43,6 +43,20 @@ class PartitionExists(VipuError):
     http_status = 409
 
 
+class PartitionInUse(VipuError):
+    """A live process holds the partition's IPUs (or owns it): only that process may change it."""
+
+    kind = "partition_in_use"
+    http_status = 409
+
+
+class VipuUnauthorized(VipuError, PermissionError):
+    """A change was asked without the server's credential (or with a wrong one)."""
+
+    kind = "unauthorized"
+    http_status = 401
+
+
 class PartitionNotFound(VipuError, LookupError):
     """No partition of that name."""
 
@@ -98,7 +112,7 @@ _BY_KIND: dict[str, type[VipuError]] = {
     cls.kind: cls
     for cls in (
         VipuError, InvalidPartitionRequest, PartitionTooLarge, NotEnoughIpus, PartitionExists,
-        PartitionNotFound, ClusterNotFound, ClusterMismatch, VipuStateError, VipuProtocolError,
+        PartitionInUse, VipuUnauthorized, PartitionNotFound, ClusterNotFound, ClusterMismatch, VipuStateError, VipuProtocolError,
     )
 }
 

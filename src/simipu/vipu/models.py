@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 
 from simipu import hardware
 from simipu.vipu.errors import InvalidPartitionRequest, VipuError, VipuProtocolError
+from simipu.vipu.lease import Lease
 
 PS_ACTIVE = "PS_ACTIVE"
 """The partition is configured and usable."""
@@ -213,6 +214,9 @@ class Partition:
 
     ``ipus`` are cluster IPU indices in partition order: partition IPU i is
     ``ipus[i]``, which is what device ids (Poplar's numbering) refer to.
+    ``lease`` is set on a temporary partition: the process that created it,
+    and the service removes the partition once that process is gone.
+    ``holders`` are the live processes holding its IPUs now (empty: free).
     """
 
     name: str
@@ -228,6 +232,13 @@ class Partition:
     ipus: tuple[int, ...]
     ilds: tuple[int, ...] = field(default=())
     reset_count: int = 0
+    lease: Optional[Lease] = None
+    holders: tuple[Lease, ...] = ()
+
+    @property
+    def in_use(self) -> bool:
+        """Held by a process, or a temporary partition of one: no other launch may adopt it."""
+        return bool(self.holders) or self.lease is not None
 
     @property
     def is_active(self) -> bool:
@@ -265,6 +276,8 @@ class Partition:
         data = asdict(self)
         data["ipus"] = list(self.ipus)
         data["ilds"] = list(self.ilds)
+        data["lease"] = self.lease.to_json() if self.lease else None
+        data["holders"] = [h.to_json() for h in self.holders]
         return data
 
     @classmethod
@@ -274,6 +287,8 @@ class Partition:
         data = _load(data, what, err)
         ipus = _typed(data, "ipus", list, what, err)
         ilds = _typed(data, "ilds", list, what, err, [])
+        lease = _typed(data, "lease", dict, what, err, None)
+        holders = _typed(data, "holders", list, what, err, [])
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in [*ipus, *ilds]):
             raise err(f"{what}: 'ipus' and 'ilds' must hold integers")
         return cls(
@@ -290,4 +305,6 @@ class Partition:
             ipus=tuple(ipus),
             ilds=tuple(ilds),
             reset_count=_typed(data, "reset_count", int, what, err, 0),
+            lease=Lease.from_json(lease) if lease is not None else None,
+            holders=tuple(Lease.from_json(h) for h in holders),
         )

@@ -43,8 +43,13 @@ class RunningServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def client(self, timeout: float = 10.0) -> VipuClient:
-        return VipuClient(self.host, port=self.port, timeout=timeout)
+    def client(self, timeout: float = 10.0, authenticated: bool = True) -> VipuClient:
+        """A client of this server, with the token of ``default_token_path()`` (where the server put it)."""
+        from simipu.vipu.api import default_token_path
+        from simipu.vipu.token import read_token
+
+        token = read_token(default_token_path(), missing_ok=True) if authenticated else None
+        return VipuClient(self.host, port=self.port, timeout=timeout, token=token)
 
 
 def read_line(stream: IO[bytes], deadline: float) -> bytes:
@@ -80,13 +85,25 @@ def stop_process(process: "subprocess.Popen[bytes]", grace: float = 5.0) -> Opti
 
 
 def start_server_process(state_path: os.PathLike[str] | str, *, cluster: Optional[str] = None,
-                         host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0) -> RunningServer:
-    """Start ``simipu vipu-server`` and wait until it says where it listens."""
+                         host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0,
+                         options: Sequence[str] = (), open_files: Optional[int] = None) -> RunningServer:
+    """Start ``simipu vipu-server`` (with more ``options``) and wait until it says where it listens.
+
+    ``open_files`` lowers the server's descriptor limit (1024 is many systems' default).
+    """
     command = [sys.executable, "-m", "simipu.cli", "vipu-server", "--host", host, "--port", str(port),
-               "--state", os.fspath(state_path)]
+               "--state", os.fspath(state_path), *options]
     if cluster is not None:
         command += ["--cluster", cluster]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def limit_open_files() -> None:
+        if open_files is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=limit_open_files if open_files is not None else None)
     assert process.stdout is not None and process.stderr is not None
     try:
         line = read_line(process.stdout, time.monotonic() + startup_timeout).decode()
@@ -132,9 +149,9 @@ def concurrent_allocations(target: Sequence[str], processes: int, count: int, si
                  "--count", str(count), "--size", str(size)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         for process in started:
-            assert process.stdout is not None
+            assert process.stdout is not None and process.stderr is not None
             if read_line(process.stdout, deadline) != b"ready\n":
-                raise RuntimeError(f"allocator {process.args} did not start: {process.stderr.read()!r}")
+                raise RuntimeError(f"allocator {process.args!r} did not start: {process.stderr.read()!r}")
         for process in started:
             assert process.stdin is not None
             process.stdin.write(b"go\n")

@@ -1,0 +1,216 @@
+"""The V-IPU server and device locks under hostile input: no token, idle floods, lying headers, symlinks.
+
+Every server here is a real ``simipu vipu-server`` process; every client is
+a raw socket or ``VipuClient``; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from poprun_py import errors
+from simipu.devices import UnsafeDeviceDir, attach
+from simipu.vipu import PartitionRequest, VipuClient, VipuService, VipuUnauthorized, VipuUnreachable
+from simipu.vipu.api import default_token_path
+from simipu.vipu.testing import RunningServer, server_process, start_server_process, stop_process
+from simipu.vipu.token import read_token
+from support import run_poprun
+
+REPLY_WAIT = 30.0
+"""Bound on any raw read in these tests: far beyond the server's own limits (5 s per read, 15 s per request)."""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RunningServer]:
+    with server_process(tmp_path / "vipu.sqlite", cluster="pod16") as running:
+        yield running
+
+
+def raw(server: RunningServer, head: str, body: bytes = b"", *, close_write: bool = True) -> tuple[int, dict]:
+    """Send ``head`` (request line and headers, CRLF-separated, without the blank line) and ``body``; parse the reply."""
+    with socket.create_connection((server.host, server.port), timeout=REPLY_WAIT) as sock:
+        sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        if close_write:
+            sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2] or b"{}")
+
+
+def token() -> str:
+    """The server's token (it made it where its clients look: the same XDG_STATE_HOME)."""
+    return read_token(default_token_path(), missing_ok=True) or ""
+
+
+# -- 8: changes need the server's token -----------------------------------------
+
+
+def test_changes_without_the_token_are_refused_and_reads_stay_open(server: RunningServer) -> None:
+    owner = server.client()
+    owner.create_partition(PartitionRequest("job", 4))
+    request = json.dumps({"name": "intruder", "size": 4}).encode()
+    for head, body in ((f"POST /v1/partitions HTTP/1.0\r\nContent-Length: {len(request)}", request),
+                       ("POST /v1/partitions/job/fail HTTP/1.0", b""),
+                       ("POST /v1/partitions/job/reset HTTP/1.0", b""),
+                       ("DELETE /v1/partitions/job HTTP/1.0", b""),
+                       ("DELETE /v1/partitions/job HTTP/1.0\r\nAuthorization: Bearer " + "0" * 64, b"")):
+        status, reply = raw(server, head, body)
+        assert (status, reply["error"]["kind"]) == (401, "unauthorized"), head
+    assert [p.name for p in owner.list_partitions()] == ["job"]  # nothing changed
+    assert owner.get_partition("job").state == "PS_ACTIVE"
+    assert raw(server, "GET /v1/partitions HTTP/1.0")[0] == 200  # reads are open (see the README)
+    with pytest.raises(VipuUnauthorized):
+        server.client(authenticated=False).remove_partition("job")
+    assert owner.remove_partition("job").name == "job"  # the token's holder can
+
+
+def test_the_token_file_is_the_owners_alone(server: RunningServer) -> None:
+    assert stat.S_IMODE(default_token_path().stat().st_mode) == 0o600
+    default_token_path().chmod(0o644)  # readable by others: its secret would be everyone's
+    from simipu.private_files import UnsafePath
+
+    with pytest.raises(UnsafePath, match="chmod 600"):
+        server.client()
+
+
+def test_poprun_sends_the_token_and_fails_clearly_without_it(server: RunningServer, tmp_path: Path) -> None:
+    where = ["--vipu-server-host", server.host, "--vipu-server-port", str(server.port), "--num-replicas", "2"]
+    assert run_poprun(*where, "true").returncode == 0  # found the server's token where the server put it
+    without = run_poprun(*where, "true", env={**os.environ, "SIMIPU_VIPU_TOKEN_FILE": str(tmp_path / "none")})
+    assert without.returncode == errors.EXIT_VIPU_ERROR
+    assert len(without.stderr.splitlines()) == 1 and b"token" in without.stderr
+
+
+def test_listening_beyond_loopback_is_warned_about(tmp_path: Path) -> None:
+    running = start_server_process(tmp_path / "vipu.sqlite", host="0.0.0.0")
+    try:
+        running.process.terminate()
+        running.process.wait(REPLY_WAIT)
+        log = running.process.stderr.read()
+    finally:
+        stop_process(running.process)
+    assert b"beyond this host" in log
+
+
+# -- 9: timeouts and a connection cap ---------------------------------------------
+
+
+def test_a_thousand_idle_connections_do_not_lock_out_a_request(tmp_path: Path) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2400:
+        pytest.skip(f"needs 2400 open files in the test process, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2400), hard))
+    idle: list[socket.socket] = []
+    # 1,100 idle connections to a server allowed 1,024 descriptors (many systems' default)
+    with server_process(tmp_path / "vipu.sqlite", open_files=1024) as running:
+        try:
+            for _ in range(1100):
+                idle.append(socket.create_connection((running.host, running.port), timeout=REPLY_WAIT))
+            client = running.client(timeout=REPLY_WAIT)
+            assert client.create_partition(PartitionRequest("p", 4)).ipus == (0, 1, 2, 3)
+            assert [p.name for p in client.list_partitions()] == ["p"]
+        finally:
+            for sock in idle:
+                sock.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_negative_content_length_is_refused(server: RunningServer) -> None:
+    status, reply = raw(server, f"POST /v1/partitions HTTP/1.0\r\nAuthorization: Bearer {token()}\r\n"
+                                "Content-Length: -1", b'{"name": "p", "size": 4}', close_write=False)
+    assert status == 400 and "Content-Length" in reply["error"]["message"]
+
+
+def test_a_short_body_gets_an_error_not_a_hung_handler(server: RunningServer) -> None:
+    status, reply = raw(server, f"POST /v1/partitions HTTP/1.0\r\nAuthorization: Bearer {token()}\r\n"
+                                "Content-Length: 100", b'{"name": "p"', close_write=False)  # 12 of 100 bytes, then silence
+    assert status == 408
+    assert server.client().list_partitions() == []
+
+
+def test_the_client_gives_up_on_a_dribbling_server_at_its_deadline() -> None:
+    reply = b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"partitions": []}' + b" " * 200
+    stop = threading.Event()
+    sent = []
+
+    def dribble(listener: socket.socket) -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            for byte in reply:  # one byte every 0.2 s: each read is quick, the reply takes 50 s
+                if stop.wait(0.2):
+                    return
+                try:
+                    connection.sendall(bytes([byte]))
+                except OSError:
+                    return
+                sent.append(byte)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=dribble, args=(listener,), daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(VipuUnreachable, match="no answer within 1 s"):
+                VipuClient("127.0.0.1", port=listener.getsockname()[1], timeout=1.0).list_partitions()
+            assert len(sent) < len(reply)  # it gave up while the server was still sending
+        finally:
+            stop.set()
+            thread.join(REPLY_WAIT)
+
+
+# -- 10: lock files and state directories -----------------------------------------
+
+
+def test_a_planted_symlink_lock_is_refused_and_its_target_unchanged(tmp_path: Path) -> None:
+    service = VipuService(tmp_path / "vipu.sqlite", cluster="pod16")
+    partition = service.create_partition(PartitionRequest("p", 1))
+    devices = tmp_path / "devices"
+    (devices / "cluster0").mkdir(parents=True, mode=0o700)
+    devices.chmod(0o700)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root's secret\n")
+    secret.chmod(0o600)
+    (devices / "cluster0" / "ipu0000.lock").symlink_to(secret)
+    with pytest.raises(UnsafeDeviceDir, match="symlink"):
+        attach(partition, 0, device_dir=devices)
+    assert secret.read_bytes() == b"root's secret\n"
+
+
+@pytest.mark.parametrize("directory, how", [("poprun-py", "owned by nobody"), ("poprun-py", "writable by all"),
+                                            ("poprun-py/devices", "owned by nobody")])
+def test_a_state_directory_others_can_change_is_refused(directory: str, how: str) -> None:
+    unsafe = Path(os.environ["XDG_STATE_HOME"]) / directory
+    unsafe.mkdir(mode=0o700, parents=True)
+    unsafe.parent.chmod(0o700)
+    if how == "owned by nobody":
+        if os.geteuid() != 0:
+            pytest.skip("giving a directory to another user needs root")
+        import pwd
+
+        os.chown(unsafe, pwd.getpwnam("nobody").pw_uid, -1)
+    else:
+        unsafe.chmod(0o777)
+    result = run_poprun("--num-replicas", "1", "sh", "-c", "echo ran")
+    assert result.returncode == errors.EXIT_VIPU_ERROR, result.stderr
+    assert len(result.stderr.splitlines()) == 1 and str(unsafe).encode() in result.stderr
+    assert result.stdout == b""
+    assert not list(unsafe.glob("**/*.lock"))  # nothing written in it
+
+
+def test_state_directories_are_created_private() -> None:
+    assert run_poprun("--num-replicas", "1", "true").returncode == 0
+    state_dir = Path(os.environ["XDG_STATE_HOME"]) / "poprun-py"
+    for directory in (state_dir, state_dir / "devices", state_dir / "devices" / "cluster0"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
