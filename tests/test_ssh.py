@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from infra.sshd import MARKER, SshServer, unavailable_reason, wait_gone
-from poprun_py.errors import EXIT_PREFLIGHT
+from poprun_py.errors import EXIT_PREFLIGHT, EXIT_USAGE
 from poprun_py.ranges import format_cpus
 from support import PROGRAMS, Launch, assert_all_gone, pids_of, python_program, run_poprun
 
@@ -310,6 +310,14 @@ def test_a_host_whose_sshd_stops_answering_is_lost_within_the_keepalive_bound(ho
         assert_all_gone(pids)  # nodeB's agent heard nothing for its own bound: it stopped its instance itself
     finally:
         session.resume()  # its sshd then sees the closed connection and goes: the autouse check waits for it
+
+
+def test_a_bad_keepalive_setting_is_a_usage_error(home: Path) -> None:
+    with_ssh_options(home, ServerAliveInterval="often")
+    result = run_poprun("-H", "nodeA", OFFLINE, "true")
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr.decode().splitlines()[-1].endswith(
+        "~/.ssh/config for nodeA: ServerAliveInterval 'often' is not a number")
 
 
 # -- host keys -----------------------------------------------------------------------------------

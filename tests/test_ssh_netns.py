@@ -48,7 +48,8 @@ def home(network: Network, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
         shutil.copy(host.sshd.client_key, ssh / f"id_{host.name}")
         known.append(host.sshd.known_hosts.read_text())
         blocks.append(f"Host {host.name}\n  HostName {host.address}\n  User {host.sshd.user}\n"
-                      f"  IdentityFile ~/.ssh/id_{host.name}\n  IdentitiesOnly yes\n  SendEnv {MARKER}\n"
+                      f"  IdentityFile {ssh}/id_{host.name}\n  IdentitiesOnly yes\n  SendEnv {MARKER}\n"
+                      f"  UserKnownHostsFile {ssh}/known_hosts\n  BatchMode yes\n"  # absolute: ssh(1) reads it too
                       + ("  ProxyJump bastion\n" if host.port is None else ""))
     (ssh / "config").write_text("".join(blocks))
     (ssh / "known_hosts").write_text("".join(known))
@@ -117,3 +118,19 @@ def test_proxyjump_through_a_bastion(home: Path, network: Network) -> None:
     (line,) = json_lines(result.stdout)
     client, _, server, port = line["env"]["SSH_CONNECTION"].split()
     assert (client, server, port) == (network.inner(1), hidden.address, "22")  # it came from the bastion
+
+
+def test_proxycommand_through_a_bastion(home: Path, network: Network) -> None:
+    hidden, ssh = network.hosts["hidden"], home / ".ssh"
+    assert hidden.sshd is not None
+    with open(ssh / "config", "a") as config:
+        config.write(f"Host hidden-by-command\n  HostName {hidden.address}\n  User {hidden.sshd.user}\n"
+                     f"  IdentityFile {ssh}/id_hidden\n  IdentitiesOnly yes\n"
+                     f"  ProxyCommand ssh -F {ssh}/config -W %h:%p bastion\n")
+    result = run_poprun("-H", "hidden-by-command", OFFLINE, "--mpi-global-args", FORWARD_MARKER,
+                        *python_program("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    (line,) = json_lines(result.stdout)
+    client, _, server, _ = line["env"]["SSH_CONNECTION"].split()
+    assert (client, server) == (network.inner(1), hidden.address)
+

@@ -73,6 +73,8 @@ class SshChannel:
         self._lost: str | None = None
 
     def send(self, data: bytes) -> None:
+        if self._lost is not None:
+            raise HostUnresponsive(self._lost)
         with self._send_lock:
             self._channel.sendall(data)
 

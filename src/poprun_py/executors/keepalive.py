@@ -48,9 +48,12 @@ class AliveSettings:
 
     @classmethod
     def from_ssh_config(cls, found: Mapping[str, Any]) -> AliveSettings:
-        interval = float(found.get("serveraliveinterval", DEFAULT_INTERVAL))
-        count_max = int(found.get("serveralivecountmax", DEFAULT_COUNT_MAX))
-        return cls(max(0.0, interval), max(1, count_max))
+        """ValueError names the setting when it is not a number ssh(1) would accept."""
+        interval = _number(found, "ServerAliveInterval", DEFAULT_INTERVAL)
+        count_max = _number(found, "ServerAliveCountMax", DEFAULT_COUNT_MAX)
+        if count_max != int(count_max):
+            raise ValueError(f"ServerAliveCountMax {found['serveralivecountmax']!r} is not a whole number")
+        return cls(interval, max(1, int(count_max)))
 
     @property
     def enabled(self) -> bool:
@@ -65,6 +68,19 @@ class AliveSettings:
     def agent_bound(self) -> float:
         """The agent's patience: one interval more than the launcher's, so the launcher speaks first."""
         return self.interval * (self.count_max + 2)
+
+
+def _number(found: Mapping[str, Any], name: str, default: float) -> float:
+    text = found.get(name.lower())
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name} {text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} {text!r} must be 0 or more")
+    return value
 
 
 def keepalive_frame(settings: AliveSettings) -> bytes:

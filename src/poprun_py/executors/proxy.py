@@ -10,6 +10,7 @@ that) and its stdin/stdout carry the connection.
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any, Mapping
 
 import paramiko
@@ -43,9 +44,22 @@ def proxy_command(found: Mapping[str, Any]) -> str | None:
     return str(command) if command else None
 
 
+class _ProxyCommand(paramiko.ProxyCommand):
+    """Paramiko's, closed safely: signalled only while not yet reaped (so its pid is still its own), then reaped."""
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
 def run_proxy_command(command: str) -> paramiko.ProxyCommand:
     try:
-        return paramiko.ProxyCommand(command)
+        return _ProxyCommand(command)
     except (OSError, paramiko.SSHException) as exc:
         raise HostCheckFailed("proxy", f"ProxyCommand {command!r} did not start: {exc}") from None
 

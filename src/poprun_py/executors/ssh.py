@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import paramiko
 
+from ..errors import UsageError
 from ..hosts import HostSpec
 from .channels import SshChannel
 from .greeting import HostCheckFailed, agent_script, greet, verdict_error
@@ -94,6 +95,13 @@ def load_ssh_config(path: str = USER_CONFIG, system: str = SYSTEM_CONFIG) -> Ssh
 def ssh_target(host: HostSpec, config: SshConfig) -> SshTarget:
     """The host as ssh would reach it: ``user@`` and ``:port`` on the command line win over the config."""
     found: Mapping[str, Any] = config.lookup(host.name)
+    try:
+        return _target(host, found)
+    except ValueError as exc:
+        raise UsageError(f"~/.ssh/config for {host.name}: {exc}") from None
+
+
+def _target(host: HostSpec, found: Mapping[str, Any]) -> SshTarget:
     return SshTarget(
         label=str(host),
         hostname=found.get("hostname", host.name),
