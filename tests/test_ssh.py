@@ -287,8 +287,14 @@ def with_ssh_options(home: Path, **options: str) -> None:
 
 
 def remote_agent(sshd: SshServer, address: str) -> psutil.Process:
-    (agent,) = [p for p in sshd.session_processes() if "poprun_py.executors.agent" in " ".join(p.cmdline())
-                and p.environ().get("SSH_CONNECTION", "").split()[2:3] == [address]]
+    def is_agent(proc: psutil.Process) -> bool:
+        try:
+            return ("poprun_py.executors.agent" in " ".join(proc.cmdline())
+                    and proc.environ().get("SSH_CONNECTION", "").split()[2:3] == [address])
+        except psutil.Error:
+            return False  # gone meanwhile (a session's short-lived helper)
+
+    (agent,) = [p for p in sshd.session_processes() if is_agent(p)]
     return agent
 
 

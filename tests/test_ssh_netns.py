@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 
 from infra.netns import Network, ip, unavailable_reason
@@ -65,11 +66,18 @@ def nothing_left_on_the_hosts(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     network: Network = request.getfixturevalue("network")
     ours = [p for host in network.hosts.values() if host.sshd is not None for p in host.sshd.session_processes()
-            if p.name() != "sshd"]
+            if not is_sshd(p)]
     left = wait_gone(ours, timeout=15)
     for proc in left:
         proc.kill()
     assert not left, f"left running on the hosts: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def is_sshd(proc: psutil.Process) -> bool:
+    try:
+        return proc.name() == "sshd"
+    except psutil.NoSuchProcess:
+        return True  # gone already: nothing to wait for
 
 
 def json_lines(stdout: bytes) -> list[dict]:
@@ -118,6 +126,22 @@ def test_proxyjump_through_a_bastion(home: Path, network: Network) -> None:
     (line,) = json_lines(result.stdout)
     client, _, server, port = line["env"]["SSH_CONNECTION"].split()
     assert (client, server, port) == (network.inner(1), hidden.address, "22")  # it came from the bastion
+
+
+def test_a_proxyjump_chain(home: Path, network: Network) -> None:
+    """``ProxyJump nodeA,bastion``: nodeA first, the bastion through nodeA, the target through the bastion."""
+    hidden, bastion, first = network.hosts["hidden"], network.hosts["bastion"], network.hosts["nodeA"]
+    assert hidden.sshd is not None and bastion.sshd is not None
+    ssh = home / ".ssh"
+    with open(ssh / "config", "a") as config:
+        config.write(f"Host hidden-by-chain\n  HostName {hidden.address}\n  User {hidden.sshd.user}\n"
+                     f"  IdentityFile {ssh}/id_hidden\n  IdentitiesOnly yes\n  ProxyJump nodeA,bastion\n")
+    result = run_poprun("-H", "hidden-by-chain", OFFLINE, "--mpi-global-args", FORWARD_MARKER,
+                        *python_program("print_env.py"))
+    assert result.returncode == 0, result.stderr
+    (line,) = json_lines(result.stdout)
+    assert line["env"]["SSH_CONNECTION"].split()[0] == network.inner(1)
+    assert f"Connection from {first.address} port" in bastion.sshd.log_text()  # the bastion was reached via nodeA
 
 
 def test_proxycommand_through_a_bastion(home: Path, network: Network) -> None:

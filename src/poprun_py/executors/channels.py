@@ -87,7 +87,7 @@ class SshChannel:
                 return False
             self._channel.sendall(data)
             return True
-        except OSError:
+        except (OSError, EOFError):
             return False
         finally:
             self._send_lock.release()

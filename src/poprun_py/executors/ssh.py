@@ -74,22 +74,33 @@ class SshConfig:
         self._system = system or paramiko.SSHConfig()
 
     def lookup(self, name: str) -> dict[str, Any]:
-        return {**self._system.lookup(name), **self._user.lookup(name)}
+        try:
+            system = dict(self._system.lookup(name))
+        except Exception as exc:  # noqa: BLE001 - e.g. a Match Paramiko cannot evaluate: ssh's defaults then
+            log.debug("ignoring %s for %s: %s", SYSTEM_CONFIG, name, exc)
+            system = {}
+        try:
+            return {**system, **self._user.lookup(name)}
+        except (paramiko.SSHException, ImportError, ValueError) as exc:
+            raise UsageError(f"{USER_CONFIG} for {name}: {exc}") from None
 
 
-def _read_config(path: str) -> paramiko.SSHConfig:
+def _read_config(path: str, *, strict: bool) -> paramiko.SSHConfig:
+    """The parsed file (empty if absent); a user's unreadable config is a usage error, the system's is skipped."""
     full = os.path.expanduser(path)
     if not os.path.isfile(full):
         return paramiko.SSHConfig()
     try:
         return paramiko.SSHConfig.from_path(full)
     except (OSError, paramiko.SSHException, ValueError) as exc:
-        log.warning("cannot read %s: %s", full, exc)
+        if strict:
+            raise UsageError(f"cannot read {full}: {exc}") from None
+        log.debug("ignoring %s: %s", full, exc)
         return paramiko.SSHConfig()
 
 
 def load_ssh_config(path: str = USER_CONFIG, system: str = SYSTEM_CONFIG) -> SshConfig:
-    return SshConfig(_read_config(path), _read_config(system))
+    return SshConfig(_read_config(path, strict=True), _read_config(system, strict=False))
 
 
 def ssh_target(host: HostSpec, config: SshConfig) -> SshTarget:
