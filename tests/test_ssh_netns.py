@@ -126,6 +126,7 @@ def test_proxyjump_through_a_bastion(home: Path, network: Network) -> None:
     (line,) = json_lines(result.stdout)
     client, _, server, port = line["env"]["SSH_CONNECTION"].split()
     assert (client, server, port) == (network.inner(1), hidden.address, "22")  # it came from the bastion
+    assert line["env"]["POPRUN_FABRIC_ADDR"] == hidden.address  # its address as its own sshd saw it
 
 
 def test_a_proxyjump_chain(home: Path, network: Network) -> None:

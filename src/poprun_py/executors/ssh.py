@@ -238,23 +238,24 @@ def _addresses(target: SshTarget, sock: Any, hello: Mapping[str, Any],
     """The host's address and the launcher's address as the host sees it (for the fabric).
 
     Through a proxy the socket says nothing about the host: its own sshd does
-    (SSH_CONNECTION, in the agent's hello), and the launcher's side is the
-    address this machine would route to it from, else the first hop's.
+    (SSH_CONNECTION, in the agent's hello). The launcher's side is then a
+    guess: the address the first hop sees it at, else the one this machine
+    would route to the host from (only SSH goes through a bastion, so
+    instances there reach poprun directly or not at all).
     """
     if isinstance(sock, socket.socket):
         return sock.getpeername()[0], sock.getsockname()[0]
     fields = str(hello.get("ssh_connection") or "").split()
     address = fields[2] if len(fields) == 4 else target.hostname
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((address, 9))  # a route lookup: a UDP connect sends nothing
-            return address, probe.getsockname()[0]
-    except OSError:
-        pass
     first = hops[0].get_transport() if hops else None
     if first is not None and isinstance(first.sock, socket.socket):
         return address, first.sock.getsockname()[0]
-    return address, "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # a route lookup: connecting a UDP socket sends nothing
+            return address, probe.getsockname()[0]
+    except OSError:
+        return address, "127.0.0.1"
 
 
 def _connect(target: SshTarget, infos: Sequence[Any], timeout: float) -> socket.socket:
