@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from infra.sshd import unavailable_reason as sshd_unavailable
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 LOCK = Path("/run/lock/poprun-test-netns.lock")
+_SERIALS = itertools.count()
 TIMEOUT = 30.0
 
 
@@ -74,8 +76,9 @@ class Network:
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        self.tag = f"{os.getpid():x}"  # interface names must fit in 15 characters
-        self.prefix = f"poprun-{os.getpid()}"
+        serial = next(_SERIALS)  # two networks of one process never share a name either
+        self.tag = f"{os.getpid():x}{serial:x}"  # interface names must fit in 15 characters
+        self.prefix = f"poprun-{os.getpid()}-{serial}"
         self.switch = f"{self.prefix}-switch"
         self.namespaces: list[str] = []
         self.hosts: dict[str, NetHost] = {}
