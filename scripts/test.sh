@@ -12,6 +12,7 @@ install_system_packages() {
     [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
     [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v srun >/dev/null || missing+=(slurm-wlm)
     [ -x /usr/sbin/munged ] || missing+=(munge)
+    command -v ip >/dev/null || missing+=(iproute2)  # hosts in network namespaces (tests/infra/netns.py)
     [ ${#missing[@]} -eq 0 ] && return
     echo "installing ${missing[*]} (apt-get)" >&2
     local policy=/usr/sbin/policy-rc.d placed=""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -18,10 +19,12 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import paramiko
+import psutil
 import pytest
 
 from infra.sshd import MARKER, SshServer, unavailable_reason, wait_gone
-from poprun_py.errors import EXIT_PREFLIGHT
+from poprun_py.errors import EXIT_PREFLIGHT, EXIT_USAGE
 from poprun_py.ranges import format_cpus
 from support import PROGRAMS, Launch, assert_all_gone, pids_of, python_program, run_poprun
 
@@ -274,3 +277,94 @@ def test_remote_agents_bind_their_instances_to_numa_nodes(home: Path) -> None:
     stderr = result.stderr.decode()
     for index, host in ((0, "nodeA"), (3, "nodeB")):
         assert f"instance {index} on {host}: CPUs {format_cpus(cpus)}" in stderr
+
+
+# -- hosts that stop answering -----------------------------------------------------------------
+def with_ssh_options(home: Path, **options: str) -> None:
+    """``Host *`` options after the hosts' own blocks (in ssh_config the first value obtained wins)."""
+    with open(home / ".ssh" / "config", "a") as config:
+        config.write("Host *\n" + "".join(f"  {name} {value}\n" for name, value in options.items()))
+
+
+def remote_agent(sshd: SshServer, address: str) -> psutil.Process:
+    def is_agent(proc: psutil.Process) -> bool:
+        try:
+            return ("poprun_py.executors.agent" in " ".join(proc.cmdline())
+                    and proc.environ().get("SSH_CONNECTION", "").split()[2:3] == [address])
+        except psutil.Error:
+            return False  # gone meanwhile (a session's short-lived helper)
+
+    (agent,) = [p for p in sshd.session_processes() if is_agent(p)]
+    return agent
+
+
+def test_a_host_whose_sshd_stops_answering_is_lost_within_the_keepalive_bound(home: Path, sshd: SshServer) -> None:
+    """SIGSTOP of the per-connection sshd: TCP still acknowledges, only a keepalive that needs a reply notices."""
+    with_ssh_options(home, ServerAliveInterval="1", ServerAliveCountMax="2")  # lost within (2 + 1) x 1 s
+    launch = Launch(*launch_args("--num-instances", "2", "--num-replicas", "2",
+                                 *python_program("behave.py", "--ready", "--others", "sleep")))
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    session = remote_agent(sshd, "127.0.0.3").parent()  # the sshd process that relays the agent's channel
+    assert session is not None and session.name() == "sshd"
+    session.suspend()
+    try:
+        assert launch.finish(timeout=30) != 0  # today's poprun waits for ever
+        stderr = launch.stderr.decode()
+        assert ("lost nodeB: no answer to SSH keepalives for 2s (ServerAliveInterval 1 x ServerAliveCountMax 2)"
+                in stderr), stderr
+        assert "instance 1 of 2" in stderr
+        assert_all_gone(pids)  # nodeB's agent heard nothing for its own bound: it stopped its instance itself
+    finally:
+        session.resume()  # its sshd then sees the closed connection and goes: the autouse check waits for it
+
+
+def test_a_bad_keepalive_setting_is_a_usage_error(home: Path) -> None:
+    with_ssh_options(home, ServerAliveInterval="often")
+    result = run_poprun("-H", "nodeA", OFFLINE, "true")
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr.decode().splitlines()[-1].endswith(
+        "~/.ssh/config for nodeA: ServerAliveInterval 'often' is not a number")
+
+
+# -- host keys -----------------------------------------------------------------------------------
+def saved_key(known_hosts: Path, name: str) -> str | None:
+    found = paramiko.HostKeys(str(known_hosts)).lookup(name)
+    return found["ssh-ed25519"].get_base64() if found and "ssh-ed25519" in found else None
+
+
+def server_key(sshd: SshServer) -> str:
+    return sshd.host_key.with_suffix(".pub").read_text().split()[1]
+
+
+@pytest.mark.parametrize("hashed", ["yes", "no"])
+def test_accept_new_saves_a_new_key_and_refuses_a_changed_one(home: Path, sshd: SshServer, hashed: str) -> None:
+    known = home / ".ssh" / "known_hosts"
+    known.write_text("")
+    with_ssh_options(home, StrictHostKeyChecking="accept-new", HashKnownHosts=hashed)
+    name = f"[127.0.0.2]:{sshd.port}"
+    first = run_poprun("-H", "nodeA", OFFLINE, "true")
+    assert first.returncode == 0, first.stderr
+    assert f"nodeA: permanently added the host key of {name} (ssh-ed25519 SHA256:" in first.stderr.decode()
+    assert saved_key(known, name) == server_key(sshd)  # as ssh(1) writes it: the next run checks it
+    assert known.read_text().startswith("|1|" if hashed == "yes" else f"{name} ssh-ed25519 ")
+    again = run_poprun("-H", "nodeA", OFFLINE, "true")
+    assert again.returncode == 0 and b"permanently added" not in again.stderr, again.stderr
+    other = sshd.other_key.with_suffix(".pub").read_text().split()[1]
+    known.write_text(f"{name} ssh-ed25519 {other}\n")  # the host's key has changed since
+    text = preflight("-H", "nodeA")
+    verdicts = [line for line in text.splitlines() if line.startswith("  ")]
+    assert verdicts == [f"  nodeA: host key changed: the ssh-ed25519 key of {name} differs from the one in "
+                        "known_hosts (someone may be intercepting the connection); if the host was reinstalled, "
+                        f"remove the old key with ssh-keygen -R '{name}'"]
+    assert known.read_text() == f"{name} ssh-ed25519 {other}\n"  # never replaced
+
+
+def test_strict_host_key_checking_no_warns_in_poprun_log_format(home: Path, sshd: SshServer) -> None:
+    (home / ".ssh" / "known_hosts").write_text("")
+    with_ssh_options(home, StrictHostKeyChecking="no", HashKnownHosts="no")
+    result = run_poprun("-H", "nodeA", OFFLINE, "true")
+    assert result.returncode == 0, result.stderr
+    warning = re.compile(rb"^\d\d:\d\d:\d\d\.\d{3} \d+ POPRUN \[W\] nodeA: StrictHostKeyChecking no: accepted the "
+                         rb"host key of \[127\.0\.0\.2\]:%d \(ssh-ed25519 SHA256:\S+\) without verifying it"
+                         % sshd.port, re.M)
+    assert warning.search(result.stderr), result.stderr

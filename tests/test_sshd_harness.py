@@ -18,7 +18,8 @@ import paramiko
 import psutil
 import pytest
 
-from infra.sshd import MARKER, SshServer, unavailable_reason, wait_gone
+from infra import netns
+from infra.sshd import MARKER, SshServer, ssh_banner, unavailable_reason, wait_gone
 from support import read_line
 
 TIMEOUT = 10.0
@@ -228,3 +229,22 @@ def test_stop_leaves_nothing_behind(tmp_path: Path) -> None:
         server.stop()
     client.close()
     assert gone(remote) and not server.session_processes()
+
+
+def test_network_namespaces_are_removed_even_when_a_test_fails(tmp_path: Path) -> None:
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with pytest.raises(RuntimeError, match="a failing test"):
+        with netns.Network(tmp_path) as net:
+            host = net.add_host("solo")
+            assert host.sshd is not None and host.sshd.process is not None
+            sshd = psutil.Process(host.sshd.process.pid)
+            assert ssh_banner(host.address, 22, timeout=TIMEOUT).startswith(b"SSH-2.0-")  # over the switch
+            names = list(net.namespaces)
+            raise RuntimeError("a failing test")
+    listed = netns.ip("netns", "list")
+    assert not [name for name in names if name in listed]
+    assert not Path(f"/sys/class/net/{net.root_link}").exists()
+    assert gone(sshd)
+

@@ -23,6 +23,7 @@ import psutil
 
 SSHD = "/usr/sbin/sshd"  # absolute: sshd re-executes itself for every connection
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+IP = shutil.which("ip") or "/usr/sbin/ip"
 PRIVSEP_DIR = Path("/run/sshd")  # Debian's sshd refuses to start without it when run as root
 DEFAULT_ADDRESSES = ("127.0.0.2", "127.0.0.3")
 MARKER = "POPRUN_TEST_MARKER"  # tests/conftest.py's leak check; the daemon must never carry it
@@ -88,11 +89,15 @@ def ssh_banner(address: str, port: int, timeout: float = 1.0) -> bytes:
 class SshServer:
     """sshd on ``addresses`` x one port, keys, known_hosts and ssh_config all private to ``state_dir``."""
 
-    def __init__(self, state_dir: str | os.PathLike, addresses: Iterable[str] = DEFAULT_ADDRESSES) -> None:
+    def __init__(self, state_dir: str | os.PathLike, addresses: Iterable[str] = DEFAULT_ADDRESSES,
+                 netns: str | None = None, port: int = 0) -> None:
+        """With ``netns``, sshd runs in that network namespace (tests/infra/netns.py), on ``port`` (22 there)."""
         self.state_dir = Path(state_dir)
         self.addresses = tuple(addresses)
         self.user = pwd.getpwuid(os.getuid()).pw_name
-        self.port = 0
+        self.netns = netns
+        self._fixed_port = port
+        self.port = port
         self.process: subprocess.Popen[bytes] | None = None
         d = self.state_dir
         self.config, self.log = d / "sshd_config", d / "sshd.log"
@@ -108,7 +113,7 @@ class SshServer:
 
     def start(self, attempts: int = 3) -> SshServer:
         """Generate keys and configs, start sshd and wait until every address returns a banner."""
-        reason = unavailable_reason(self.addresses)
+        reason = unavailable_reason(() if self.netns else self.addresses)  # a namespace's addresses are its own
         if reason:
             raise RuntimeError(reason)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +121,7 @@ class SshServer:
             keygen(key, f"poprun-test-{comment}")
         self.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
         for _ in range(attempts):  # the port may be taken between free_port() and sshd's bind
-            self.port = free_port(self.addresses)
+            self.port = self._fixed_port or free_port(self.addresses)
             self._write_configs()
             if self._launch():
                 return self
@@ -139,7 +144,9 @@ class SshServer:
             "Subsystem sftp internal-sftp",
             "MaxSessions 64",
             "MaxStartups 100:30:200",  # the tests open many connections at once
-            "ClientAliveInterval 15",
+            # sshd's own default (none) in a namespace, where links are cut: there only the agent's own
+            # bound can stop a cut-off host's instances, and the tests show it does.
+            f"ClientAliveInterval {0 if self.netns else 15}",
             "ClientAliveCountMax 2",
             "PrintMotd no",
             "PrintLastLog no",
@@ -162,7 +169,8 @@ class SshServer:
     def write_known_hosts(self, path: Path, addresses: Iterable[str]) -> Path:
         """Host-key lines for ``addresses``; a non-22 port is written ``[address]:port`` (OpenSSH's form)."""
         key_type, key_b64 = self.host_key.with_suffix(".pub").read_text().split()[:2]
-        path.write_text("".join(f"[{address}]:{self.port} {key_type} {key_b64}\n" for address in addresses))
+        names = [address if self.port == 22 else f"[{address}]:{self.port}" for address in addresses]
+        path.write_text("".join(f"{name} {key_type} {key_b64}\n" for name in names))
         return path
 
     def known_hosts_without(self, address: str) -> Path:
@@ -174,8 +182,9 @@ class SshServer:
         """Start sshd; True once it listens on every address and answers with a banner there."""
         env = {k: v for k, v in os.environ.items() if k != MARKER}  # a fixture outlives any one test
         self.log.write_bytes(b"")
+        inside = [IP, "netns", "exec", self.netns] if self.netns else []  # ip execs sshd: same pid
         self.process = subprocess.Popen(
-            [SSHD, "-D", "-e", "-E", str(self.log), "-f", str(self.config)], env=env,
+            [*inside, SSHD, "-D", "-e", "-E", str(self.log), "-f", str(self.config)], env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
@@ -185,6 +194,8 @@ class SshServer:
             if "Bind to port" in text:  # another process took the port on some address
                 return False
             pending -= {a for a in pending if f"Server listening on {a} port {self.port}" in text}
+            if not pending and self.netns:
+                return True  # it listens; its address may be reachable only from inside (behind a bastion)
             if not pending:
                 try:
                     if all(ssh_banner(a, self.port).startswith(b"SSH-2.0-") for a in self.addresses):

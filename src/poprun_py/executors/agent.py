@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import select
 import signal
 import socket
 import sys
@@ -46,6 +47,7 @@ def hello() -> dict[str, Any]:
         "platform": sys.platform,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
+        "ssh_connection": os.environ.get("SSH_CONNECTION", ""),  # the host's address behind a ProxyJump
     }
 
 
@@ -56,6 +58,8 @@ class _Channel:
         self._decoder = wire.FrameDecoder()
         self._pending: list[wire.Frame] = []
         self.closed = threading.Event()
+        self.silence_limit: float | None = None  # set by the launcher's first KEEPALIVE
+        self.ended = "the launcher's channel closed"
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -66,14 +70,32 @@ class _Channel:
             self.closed.set()
 
     def receive(self) -> wire.Frame | None:
-        """The next frame from the launcher; None once the channel has closed."""
-        while not self._pending:
-            data = os.read(_STDIN, 1 << 16)
-            if not data:
-                self.closed.set()
-                return None
-            self._pending.extend(self._decoder.feed(data))
-        return self._pending.pop(0)
+        """The next frame from the launcher; None once the channel has closed or the launcher fell silent.
+
+        Over SSH the launcher's KEEPALIVE frames carry how long it may stay silent: a cut link
+        reaches no one here for many minutes, so the agent keeps its own count.
+        """
+        while True:
+            while not self._pending:
+                if self.silence_limit is not None and not _readable(_STDIN, self.silence_limit):
+                    self.ended = f"nothing from the launcher for {self.silence_limit:g}s (its host or link is down)"
+                    self.closed.set()
+                    return None
+                data = os.read(_STDIN, 1 << 16)
+                if not data:
+                    self.closed.set()
+                    return None
+                self._pending.extend(self._decoder.feed(data))
+            frame = self._pending.pop(0)
+            if frame.kind != wire.Kind.KEEPALIVE:
+                return frame
+            self.silence_limit = float(frame.json()["silence_limit"])
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 class _Stopper:
@@ -156,7 +178,7 @@ def _read_signals(channel: _Channel, executor: LocalExecutor, stopper: _Stopper)
     while True:
         frame = channel.receive()
         if frame is None:
-            stopper.stop("the launcher's channel closed")
+            stopper.stop(channel.ended)
             return
         if frame.kind == wire.Kind.SIGNAL:
             executor.signal_all(int(frame.json()["signum"]))

@@ -13,6 +13,7 @@ import logging
 import os
 import select
 import subprocess
+import threading
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -29,6 +30,10 @@ class AgentChannel(Protocol):
     def stderr_tail(self) -> tuple[str, ...]: ...
     def exit_status(self, timeout: float) -> int | None: ...
     def close(self) -> None: ...
+
+
+class HostUnresponsive(ConnectionError):
+    """The host stopped answering: the connection was closed on purpose, the message says why."""
 
 
 class AgentStderr:
@@ -64,9 +69,32 @@ class SshChannel:
         self._channel = channel
         self._fileno = channel.fileno()  # readable when stdout or stderr has data, or at EOF
         self._stderr = AgentStderr(host)
+        self._send_lock = threading.Lock()  # frames from several threads must not interleave
+        self._lost: str | None = None
 
     def send(self, data: bytes) -> None:
-        self._channel.sendall(data)
+        if self._lost is not None:
+            raise HostUnresponsive(self._lost)
+        with self._send_lock:
+            self._channel.sendall(data)
+
+    def try_send(self, data: bytes) -> bool:
+        """Send a small frame only if that cannot block (another send in progress, or no window left)."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._channel.closed or not self._channel.send_ready():
+                return False
+            self._channel.sendall(data)
+            return True
+        except (OSError, EOFError):
+            return False
+        finally:
+            self._send_lock.release()
+
+    def mark_lost(self, reason: str) -> None:
+        """Say why the connection is about to be closed: the end of this channel then raises it."""
+        self._lost = reason
 
     def read(self, timeout: float | None = None) -> bytes:
         while True:
@@ -77,6 +105,8 @@ class SshChannel:
                 data = self._channel.recv(READ_SIZE)
                 if not data:
                     self._drain_stderr()
+                    if self._lost is not None:
+                        raise HostUnresponsive(self._lost)
                 return data
             if not select.select([self._fileno], [], [], timeout)[0]:
                 raise TimeoutError

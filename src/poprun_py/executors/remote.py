@@ -21,7 +21,7 @@ from ..events import EventQueue, Exited, HostLost, Output, Started
 from ..plan import InstancePlan
 from ..ranges import format_cpus
 from . import wire
-from .channels import AgentChannel
+from .channels import AgentChannel, HostUnresponsive
 
 log = logging.getLogger("poprun.remote")
 
@@ -143,6 +143,8 @@ class AgentExecutor:
                 if frame is None:
                     break
                 self._dispatch(frame)
+        except HostUnresponsive as exc:
+            reason = str(exc)
         except Exception as exc:  # noqa: BLE001 - whatever broke the channel, the instances are lost
             log.debug("reading from %s failed", self.host, exc_info=True)
             reason = f"reading its agent's channel failed: {type(exc).__name__}: {exc}"

@@ -5,16 +5,21 @@ by one deadline (``--ssh-timeout``). A host that fails gets a verdict naming
 the stage (name resolution, connect, SSH handshake, host key,
 authentication, remote Python, poprun_py, version, working directory) and
 what to do about it. A host that passes keeps its connection and its agent,
-already started and greeted, for the launch itself.
+already started and greeted, for the launch itself, and a keepalive thread
+(``keepalive.py``) that names it lost if it stops answering.
 
 ``~/.ssh/config`` is honoured (HostName, Port, User, IdentityFile,
-IdentitiesOnly, UserKnownHostsFile, ConnectTimeout); keys come from files
-and the SSH agent; there is never a password prompt (Paramiko has none, and
-no password is ever offered).
+IdentitiesOnly, UserKnownHostsFile, GlobalKnownHostsFile,
+StrictHostKeyChecking, HashKnownHosts, ProxyJump, ProxyCommand,
+ServerAliveInterval, ServerAliveCountMax), then ``/etc/ssh/ssh_config`` for
+what it leaves unset, as ssh(1) reads them; keys come from files and the SSH
+agent; there is never a password prompt (Paramiko has none, and no password
+is ever offered).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import logging
 import os
@@ -27,18 +32,22 @@ from typing import Any, Mapping, Sequence
 
 import paramiko
 
+from ..errors import UsageError
 from ..hosts import HostSpec
 from .channels import SshChannel
 from .greeting import HostCheckFailed, agent_script, greet, verdict_error
+from .hostkeys import HostKeyChecking
+from .keepalive import AliveSettings, KeepAlive
+from .proxy import MAX_JUMPS, jump_hosts, parse_jump, proxy_command, run_proxy_command, tunnel
 
 log = logging.getLogger("poprun.ssh")
 logging.getLogger("paramiko").addHandler(logging.NullHandler())  # its thread's tracebacks are not for users
 
 #: Our receive window: big, so fast remote output is not throttled by round trips.
 WINDOW_BYTES = 16 * 1024 * 1024
-#: A host that stops acknowledging for this long is gone (TCP_USER_TIMEOUT, with keepalives below).
+#: Unacknowledged data older than this ends a direct connection (TCP_USER_TIMEOUT); keepalives decide sooner.
 DEAD_HOST_SECONDS = 30
-KEEPALIVE_SECONDS = 5
+USER_CONFIG, SYSTEM_CONFIG = "~/.ssh/config", "/etc/ssh/ssh_config"
 
 
 @dataclass(frozen=True)
@@ -51,34 +60,71 @@ class SshTarget:
     user: str
     identity_files: tuple[str, ...]
     identities_only: bool
-    known_hosts_files: tuple[str, ...]
-    accept_unknown_host_keys: bool
+    host_keys: HostKeyChecking
+    alive: AliveSettings = AliveSettings()
+    jumps: tuple[str, ...] = ()  # ProxyJump hops as written
+    proxy_command: str | None = None
 
 
-def load_ssh_config(path: str = "~/.ssh/config") -> paramiko.SSHConfig:
+class SshConfig:
+    """The user's ssh_config, then the system's for what it leaves unset (the first value obtained wins)."""
+
+    def __init__(self, user: paramiko.SSHConfig, system: paramiko.SSHConfig | None = None) -> None:
+        self._user = user
+        self._system = system or paramiko.SSHConfig()
+
+    def lookup(self, name: str) -> dict[str, Any]:
+        try:
+            system = dict(self._system.lookup(name))
+        except Exception as exc:  # noqa: BLE001 - e.g. a Match Paramiko cannot evaluate: ssh's defaults then
+            log.debug("ignoring %s for %s: %s", SYSTEM_CONFIG, name, exc)
+            system = {}
+        try:
+            return {**system, **self._user.lookup(name)}
+        except (paramiko.SSHException, ImportError, ValueError) as exc:
+            raise UsageError(f"{USER_CONFIG} for {name}: {exc}") from None
+
+
+def _read_config(path: str, *, strict: bool) -> paramiko.SSHConfig:
+    """The parsed file (empty if absent); a user's unreadable config is a usage error, the system's is skipped."""
     full = os.path.expanduser(path)
-    return paramiko.SSHConfig.from_path(full) if os.path.isfile(full) else paramiko.SSHConfig()
+    if not os.path.isfile(full):
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(full)
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        if strict:
+            raise UsageError(f"cannot read {full}: {exc}") from None
+        log.debug("ignoring %s: %s", full, exc)
+        return paramiko.SSHConfig()
 
 
-def ssh_target(host: HostSpec, config: paramiko.SSHConfig) -> SshTarget:
+def load_ssh_config(path: str = USER_CONFIG, system: str = SYSTEM_CONFIG) -> SshConfig:
+    return SshConfig(_read_config(path, strict=True), _read_config(system, strict=False))
+
+
+def ssh_target(host: HostSpec, config: SshConfig) -> SshTarget:
     """The host as ssh would reach it: ``user@`` and ``:port`` on the command line win over the config."""
     found: Mapping[str, Any] = config.lookup(host.name)
-    known = tuple(os.path.expanduser(p) for p in found.get("userknownhostsfile", "~/.ssh/known_hosts").split())
+    try:
+        return _target(host, found)
+    except ValueError as exc:
+        raise UsageError(f"~/.ssh/config for {host.name}: {exc}") from None
+
+
+def _target(host: HostSpec, found: Mapping[str, Any]) -> SshTarget:
     return SshTarget(
         label=str(host),
         hostname=found.get("hostname", host.name),
         port=host.port or int(found.get("port", 22)),
         user=host.user or found.get("user") or getpass.getuser(),
         identity_files=tuple(os.path.expanduser(p) for p in found.get("identityfile", [])),
-        identities_only=found.get("identitiesonly", "no").lower() == "yes",
-        known_hosts_files=known + ("/etc/ssh/ssh_known_hosts",),
-        accept_unknown_host_keys=found.get("stricthostkeychecking", "yes").lower() in ("no", "off", "accept-new"),
+        identities_only=str(found.get("identitiesonly", "no")).lower() == "yes",
+        host_keys=HostKeyChecking.from_ssh_config(found),
+        alive=AliveSettings.from_ssh_config(found),
+        jumps=jump_hosts(found),
+        proxy_command=proxy_command(found),
     )
-
-
-class _RejectUnknownHost(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        raise HostCheckFailed("host key", f"host key not known ({key.get_name()} for {hostname})")
 
 
 @dataclass(eq=False)
@@ -91,48 +137,125 @@ class RemoteHost:
     hello: Mapping[str, Any]
     address: str  # the host's address, as the launcher reached it
     local_address: str  # the launcher's address, as the host sees it
+    keepalive: KeepAlive | None = None
+    hops: tuple[paramiko.SSHClient, ...] = ()  # ProxyJump connections, first hop first
 
     def close(self) -> None:
+        if self.keepalive is not None:
+            self.keepalive.stop()
         self.channel.close()
         self.client.close()
+        for hop in reversed(self.hops):
+            hop.close()
 
 
-def connect_host(target: SshTarget, *, python: str, cwd: str, timeout: float) -> RemoteHost:
+def connect_host(target: SshTarget, *, python: str, cwd: str, timeout: float,
+                 config: SshConfig | None = None) -> RemoteHost:
     """Connect, authenticate, start and greet the agent; ``HostCheckFailed`` names the stage that failed."""
     deadline = time.monotonic() + timeout
-
-    def left() -> float:
-        return max(0.05, deadline - time.monotonic())
-
+    client, sock, hops = _open_client(target, config or load_ssh_config(), deadline, 0)
     try:
-        infos = socket.getaddrinfo(target.hostname, target.port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise HostCheckFailed("name resolution", f"cannot resolve {target.hostname!r}: {exc.strerror}") from None
-    sock = _connect(target, infos, left())
-    client = paramiko.SSHClient()
-    try:
-        for path in target.known_hosts_files:
-            if os.path.isfile(path):
-                client.load_system_host_keys(path)
-        client.set_missing_host_key_policy(
-            paramiko.WarningPolicy() if target.accept_unknown_host_keys else _RejectUnknownHost())
-        _handshake(client, target, sock, left())
         transport = client.get_transport()
         assert transport is not None
-        transport.set_keepalive(KEEPALIVE_SECONDS)
-        channel = transport.open_session(window_size=WINDOW_BYTES, timeout=left())
+        channel = transport.open_session(window_size=WINDOW_BYTES, timeout=_left(deadline))
         channel.exec_command("exec sh -c " + shlex.quote(agent_script(python, cwd)))
         agent = SshChannel(channel, target.label)
         hello = greet(agent, python, cwd, deadline)
-        return RemoteHost(target, client, agent, hello, sock.getpeername()[0], sock.getsockname()[0])
-    except HostCheckFailed:
-        client.close()
-        sock.close()
+        address, local_address = _addresses(target, sock, hello, hops)
+        keepalive = KeepAlive(transport, agent, target.label, target.alive).start()
+        return RemoteHost(target, client, agent, hello, address, local_address, keepalive, hops)
+    except BaseException as exc:
+        _close(client, sock, hops)
+        if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
+            raise HostCheckFailed("ssh", f"the SSH session failed: {exc or type(exc).__name__}") from None
         raise
-    except (paramiko.SSHException, OSError, EOFError) as exc:
+
+
+def _left(deadline: float) -> float:
+    return max(0.05, deadline - time.monotonic())
+
+
+def _close(client: paramiko.SSHClient | None, sock: Any, hops: Sequence[paramiko.SSHClient]) -> None:
+    if client is not None:
         client.close()
+    if sock is not None:
         sock.close()
-        raise HostCheckFailed("ssh", f"the SSH session failed: {exc or type(exc).__name__}") from None
+    for hop in reversed(hops):
+        hop.close()
+
+
+def _open_client(target: SshTarget, config: SshConfig, deadline: float,
+                 depth: int) -> tuple[paramiko.SSHClient, Any, tuple[paramiko.SSHClient, ...]]:
+    """An authenticated client for ``target``: directly, through its ProxyJump hosts, or its ProxyCommand."""
+    hops: tuple[paramiko.SSHClient, ...] = ()
+    sock: Any = None
+    client: paramiko.SSHClient | None = None
+    try:
+        if target.jumps:
+            hops, sock = _through_jumps(target, config, deadline, depth)
+        elif target.proxy_command:
+            sock = run_proxy_command(target.proxy_command)
+        else:
+            try:
+                infos = socket.getaddrinfo(target.hostname, target.port, type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                raise HostCheckFailed("name resolution",
+                                      f"cannot resolve {target.hostname!r}: {exc.strerror}") from None
+            sock = _connect(target, infos, _left(deadline))
+        client = paramiko.SSHClient()
+        target.host_keys.load_into(client)
+        client.set_missing_host_key_policy(target.host_keys.policy(target.label))
+        _handshake(client, target, sock, _left(deadline))
+        return client, sock, hops
+    except BaseException:
+        _close(client, sock, hops)
+        raise
+
+
+def _through_jumps(target: SshTarget, config: SshConfig, deadline: float,
+                   depth: int) -> tuple[tuple[paramiko.SSHClient, ...], paramiko.Channel]:
+    """ProxyJump a,b: reach b through a (b's own ProxyJump is overridden), then the target through b."""
+    if depth >= MAX_JUMPS:
+        raise HostCheckFailed("proxy", f"more than {MAX_JUMPS} ProxyJump hops: is there a loop in ~/.ssh/config?")
+    *before, last = target.jumps
+    hop_target = ssh_target(parse_jump(last), config)
+    if before:
+        hop_target = dataclasses.replace(hop_target, jumps=tuple(before), proxy_command=None)
+    try:
+        hop, _, earlier = _open_client(hop_target, config, deadline, depth + 1)
+    except HostCheckFailed as exc:
+        raise HostCheckFailed(f"jump host {last}: {exc.stage}", str(exc)) from None
+    hops = (*earlier, hop)
+    try:
+        return hops, tunnel(hop, str(last), target.hostname, target.port, _left(deadline))
+    except BaseException:
+        _close(None, None, hops)
+        raise
+
+
+def _addresses(target: SshTarget, sock: Any, hello: Mapping[str, Any],
+               hops: Sequence[paramiko.SSHClient]) -> tuple[str, str]:
+    """The host's address and the launcher's address as the host sees it (for the fabric).
+
+    Through a proxy the socket says nothing about the host: its own sshd does
+    (SSH_CONNECTION, in the agent's hello). The launcher's side is then a
+    guess: the address the first hop sees it at, else the one this machine
+    would route to the host from (only SSH goes through a bastion, so
+    instances there reach poprun directly or not at all).
+    """
+    if isinstance(sock, socket.socket):
+        return sock.getpeername()[0], sock.getsockname()[0]
+    fields = str(hello.get("ssh_connection") or "").split()
+    address = fields[2] if len(fields) == 4 else target.hostname
+    first = hops[0].get_transport() if hops else None
+    if first is not None and isinstance(first.sock, socket.socket):
+        return address, first.sock.getsockname()[0]
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # a route lookup: connecting a UDP socket sends nothing
+            return address, probe.getsockname()[0]
+    except OSError:
+        return address, "127.0.0.1"
 
 
 def _connect(target: SshTarget, infos: Sequence[Any], timeout: float) -> socket.socket:
@@ -158,7 +281,7 @@ def _connect(target: SshTarget, infos: Sequence[Any], timeout: float) -> socket.
     raise HostCheckFailed("connect", f"cannot connect to {target.hostname} port {target.port}: {why}")
 
 
-def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: socket.socket, timeout: float) -> None:
+def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: Any, timeout: float) -> None:
     key_files = tuple(p for p in target.identity_files if os.path.isfile(p))
     try:
         client.connect(
@@ -167,9 +290,10 @@ def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: socket.socke
             look_for_keys=not target.identity_files, allow_agent=not target.identities_only,
             timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
         )
-    except paramiko.BadHostKeyException:
-        raise HostCheckFailed("host key changed", "it differs from the one in known_hosts; if the host "
-                              f"was reinstalled, remove the old key with ssh-keygen -R {_key_name(target)}") from None
+    except paramiko.BadHostKeyException as exc:
+        raise HostCheckFailed("host key changed", f"the {exc.key.get_name()} key of {_key_name(target)} differs "
+                              "from the one in known_hosts (someone may be intercepting the connection); if the "
+                              f"host was reinstalled, remove the old key with {target.host_keys.removal_advice(_key_name(target))}") from None
     except paramiko.PasswordRequiredException as exc:
         raise HostCheckFailed("authentication", f"the key needs a passphrase ({exc}); add it to ssh-agent") from None
     except paramiko.AuthenticationException:
@@ -180,7 +304,8 @@ def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: socket.socke
 
 
 def _key_name(target: SshTarget) -> str:
-    return target.hostname if target.port == 22 else f"'[{target.hostname}]:{target.port}'"
+    """The name known_hosts files use for the target (Paramiko looks it up so)."""
+    return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
 
 
 def host_key_advice(target: SshTarget) -> str:
@@ -194,7 +319,8 @@ def check_hosts(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: fl
     config = load_ssh_config()
     targets = [ssh_target(h, config) for h in hosts]
     with ThreadPoolExecutor(max_workers=min(64, len(targets)), thread_name_prefix="poprun-preflight") as pool:
-        futures = [pool.submit(connect_host, t, python=python, cwd=cwd, timeout=timeout) for t in targets]
+        futures = [pool.submit(connect_host, t, python=python, cwd=cwd, timeout=timeout, config=config)
+                   for t in targets]
         results: list[RemoteHost | HostCheckFailed] = []
         for future in futures:  # each is bounded by its own deadline (every Paramiko wait has a timeout)
             try:

@@ -6,8 +6,10 @@ The decoder is fed bytes, so it is tested without processes or sockets.
 
 Agent to launcher: HELLO, STARTED, STDOUT/STDERR, EXITED, READY (every
 instance spawned), FAILED (the start failed). Launcher to agent: START (the
-instances with their environment: config travels here, never in argv) and
-SIGNAL. End of stream means the other side is gone.
+instances with their environment: config travels here, never in argv),
+SIGNAL and KEEPALIVE (over SSH, every ServerAliveInterval: an agent that hears
+nothing for the bound it carries stops its instances). End of stream means
+the other side is gone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from enum import IntEnum
 from typing import Any
 
 #: Bumped whenever a frame changes meaning; launcher and agent must agree.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HEADER = struct.Struct("!BiI")  # kind, instance (-1: none), payload length
 #: What the agent writes before its first frame: whatever a login shell prints before it is skipped.
 MAGIC = b"\0poprun-agent\0"
@@ -37,6 +39,7 @@ class Kind(IntEnum):
     READY = 7
     FAILED = 8
     SIGNAL = 9
+    KEEPALIVE = 10
 
 
 class ProtocolError(Exception):
