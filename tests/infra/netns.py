@@ -95,6 +95,10 @@ class Network:
                 self.subnet = self._free_subnet()
                 ip("link", "add", self.root_link, "type", "veth", "peer", "name", f"p{self.tag}R")
                 ip("addr", "add", f"{self.outer(1)}/24", "dev", self.root_link)
+                # The bastion's private network must not reach the default route from here: were a
+                # regression to skip the jump and connect straight to it, its packets would leave the
+                # machine. An unreachable route fails such a connection at once, on this host.
+                ip("route", "add", "unreachable", self.inner_network)
             ip("link", "set", f"p{self.tag}R", "netns", self.switch)
             ip("-n", self.switch, "link", "set", f"p{self.tag}R", "master", "br0", "up")
             ip("link", "set", self.root_link, "up")
@@ -109,6 +113,10 @@ class Network:
     def outer(self, last: int) -> str:
         """An address on the switch's network (the root namespace is .1)."""
         return f"198.18.{self.subnet}.{last}"
+
+    @property
+    def inner_network(self) -> str:
+        return f"198.19.{self.subnet}.0/24"
 
     def inner(self, last: int) -> str:
         """An address on a bastion's private network (no route to it from the root namespace)."""
@@ -196,6 +204,9 @@ class Network:
         for name in reversed(self.namespaces):
             subprocess.run([IP, "netns", "delete", name], capture_output=True, timeout=TIMEOUT)
         self.namespaces.clear()
+        if self.subnet >= 0:
+            subprocess.run([IP, "route", "delete", "unreachable", self.inner_network], capture_output=True,
+                           timeout=TIMEOUT)
         if Path(f"/sys/class/net/{self.root_link}").exists():
             subprocess.run([IP, "link", "delete", self.root_link], capture_output=True, timeout=TIMEOUT)
         if errors:
