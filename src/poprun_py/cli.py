@@ -77,6 +77,7 @@ def poprun(
     fabric_transport: Optional[str] = typer.Option(None, help="auto (shared memory/Unix sockets within a host, TCP between) or tcp (TCP everywhere). (default: auto)", rich_help_panel="Fabric"),
     fabric_timeout: Optional[float] = typer.Option(None, help="Seconds after which a silent peer counts as lost in a collective. (default: 10)", rich_help_panel="Fabric"),
     startup_timeout: Optional[float] = typer.Option(None, help="Seconds the instances have to join the fabric once the first has. (default: 60)", rich_help_panel="Fabric"),
+    compat_imports: Optional[str] = typer.Option(None, help="In the instances, 'import horovod' and 'import mpi4py' get poprun-py's implementations over the fabric (yes/no); no: the installed packages, and a real MPI that sees one process stops the program. (default: yes)"),
     ssh_timeout: Optional[float] = typer.Option(None, help="Seconds each remote host has to pass its pre-flight checks (connect, authenticate, start the agent). (default: 10)"),
     remote_python: Optional[str] = typer.Option(None, help="The Python that runs the agent on remote hosts. (default: the path of poprun's own Python)"),
     verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="Verbose output; -vv for more."),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from popdist.env import CONTRACT_NAMES, FabricSettings, InstanceEnv, target_options_for
+from popdist.env import COMPAT_IMPORTS, CONTRACT_NAMES, FabricSettings, InstanceEnv, target_options_for
 from simipu.hardware import parent_device_id
 
 from .hosts import HostSpec, distribute_instances
@@ -150,7 +150,7 @@ def make_plan(
                 device_fds=device_fds.get(index, ()),
                 fabric=fabric,
             )
-            env = {**user_env, **contract.render()}
+            env = {**user_env, **contract.render(), COMPAT_IMPORTS: "1" if spec.compat_imports else "0"}
             instances.append(
                 InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd,
                              device_fds.get(index, ()), cpus.get(index))
