@@ -12,6 +12,9 @@ running alone and "reducing" its own values.
 
 The variable names are spelled here rather than imported from ``popdist.env_names``: importing ``popdist``
 at every interpreter start would cost every Python program on the machine (a test holds them equal).
+
+PYTEST_DONT_REWRITE: pytest rewrites the asserts of the top-level modules of a distribution that has a
+pytest plugin, and warns about those imported before it starts; this one always is, and has no asserts.
 """
 
 from __future__ import annotations
