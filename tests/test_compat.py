@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PROGRAMS, RUN_TIMEOUT, python_program, run_poprun
+from support import PROGRAMS, RUN_TIMEOUT, python_example, python_program, run_poprun
 
 torch = pytest.importorskip("torch", reason="the torch extra: pip install -e '.[torch]' (scripts/test.sh installs it)")
 
@@ -221,3 +221,29 @@ def test_a_wheel_installs_the_pth_into_site_packages(tmp_path: Path) -> None:
                             cwd=tmp_path)
     name, where = result.stdout.decode().split()
     assert name == "popdist.horovod" and where.startswith(site), result.stderr
+
+
+def test_compat_imports_takes_yes_or_no() -> None:
+    result = run_poprun(*job(1), "--compat-imports=maybe", "true")
+    assert result.returncode == 2
+    assert result.stderr.decode().count("\n") == 1 and "compat" in result.stderr.decode()
+
+
+# -- the example ----------------------------------------------------------------------------------------------
+def test_horovod_example_trains_in_step_and_checkpoints_on_instance_0(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "model.pt"
+    result = run_poprun("--num-instances", "2", "--num-replicas", "2", "--mpi-global-args=--tag-output",
+                        *python_example("horovod_train.py", "--checkpoint", str(checkpoint)))
+    lines = lines_of(result)
+    saved = [line for line in lines if "saved the checkpoint" in line]
+    assert saved == [f"[1,0]<stdout>:instance 0 saved the checkpoint of step 60 to {checkpoint}"]
+    losses = [float(line.split("loss ")[1]) for line in lines if "]<stdout>:step " in line]
+    assert len(losses) == 3 and all(line.startswith("[1,0]") for line in lines if "]<stdout>:step " in line)
+    assert losses[-1] < 0.01  # learnt: the noise's variance is 1e-4, an untrained model's loss is about 5
+    finals = [line.split(":", 1)[1] for line in lines if "the same on every instance" in line]
+    assert len(finals) == 2 and all(line.endswith("the same on every instance: True") for line in finals)
+    assert finals[0].split(": weights ")[1] == finals[1].split(": weights ")[1]
+    state = torch.load(checkpoint)
+    assert state["step"] == 60
+    learnt = [round(w, 3) for w in torch.cat([state["model"]["weight"].reshape(-1), state["model"]["bias"]]).tolist()]
+    assert finals[0].split(": weights ")[1].startswith(str(learnt))
