@@ -177,6 +177,12 @@ class Comm:
 
     def _pair_bytes(self, data: bytes | None, source: int, dest: int, tag: int, what: str,
                     status: Status | None = None) -> bytes:
+        src, pair = self._pair(data is not None, source, dest, tag, what, status)
+        return broadcast_bytes(data, src, pair)
+
+    def _pair(self, sending: bool, source: int, dest: int, tag: int, what: str,
+              status: Status | None) -> tuple[int, tuple[int, ...]]:
+        """The source instance and the pair; the sender's tag goes first, checked by the receiver."""
         if source == ANY_SOURCE:
             raise NotProvidedError(f"{what}(source=ANY_SOURCE) is not provided by poprun-py's mpi4py: name the "
                                    f"source rank (see {README_SECTION})")
@@ -184,13 +190,12 @@ class Comm:
         if src == dst:
             raise ValueError(f"{what}: a rank cannot send to itself here (source and dest are both {source})")
         pair = tuple(sorted((src, dst)))
-        fabric = current_fabric()
-        sent_tag = fabric.broadcast(np.array([tag if data is not None else 0], np.int64), src, pair)
-        if data is None and tag != ANY_TAG and int(sent_tag[0]) != tag:
-            raise ValueError(f"recv: expected tag {tag} from rank {source}, the next message has tag {int(sent_tag[0])}")
+        sent_tag = int(current_fabric().broadcast(np.array([tag if sending else 0], np.int64), src, pair)[0])
+        if not sending and tag != ANY_TAG and sent_tag != tag:
+            raise ValueError(f"{what}: expected tag {tag} from rank {source}, the next message has tag {sent_tag}")
         if status is not None:
-            status.source, status.tag = source, int(sent_tag[0])
-        return broadcast_bytes(data, src, pair)
+            status.source, status.tag = source, sent_tag
+        return src, pair
 
     # -- buffers ------------------------------------------------------------------------------------------
     def Bcast(self, buf: Any, root: int = 0) -> None:
@@ -247,19 +252,8 @@ class Comm:
 
     def _pair_array(self, array: np.ndarray, source: int, dest: int, tag: int, what: str,
                     status: Status | None = None) -> np.ndarray:
-        if source == ANY_SOURCE:
-            raise NotProvidedError(f"{what}(source=ANY_SOURCE) is not provided by poprun-py's mpi4py: name the "
-                                   f"source rank (see {README_SECTION})")
-        src, dst = self._instance(source, what), self._instance(dest, what)
-        pair = tuple(sorted((src, dst)))
-        fabric = current_fabric()
-        sending = fabric.instance == src
-        sent_tag = fabric.broadcast(np.array([tag if sending else 0], np.int64), src, pair)
-        if not sending and tag != ANY_TAG and int(sent_tag[0]) != tag:
-            raise ValueError(f"Recv: expected tag {tag} from rank {source}, the next message has tag {int(sent_tag[0])}")
-        if status is not None:
-            status.source, status.tag = source, int(sent_tag[0])
-        return fabric.broadcast(np.ascontiguousarray(array), src, pair)
+        src, pair = self._pair(what == "Send", source, dest, tag, what, status)
+        return current_fabric().broadcast(np.ascontiguousarray(array), src, pair)
 
     def _rank_checked(self, root: int, what: str) -> int:
         self._instance(root, what)
