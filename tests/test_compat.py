@@ -71,12 +71,15 @@ def test_horovod_semantics_over_three_instances() -> None:
         assert out["grad"] == [6.0]  # the gradient of a Sum allreduce is the Sum allreduce of the gradients
         assert out["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
         assert out["broadcast"] == [10.0] and out["broadcast_"] == [20.0]
+        assert out["allgather_grad"] == [[3.0, 3.0]] * (r + 1)
+        assert out["broadcast_grad"] == ([3.0] if r == 1 else [0.0])
         assert out["object"] == {"from": 1, "list": [1, 1]} and out["objects"] == [["rank", k] for k in range(3)]
         assert out["optimizer_class"] == ["SGD", True] and out["weights_everywhere_equal"] is True
         first, adasum, root = out["errors"]
         assert first.startswith("ValueError") and "not both" in first
         assert adasum.startswith("NotImplementedError: hvd.Adasum is not provided")
         assert root == "ValueError: root_rank=3 is not a rank of this job (0 to 2)"
+        assert out["missing"].startswith("horovod.torch.join is not provided by poprun-py's Horovod; see README")
     assert '{"rank": 0, "initialized_after_shutdown": false}' in lines_of(result)
 
 

@@ -31,6 +31,12 @@ w = torch.tensor([1.0 + r], requires_grad=True)
 out["grad"] = w.grad.tolist()  # the sum over ranks of (rank + 1)
 
 out["allgather"] = hvd.allgather(torch.full((r + 1, 2), float(r))).tolist()  # first dims 1, 2, 3
+rows = torch.ones(r + 1, 2, requires_grad=True)
+hvd.allgather(rows).sum().backward()
+out["allgather_grad"] = rows.grad.tolist()  # this rank's rows of the summed gradient
+source = torch.tensor([1.0], requires_grad=True)
+hvd.broadcast(source, root_rank=1).sum().backward()
+out["broadcast_grad"] = source.grad.tolist()  # the root gets every rank's gradient, the others none
 b = torch.tensor([10.0 * r])
 out["broadcast"] = hvd.broadcast(b, root_rank=1).tolist()
 hvd.broadcast_(b, root_rank=2)
@@ -61,6 +67,10 @@ for call in (lambda: hvd.allreduce(t, op=hvd.Sum, average=True), lambda: hvd.all
     except (ValueError, NotImplementedError) as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
 out["errors"] = errors
+try:
+    hvd.join()
+except AttributeError as exc:
+    out["missing"] = str(exc)
 print(json.dumps(out), flush=True)
 hvd.shutdown()
 out_after = hvd.is_initialized()

@@ -62,3 +62,11 @@ __all__ = [
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll",
     "rank", "shutdown", "size", "synchronize",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A part of Horovod's API that is not here says so, rather than a bare AttributeError."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(f"horovod.torch.{name} is not provided by poprun-py's Horovod; see README "
+                         "\"Running Graphcore's programs\" for what is")

@@ -125,8 +125,9 @@ class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
         summed = _allreduce(grad_output, ReduceOp.Sum, 1.0, 1.0)
-        start = sum(ctx.rows[:rank()])
-        return summed.narrow(0, start, ctx.rows[rank()]),
+        members = current_group()  # (execute_on_instances: the rows are the group's, in member order)
+        me = members.index(rank()) if members else rank()
+        return summed.narrow(0, sum(ctx.rows[:me]), ctx.rows[me]),
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: object = None) -> torch.Tensor:
