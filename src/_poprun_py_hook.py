@@ -17,8 +17,6 @@ PYTEST_DONT_REWRITE: pytest rewrites the asserts of the top-level modules of a d
 pytest plugin, and warns about those imported before it starts; this one always is, and has no asserts.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
