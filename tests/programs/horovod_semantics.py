@@ -6,8 +6,10 @@ import json
 import torch
 
 import horovod.torch as hvd
+import popdist
 
 hvd.init()
+popdist.init()  # after hvd.init(), as Graphcore's programs may: both start
 hvd.init()  # idempotent
 r, n = hvd.rank(), hvd.size()
 out = {"rank": r, "size": n, "local": [hvd.local_rank(), hvd.local_size()], "cross": [hvd.cross_rank(), hvd.cross_size()]}

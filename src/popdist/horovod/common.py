@@ -9,7 +9,6 @@ per host when hosts hold as many instances each).
 
 from __future__ import annotations
 
-import threading
 import warnings
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -46,55 +45,29 @@ _FABRIC_OPS = {ReduceOp.Average: "mean", ReduceOp.Sum: "sum", ReduceOp.Min: "min
 
 class _State:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.initialised = False
-        self.owns_backend = False  # init() initialised PopDist, so shutdown() finalises it
-        self.cross = (0, 1)
 
 
 _state = _State()
 
 
 def init(comm: object = None, process_sets: object = None) -> None:
-    """Join the job (PopDist's ``init()`` unless the program called it already). Calling it again does nothing.
+    """Start Horovod. Calling it again does nothing.
 
-    ``comm`` (an MPI communicator or a list of ranks) and ``process_sets`` are not supported: every instance
-    of the job takes part.
+    It connects nothing itself: the first collective joins the job's fabric (PopDist's ``init()``, unless the
+    program called it), so ``popdist.init()`` may come before or after it, as with Graphcore's PopDist and
+    Horovod. ``comm`` (an MPI communicator or a list of ranks) and ``process_sets`` are not supported: every
+    instance of the job takes part.
     """
     if comm is not None or process_sets is not None:
         raise NotImplementedError("hvd.init(comm=..., process_sets=...) is not provided by poprun-py: "
                                   "call hvd.init() and every instance of the job takes part")
-    with _state.lock:
-        if _state.initialised:
-            return
-        if not core.isBackendInitialized():
-            core.init()
-            _state.owns_backend = True
-    cross = _cross_layout()
-    with _state.lock:
-        _state.cross = cross
-        _state.initialised = True
-
-
-def _cross_layout() -> tuple[int, int]:
-    """This instance's rank among those with its local rank, and their number (one small allgather)."""
-    import numpy as np
-
-    fabric = current_fabric()
-    if fabric.num_instances == 1:
-        return 0, 1
-    local = fabric.allgather(np.array([core.getLocalInstanceIndex()], np.int64))[:, 0]
-    peers = [k for k, lr in enumerate(local) if lr == local[fabric.instance]]
-    return peers.index(fabric.instance), len(peers)
+    _state.initialised = True
 
 
 def shutdown() -> None:
-    """Leave Horovod; PopDist too if ``init()`` initialised it. ``init()`` may be called again."""
-    with _state.lock:
-        owned, _state.owns_backend = _state.owns_backend, False
-        _state.initialised = False
-    if owned:
-        core.finalizeBackend()
+    """Stop Horovod (``init()`` may be called again). The fabric stays PopDist's, closed at exit."""
+    _state.initialised = False
 
 
 def is_initialized() -> bool:
@@ -128,13 +101,14 @@ def local_size() -> int:
 
 
 def cross_rank() -> int:
-    _require()
-    return _state.cross[0]
+    """This instance's rank among those with its local rank: its host's index, as poprun places instances
+    on hosts in contiguous blocks of ``local_size()``."""
+    return rank() // local_size()
 
 
 def cross_size() -> int:
-    _require()
-    return _state.cross[1]
+    """The number of instances with this local rank: the number of hosts."""
+    return size() // local_size()
 
 
 def is_homogeneous() -> bool:
