@@ -8,7 +8,8 @@ is set) it puts a finder first on ``sys.meta_path`` that maps those two names, u
 ``--compat-imports=no`` (``POPRUN_COMPAT_IMPORTS=0``). Then it installs a guard instead: if the real
 ``mpi4py.MPI`` is imported and its ``COMM_WORLD`` is not the job's instances (a real MPI started without
 ``mpirun`` is a world of one), the import fails with a message saying why, rather than every instance
-running alone and "reducing" its own values.
+running alone and "reducing" its own values; likewise a real Horovod's ``init()`` whose ``size()`` is not
+the number of instances.
 
 The variable names are spelled here rather than imported from ``popdist.env_names``: importing ``popdist``
 at every interpreter start would cost every Python program on the machine (a test holds them equal).
@@ -75,10 +76,11 @@ class SingletonMPIError(RuntimeError):
 
 
 class RealMPIGuard:
-    """With the aliases off: lets the real ``mpi4py.MPI`` load, then checks that it sees the whole job."""
+    """With the aliases off: lets the real ``mpi4py.MPI`` and ``horovod.<framework>`` load, then checks that
+    they see the whole job (Horovod's size is known only after ``init()``, so its ``init`` is checked)."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
-        if fullname != "mpi4py.MPI":
+        if fullname != "mpi4py.MPI" and not (fullname.startswith("horovod.") and fullname.count(".") == 1):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -99,15 +101,29 @@ class GuardedLoader:
 
     def exec_module(self, module: object) -> None:
         self.loader.exec_module(module)  # type: ignore[attr-defined]
-        instances = expected_instances()
-        size = module.COMM_WORLD.Get_size()  # type: ignore[attr-defined]
-        if size != instances:
-            raise SingletonMPIError(
-                f"mpi4py here is a real MPI library, and its COMM_WORLD has {size} process(es) while this poprun "
-                f"job has {instances} instances: MPI cannot connect processes that poprun started, so every "
-                "instance would run alone and its collectives would return its own values. Drop "
-                "--compat-imports=no so that mpi4py resolves to poprun-py's (popdist.mpi4py), or start the "
-                "program with mpirun instead of poprun.")
+        if module.__name__ == "mpi4py.MPI":  # type: ignore[attr-defined]
+            check_world("mpi4py", "its COMM_WORLD", module.COMM_WORLD.Get_size())  # type: ignore[attr-defined]
+            return
+        init, size = getattr(module, "init", None), getattr(module, "size", None)
+        if callable(init) and callable(size):
+            def checked_init(*args: object, **kwargs: object) -> object:
+                result = init(*args, **kwargs)
+                check_world("horovod", "hvd.size()", size())
+                return result
+
+            module.init = checked_init  # type: ignore[attr-defined]
+
+
+def check_world(package: str, what: str, size: int) -> None:
+    """Raise when a real library's world is not the job's instances (see the module docstring)."""
+    instances = expected_instances()
+    if size != instances:
+        raise SingletonMPIError(
+            f"{package} here is the installed library, and {what} is {size} while this poprun job has "
+            f"{instances} instances: it cannot connect processes that poprun started, so every instance would "
+            f"run alone and its collectives would return its own values. Drop --compat-imports=no so that "
+            f"{package} resolves to poprun-py's (popdist.{package}), or start the program with "
+            f"{'mpirun' if package == 'mpi4py' else 'horovodrun'} instead of poprun.")
 
 
 def expected_instances(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> int:

@@ -19,7 +19,7 @@ from support import PROGRAMS, RUN_TIMEOUT, python_example, python_program, run_p
 torch = pytest.importorskip("torch", reason="the torch extra: pip install -e '.[torch]' (scripts/test.sh installs it)")
 
 OFFLINE = ("--offline-mode=yes",)
-STAND_IN = PROGRAMS / "stand_in_mpi"  # a package named mpi4py whose MPI is a world of one, as a real MPI's
+STAND_IN = PROGRAMS / "stand_ins"  # packages named mpi4py and horovod whose world is one process, as the real ones'
 
 
 def job(instances: int) -> tuple[str, ...]:
@@ -152,9 +152,19 @@ def test_compat_imports_no_stops_a_real_mpi_that_sees_one_process() -> None:
     assert result.returncode != 0
     assert b"allreduce 1" not in result.stdout  # no instance ran alone
     err = result.stderr.decode()
-    assert "SingletonMPIError: mpi4py here is a real MPI library, and its COMM_WORLD has 1 process(es) while " \
-           "this poprun job has 2 instances" in err
+    assert "SingletonMPIError: mpi4py here is the installed library, and its COMM_WORLD is 1 while this poprun " \
+           "job has 2 instances" in err
     assert "Drop --compat-imports=no" in err
+
+
+def test_compat_imports_no_stops_a_real_horovod_that_sees_one_process() -> None:
+    result = run_poprun(*job(2), "--compat-imports=no", *python_program("host_benchmark.py"),
+                        env=env_with(PYTHONPATH=str(STAND_IN)))
+    assert result.returncode != 0 and b"slowest" not in result.stdout
+    err = result.stderr.decode()
+    assert "SingletonMPIError: horovod here is the installed library, and hvd.size() is 1 while this poprun " \
+           "job has 2 instances" in err
+    assert "or start the program with horovodrun instead of poprun" in err
 
 
 def test_compat_imports_no_leaves_imports_to_the_installed_packages() -> None:
@@ -181,10 +191,13 @@ def test_outside_poprun_imports_are_untouched() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=RUN_TIMEOUT,
                             env=outside_poprun())
     assert result.stdout.decode().strip() == "[]", result.stderr
-    result = subprocess.run(python_program("imports_of.py", "horovod", "mpi4py.MPI"), capture_output=True,
+    result = subprocess.run(python_program("imports_of.py", "horovod"), capture_output=True,
+                            timeout=RUN_TIMEOUT, env=outside_poprun())
+    assert result.stdout.decode().splitlines() == ["horovod: ModuleNotFoundError: No module named 'horovod'"]
+    result = subprocess.run(python_program("imports_of.py", "horovod.torch", "mpi4py.MPI"), capture_output=True,
                             timeout=RUN_TIMEOUT, env=outside_poprun(PYTHONPATH=str(STAND_IN)))
-    assert result.stdout.decode().splitlines() == ["horovod: ModuleNotFoundError: No module named 'horovod'",
-                                                   "mpi4py.MPI: mpi4py.MPI"]  # the installed (stand-in) one
+    assert result.stdout.decode().splitlines() == ["horovod.torch: horovod.torch",  # the installed (stand-in) ones
+                                                   "mpi4py.MPI: mpi4py.MPI"]
 
 
 def test_verbose_output_says_what_python_programs_get() -> None:
