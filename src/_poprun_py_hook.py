@@ -93,8 +93,13 @@ class RealMPIGuard:
 
 
 class GuardedLoader:
+    """The real loader, with a check after it runs (anything else it offers, e.g. ``get_source``, passes)."""
+
     def __init__(self, loader: object) -> None:
         self.loader = loader
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.loader, name)
 
     def create_module(self, spec: object) -> object:
         return self.loader.create_module(spec)  # type: ignore[attr-defined]
