@@ -48,7 +48,7 @@ class CompatFinder:
                 f"No module named {fullname!r}: under poprun, {top} resolves to poprun-py's {root}, which "
                 f"does not provide it (README \"Running Graphcore's programs\"; poprun --compat-imports=no "
                 f"uses the installed {top} instead)", name=fullname)
-        return importlib.util.spec_from_loader(fullname, AliasLoader(name),
+        return importlib.util.spec_from_loader(fullname, AliasLoader(name),  # type: ignore[arg-type]
                                                is_package=found.submodule_search_locations is not None)
 
 
@@ -85,9 +85,9 @@ class RealMPIGuard:
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
-            spec = finder.find_spec(fullname, path, target)
+            spec = finder.find_spec(fullname, path, target)  # type: ignore[arg-type]  # (as we were given them)
             if spec is not None:
-                spec.loader = GuardedLoader(spec.loader)
+                spec.loader = GuardedLoader(spec.loader)  # type: ignore[assignment]  # (a loader: duck-typed)
                 return spec
         return None
 
@@ -144,7 +144,7 @@ def install(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> str | 
         return None
     wanted = CompatFinder if environ.get(SWITCH, "1").strip() != "0" else RealMPIGuard
     if not any(type(finder) is wanted for finder in sys.meta_path):
-        sys.meta_path.insert(0, wanted())
+        sys.meta_path.insert(0, wanted())  # type: ignore[arg-type]  # (a finder: duck-typed, no typing import)
     return "aliases" if wanted is CompatFinder else "guard"
 
 

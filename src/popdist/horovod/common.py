@@ -152,7 +152,7 @@ def resolve_op(op: object, average: object) -> ReduceOp:
     if op is None:
         return ReduceOp.Average
     try:
-        resolved = ReduceOp(op)  # type: ignore[call-overload]
+        resolved = ReduceOp(op)  # type: ignore[arg-type]  # (what is not an op raises, below)
     except (ValueError, TypeError):
         raise ValueError(f"unknown reduction op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or "
                          "hvd.Product") from None

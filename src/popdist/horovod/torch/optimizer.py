@@ -35,25 +35,27 @@ class _DistributedOptimizer:
         """Reduce every gradient over the instances now (a parameter without one gets zeros first, as in
         Horovod, so every instance reduces the same tensors)."""
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        grads = []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
         by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for p in params:
-            by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        for grad in grads:
+            by_dtype.setdefault((grad.dtype, grad.device), []).append(grad)
         op, predivide = self._hvd_op, self._hvd_predivide
         prescale, postscale = 1.0, 1.0
         if op is ReduceOp.Average and predivide != 1.0:  # Horovod's gradient_predivide_factor: sum x/f, times f/n
             op, prescale, postscale = ReduceOp.Sum, 1.0 / predivide, predivide / _size()
-        for group_params in by_dtype.values():
-            flat = torch.cat([p.grad.detach().reshape(-1) for p in group_params])
+        for group_grads in by_dtype.values():
+            flat = torch.cat([grad.detach().reshape(-1) for grad in group_grads])
             reduced = allreduce(flat, op=op, compression=self._hvd_compression, prescale_factor=prescale,
                                 postscale_factor=postscale)
             offset = 0
             with torch.no_grad():
-                for p in group_params:
-                    n = p.grad.numel()
-                    p.grad.copy_(reduced[offset:offset + n].view_as(p.grad))
+                for grad in group_grads:
+                    n = grad.numel()
+                    grad.copy_(reduced[offset:offset + n].view_as(grad))
                     offset += n
 
     @contextmanager
@@ -98,7 +100,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {
         name: value for name, value in vars(_DistributedOptimizer).items()
         if name in ("synchronize", "skip_synchronize", "step")} | {"_hvd_base": optimizer.__class__})
-    wrapped = cls.__new__(cls)
+    wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same parameter groups, state and hooks: nothing rebuilt
     wrapped._hvd_op, wrapped._hvd_compression = resolved, compression
     wrapped._hvd_predivide, wrapped._hvd_skip = float(gradient_predivide_factor), False
