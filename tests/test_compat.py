@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -220,7 +221,9 @@ def test_the_hook_spells_the_contract_names_as_popdist_does() -> None:
 
 def test_a_wheel_installs_the_pth_into_site_packages(tmp_path: Path) -> None:
     """The hook works from a wheel too, not only from the editable install the tests run on."""
-    root = Path(__file__).parent.parent
+    root = tmp_path / "project"  # a copy: setuptools writes build/ and *.egg-info beside the sources
+    shutil.copytree(Path(__file__).parent.parent, root, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests", "benchmarks"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(root)], check=True, timeout=300, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("poprun_py-*.whl")
