@@ -8,6 +8,9 @@ through
   ``popdist.collectives.allreduce(x, "sum")`` (``popdist.init()`` first), with
   the default transport (``auto``: shared memory and Unix sockets within a host) and again with
   ``--fabric-transport=tcp`` (TCP between instances even on one host);
+* the same launch with ``python hvd_worker.py``: ``hvd.allreduce(t, op=hvd.Sum)`` on float32 CPU torch
+  tensors (``import horovod.torch as hvd``, poprun-py's, over the same fabric): what a Horovod program
+  pays over the NumPy call, as the ratio hvd/poprun (target: within 10% from 256 KiB up);
 * ``mpirun --allow-run-as-root -np N python mpi4py_worker.py`` (Open MPI from
   Debian, ``--oversubscribe`` when N exceeds the cores):
   ``comm.Allreduce(x, out, op=MPI.SUM)`` into a preallocated ``out``;
@@ -84,10 +87,13 @@ FULL_PLAN = {4 * KIB: (300, 3000), 256 * KIB: (50, 400), 4 * MIB: (10, 60), 64 *
 QUICK_PLAN = {4 * KIB: (50, 300), 256 * KIB: (10, 50), 4 * MIB: (3, 10), 64 * MIB: (1, 3)}
 FULL_ROUNDS, QUICK_ROUNDS = 3, 1
 RUN_TIMEOUT = 300.0
-TOOLS = ("poprun", "poprun-tcp", "mpi4py", "gloo")
+TOOLS = ("poprun", "poprun-tcp", "hvd", "mpi4py", "gloo")
+POPRUN_TOOLS = ("poprun", "poprun-tcp", "hvd")  # launched by poprun
 ANCHORS = ("mpi4py", "gloo")
 TARGET_BUSBW_FROM = 4 * MIB
 TARGET_SMALL_BYTES, TARGET_SMALL_US = 4 * KIB, 30.0
+TARGET_HVD_FROM, TARGET_HVD_RATIO = 256 * KIB, 1.10  # hvd.allreduce latency over popdist.collectives'
+
 
 
 # -- anchors ---------------------------------------------------------------------------------
@@ -205,9 +211,10 @@ def plan_text(plan: dict[int, tuple[int, int]]) -> str:
 
 def tool_argv(tool: str, anchors: dict[str, Anchor], n: int, plan: str, out: Path) -> list[str]:
     args = ["--plan", plan, "--out", str(out), "--label", tool]
-    if tool in ("poprun", "poprun-tcp"):
+    if tool in POPRUN_TOOLS:
         extra = ["--fabric-transport=tcp"] if tool == "poprun-tcp" else []
-        return poprun_argv(anchors["poprun"], n, extra) + [sys.executable, str(WORKERS / "poprun_worker.py"), *args]
+        worker = "hvd_worker.py" if tool == "hvd" else "poprun_worker.py"
+        return poprun_argv(anchors["poprun"], n, extra) + [sys.executable, str(WORKERS / worker), *args]
     if tool == "mpi4py":
         return mpirun_argv(anchors["mpi4py"], n) + [sys.executable, str(WORKERS / "mpi4py_worker.py"), *args]
     if tool == "gloo":
@@ -295,8 +302,9 @@ def metric_table(cells: dict[tuple, Cell], tools: list[str], metric: str) -> str
             values = {t: (getattr(c, metric) if c else None) for t, c in got.items()}
             rows.append([n, fmt_size(nbytes)]
                         + [cell_text(got[t], values[t], digits) for t in TOOLS]
-                        + [fmt_ratio(div(values["poprun"], values[a])) for a in ANCHORS])
-    headers = ["N", "size", *TOOLS, "poprun/mpi4py", "poprun/gloo"]
+                        + [fmt_ratio(div(values["poprun"], values[a])) for a in ANCHORS]
+                        + [fmt_ratio(div(values["hvd"], values["poprun"]))])
+    headers = ["N", "size", *TOOLS, "poprun/mpi4py", "poprun/gloo", "hvd/poprun"]
     return format_table(headers, rows, "r" * len(headers))
 
 
@@ -338,6 +346,13 @@ def targets(cells: dict[tuple, Cell]) -> list[tuple[str, bool | None, str]]:
             out.append((name, None, "not measured"))
         else:
             out.append((name, mine.median_us < TARGET_SMALL_US, f"{mine.median_us:.1f} us"))
+    for n in NS:
+        for nbytes in [b for b in SIZES if b >= TARGET_HVD_FROM]:
+            hvd, mine = cells.get(("hvd", n, nbytes)), cells.get(("poprun", n, nbytes))
+            name = f"N={n} {fmt_size(nbytes)}: hvd latency <= {TARGET_HVD_RATIO:.2f}x poprun's"
+            ratio = div(hvd.median_us if hvd else None, mine.median_us if mine else None)
+            out.append((name, None if ratio is None else ratio <= TARGET_HVD_RATIO,
+                        "not measured" if ratio is None else f"{ratio:.3f}x"))
     bad = [c for c in cells.values() if any("check" in p for p in c.problems)]
     out.append(("every result checked and right", not bad,
                 "yes" if not bad else "; ".join(f"{c.tool} N={c.n} {fmt_size(c.nbytes)}" for c in bad)))
@@ -383,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torchrun.name = "gloo"
     anchors = {"poprun": poprun, "mpirun": mpirun, "mpi4py": ensure_mpi4py(mpirun, args.skip_install),
                "gloo": torchrun}
-    tools = [t for t in TOOLS if anchors["poprun" if t.startswith("poprun") else t].path]
+    tools = [t for t in TOOLS if anchors["poprun" if t in POPRUN_TOOLS else t].path]
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     rounds = QUICK_ROUNDS if args.quick else FULL_ROUNDS
 

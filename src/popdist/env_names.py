@@ -50,6 +50,7 @@ DEVICE_FDS = "POPRUN_DEVICE_FDS"  # inherited IPU locks: the instance's device, 
 FABRIC_TRANSPORT = "POPRUN_FABRIC_TRANSPORT"
 FABRIC_TIMEOUT = "POPRUN_FABRIC_TIMEOUT"
 STARTUP_TIMEOUT = "POPRUN_STARTUP_TIMEOUT"
+COMPAT_IMPORTS = "POPRUN_COMPAT_IMPORTS"  # "0": horovod/mpi4py imports are not mapped to popdist's (poprun --compat-imports=no)
 CONSOLE_IS_TERMINAL = "POPRUN_CONSOLE_IS_TERMINAL"  # "1" when poprun's stdout is a terminal: instances may draw progress bars
 
 CONTRACT_NAMES: tuple[str, ...] = (
@@ -63,7 +64,7 @@ CONTRACT_NAMES: tuple[str, ...] = (
     MASTER_ADDR, MASTER_PORT,
     RENDEZVOUS_ADDR, RENDEZVOUS_PORT, JOB_ID, OFFLINE,
     HOST_LABEL, FABRIC_ADDR, JOB_TOKEN, DEVICE_FDS, FABRIC_TRANSPORT, FABRIC_TIMEOUT, STARTUP_TIMEOUT,
-    CONSOLE_IS_TERMINAL,
+    CONSOLE_IS_TERMINAL, COMPAT_IMPORTS,
 )
 """Every name this contract may set; clear them all to simulate 'not under poprun'."""
 

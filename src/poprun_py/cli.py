@@ -99,6 +99,7 @@ def poprun(
     fabric_transport: Optional[str] = typer.Option(None, metavar="auto|tcp", help="auto (shared memory/Unix sockets within a host, TCP between) or tcp (TCP everywhere). (default: auto)", rich_help_panel="Fabric"),
     fabric_timeout: Optional[float] = typer.Option(None, metavar="SECONDS", help="After this long a silent peer counts as lost in a collective. (default: 10)", rich_help_panel="Fabric"),
     startup_timeout: Optional[float] = typer.Option(None, metavar="SECONDS", help="Time the instances have to join the fabric once the first has. (default: 60)", rich_help_panel="Fabric"),
+    compat_imports: Optional[str] = typer.Option(None, metavar=_BOOL, help="In the instances, 'import horovod' and 'import mpi4py' get poprun-py's implementations over the fabric; no: the installed packages, and a real MPI that sees one process stops the program. (default: yes)"),
     ssh_timeout: Optional[float] = typer.Option(None, metavar="SECONDS", help="Time each remote host has to pass its pre-flight checks (connect, authenticate, start the agent). (default: 10)"),
     remote_python: Optional[str] = typer.Option(None, metavar="PATH", help="The Python that runs the agent on remote hosts. (default: the path of poprun's own Python)"),
     verbose: int = typer.Option(0, "-v", "--verbose", count=True, metavar="", show_default=False, help="More output; repeat for more (-vv). (default: warnings and errors only)"),

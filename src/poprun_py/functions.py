@@ -211,6 +211,7 @@ class _InstanceBody:
                 other.close()
         # On SIGUSR1 (the time limit): dump every thread's stack, then die of the signal (chain to SIG_DFL).
         faulthandler.register(signal.SIGUSR1, file=channel.stacks, all_threads=True, chain=True)
+        _install_import_hook()
         code, outcome = self._run()
         _finalize_popdist()
         return code if channel.write(outcome) else 1
@@ -227,6 +228,15 @@ class _InstanceBody:
             return 130, _Outcome(error=self._describe(_without_this_frame(exc)))
         except BaseException as exc:
             return 1, _Outcome(error=self._describe(_without_this_frame(exc)))
+
+
+def _install_import_hook() -> None:
+    """``import horovod``/``mpi4py`` in the function get poprun-py's, as in a program poprun starts: there the
+    hook ran at interpreter start-up (poprun_py_hook.pth); a fork starts with the caller's imports, so it
+    runs now, with the instance's environment in place."""
+    import _poprun_py_hook
+
+    _poprun_py_hook.install()
 
 
 def _without_this_frame(exc: BaseException) -> BaseException:

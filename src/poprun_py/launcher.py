@@ -254,6 +254,7 @@ def _run_with_rendezvous(
         print_topology(spec, plan)
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
     status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
+    log.info("%s", describe_compat_imports(spec.compat_imports))
     router = OutputRouter(
         OutputOptions(
             tag_output=spec.tag_output,
@@ -282,6 +283,15 @@ def _run_with_rendezvous(
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
+
+
+def describe_compat_imports(enabled: bool) -> str:
+    """What ``import horovod`` / ``import mpi4py`` give the instances' Python programs (for ``-v``)."""
+    if enabled:
+        return ("Python programs: horovod and mpi4py resolve to poprun-py's (popdist.horovod, popdist.mpi4py) "
+                "through poprun_py_hook.pth; --compat-imports=no turns this off")
+    return ("Python programs: horovod and mpi4py are the installed packages (--compat-imports=no); a real MPI "
+            "that sees fewer processes than instances stops the program")
 
 
 def _instance_hosts(spec: LaunchSpec) -> list[HostSpec]:

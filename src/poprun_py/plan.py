@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
-from popdist.env import CONTRACT_NAMES, FabricSettings, InstanceEnv, target_options_for
+from popdist.env import COMPAT_IMPORTS, CONTRACT_NAMES, FabricSettings, InstanceEnv, target_options_for
 from simipu.hardware import parent_device_id
 
 from .hosts import HostSpec, distribute_instances
@@ -180,7 +180,7 @@ def make_plan(
                 fabric=fabric,
             )
             env = {**user_env, **_omp_setting(host, len(block), user_env, launcher_environ, host_cpus, warned),
-                   **contract.render()}
+                   **contract.render(), COMPAT_IMPORTS: "1" if spec.compat_imports else "0"}
             instances.append(
                 InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd,
                              device_fds.get(index, ()), cpus.get(index))

@@ -58,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "allow_run_as_root": "no",
     "stop_grace": 5.0,
     "fabric_transport": "auto",
+    "compat_imports": "yes",
     "fabric_timeout": 10.0,
     "startup_timeout": 60.0,
     "ssh_timeout": 10.0,
@@ -153,6 +154,7 @@ class LaunchSpec:
     offline_mode: bool = False
     stop_grace: float = 5.0
     fabric_transport: str = "auto"
+    compat_imports: bool = True  # horovod/mpi4py imports resolve to popdist's in the instances
     fabric_timeout: float = 10.0
     startup_timeout: float = 60.0
     ssh_timeout: float = 10.0
@@ -327,6 +329,7 @@ def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
         offline_mode=parse_bool("offline_mode", o["offline_mode"]),
         stop_grace=stop_grace,
         fabric_transport=transport,
+        compat_imports=parse_bool("compat_imports", o["compat_imports"]),
         fabric_timeout=_seconds("fabric_timeout", o["fabric_timeout"]),
         startup_timeout=_seconds("startup_timeout", o["startup_timeout"]),
         ssh_timeout=_seconds("ssh_timeout", o["ssh_timeout"]),

@@ -1,0 +1,31 @@
+"""Horovod-API worker: ``hvd.allreduce(t, op=hvd.Sum)`` on float32 CPU torch tensors, under poprun (where
+``import horovod.torch`` is poprun-py's, over the same fabric as ``poprun_worker.py``).
+
+Launched as ``poprun --offline-mode=1 --num-instances N --num-replicas N python hvd_worker.py ...``.
+The loop hands NumPy arrays; ``torch.from_numpy`` and ``Tensor.numpy()`` share memory, so the timed call
+is Horovod's path alone: tensor in, new tensor out.
+"""
+
+import time
+
+start = time.perf_counter()
+import torch  # noqa: E402
+
+import horovod.torch as hvd  # noqa: E402
+
+hvd.init()
+hvd.allreduce(torch.zeros(1))  # the fabric is connected on every instance (as the poprun worker's barrier)
+init_s = time.perf_counter() - start
+
+import _common  # noqa: E402
+import popdist.collectives as C  # noqa: E402  (the barrier)
+
+_common.run(
+    tool="hvd",
+    rank=hvd.rank(),
+    n=hvd.size(),
+    allreduce=lambda x: hvd.allreduce(torch.from_numpy(x), op=hvd.Sum).numpy(),
+    barrier=C.barrier,
+    gather=hvd.allgather_object,
+    init_s=init_s,
+)

@@ -1,0 +1,183 @@
+"""The framework-free half of Horovod's API: initialisation, ranks and sizes, reduction ops, and the
+reductions on NumPy arrays that ``horovod.torch`` wraps.
+
+Horovod's ranks are PopDist's instances: ``rank()`` is ``popdist.getInstanceIndex()``, ``size()`` the number
+of instances, ``local_rank()``/``local_size()`` the instance's place among those on its host. As in Horovod,
+``cross_rank()``/``cross_size()`` are the rank and size among the instances with this ``local_rank()`` (one
+per host when hosts hold as many instances each).
+"""
+
+from __future__ import annotations
+
+import warnings
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+from popdist import core
+from popdist.backend import current_fabric, current_group
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
+    "allreduce_array", "cross_rank", "cross_size", "init", "is_homogeneous", "is_initialized", "local_rank",
+    "local_size", "resolve_op", "rank", "shutdown", "size",
+]
+
+
+class ReduceOp(IntEnum):
+    """Horovod's reduction ops (the values of Horovod's C library)."""
+
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Average, Sum, Adasum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum, ReduceOp.Min,
+                                           ReduceOp.Max, ReduceOp.Product)
+_FABRIC_OPS = {ReduceOp.Average: "mean", ReduceOp.Sum: "sum", ReduceOp.Min: "min", ReduceOp.Max: "max",
+               ReduceOp.Product: "prod"}
+
+
+class _State:
+    def __init__(self) -> None:
+        self.initialised = False
+
+
+_state = _State()
+
+
+def init(comm: object = None, process_sets: object = None) -> None:
+    """Start Horovod. Calling it again does nothing.
+
+    It connects nothing itself: the first collective joins the job's fabric (PopDist's ``init()``, unless the
+    program called it), so ``popdist.init()`` may come before or after it, as with Graphcore's PopDist and
+    Horovod. ``comm`` (an MPI communicator or a list of ranks) and ``process_sets`` are not supported: every
+    instance of the job takes part.
+    """
+    if comm is not None or process_sets is not None:
+        raise NotImplementedError("hvd.init(comm=..., process_sets=...) is not provided by poprun-py: "
+                                  "call hvd.init() and every instance of the job takes part")
+    _state.initialised = True
+
+
+def shutdown() -> None:
+    """Stop Horovod (``init()`` may be called again). The fabric stays PopDist's, closed at exit."""
+    _state.initialised = False
+
+
+def is_initialized() -> bool:
+    return _state.initialised
+
+
+def _require() -> None:
+    if not _state.initialised:
+        raise ValueError("Horovod (poprun-py) is not initialised yet: call hvd.init() first")
+
+
+def rank() -> int:
+    _require()
+    return core.getInstanceIndex()
+
+
+def size() -> int:
+    _require()
+    return core.getNumInstances()
+
+
+def local_rank() -> int:
+    _require()
+    return core.getLocalInstanceIndex()
+
+
+def local_size() -> int:
+    _require()
+    launch = core._launch()
+    return 1 if launch is None else launch.num_local_instances
+
+
+def cross_rank() -> int:
+    """This instance's rank among those with its local rank: its host's index, as poprun places instances
+    on hosts in contiguous blocks of ``local_size()``."""
+    return rank() // local_size()
+
+
+def cross_size() -> int:
+    """The number of instances with this local rank: the number of hosts."""
+    return size() // local_size()
+
+
+def is_homogeneous() -> bool:
+    """True when every host holds as many instances (poprun places them so)."""
+    _require()
+    return size() == local_size() * cross_size()
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    return False
+
+
+def resolve_op(op: object, average: object) -> ReduceOp:
+    """Horovod's rules: ``op`` and the deprecated ``average`` not both; neither means Average."""
+    if op is not None and average is not None:
+        raise ValueError("give op= or the deprecated average=, not both (op= supersedes average=)")
+    if average is not None:
+        warnings.warn("average= is deprecated in Horovod; use op=hvd.Average or op=hvd.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return ReduceOp.Average if average else ReduceOp.Sum
+    if op is None:
+        return ReduceOp.Average
+    try:
+        resolved = ReduceOp(op)  # type: ignore[arg-type]  # (what is not an op raises, below)
+    except (ValueError, TypeError):
+        raise ValueError(f"unknown reduction op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, hvd.Max or "
+                         "hvd.Product") from None
+    if resolved is ReduceOp.Adasum:
+        raise NotImplementedError("hvd.Adasum is not provided by poprun-py's Horovod (it needs Horovod's own "
+                                  "MPI/NCCL kernels); use op=hvd.Average or op=hvd.Sum")
+    return resolved
+
+
+def allreduce_array(x: np.ndarray, op: ReduceOp, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0) -> np.ndarray:
+    """A new array: ``x`` reduced over the instances (in instance order: the same bits everywhere).
+
+    Average of an integer array sums, divides and truncates toward zero, as Horovod's scaling does.
+    """
+    import numpy as np
+
+    fabric, group = current_fabric(), current_group()
+    if prescale_factor != 1.0:
+        x = (x * prescale_factor).astype(x.dtype, copy=False)
+    if op is ReduceOp.Average and x.dtype.kind in "iu":
+        members = len(group) if group else fabric.num_instances
+        out = (fabric.allreduce(x, "sum", group) / members).astype(x.dtype)
+    else:
+        out = fabric.allreduce(x, _FABRIC_OPS[op], group)
+    if postscale_factor != 1.0:
+        np.multiply(out, postscale_factor, out=out, casting="unsafe")
+    return out

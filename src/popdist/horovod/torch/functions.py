@@ -1,0 +1,64 @@
+"""Horovod's helpers for a model and its optimizer: start every instance from the root's parameters and
+optimizer state; send any picklable object (``broadcast_object``, ``allgather_object``).
+
+Objects travel pickled between the instances of this job only, over its authenticated fabric, as in
+Horovod (which pickles too); see ``popdist.ragged``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from popdist.backend import current_group
+from popdist.horovod.torch.mpi_ops import _root, broadcast_
+from popdist.ragged import allgather_objects
+from popdist.ragged import broadcast_object as _broadcast_object
+
+__all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
+
+
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                         root_rank: int, process_set: object = None) -> None:
+    """Overwrite each tensor with its value on ``root_rank``: a ``state_dict()`` or ``named_parameters()``.
+
+    A dict is taken in sorted key order, as Horovod does, so every instance sends the same tensor at once.
+    """
+    items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: {name!r} is a {type(tensor).__name__}, not a tensor; "
+                            "pass model.state_dict() or model.named_parameters()")
+        broadcast_(tensor, root_rank, name, process_set)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, process_set: object = None) -> None:
+    """Give every instance the root's optimizer state and hyperparameters (``state_dict``/``load_state_dict``).
+
+    Unlike Horovod, which broadcasts tensor by tensor, the root's whole state dict travels as one object:
+    the other instances need not have taken a step first.
+    """
+    state = broadcast_object(optimizer.state_dict() if _is_root(root_rank) else None, root_rank)
+    if not _is_root(root_rank):
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: object = None) -> Any:
+    """``obj`` as it is on ``root_rank``, on every instance (any picklable object)."""
+    if process_set is not None:
+        raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
+    return _broadcast_object(obj, _root(root_rank), current_group())
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set: object = None) -> list[Any]:
+    """Every instance's ``obj``, in rank order."""
+    if process_set is not None:
+        raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
+    return allgather_objects(obj, current_group())
+
+
+def _is_root(root_rank: int) -> bool:
+    from popdist.horovod.common import rank
+
+    return rank() == _root(root_rank)

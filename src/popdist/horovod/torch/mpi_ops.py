@@ -1,0 +1,240 @@
+"""Horovod's tensor collectives for torch: allreduce, allgather, broadcast (and their in-place and async forms).
+
+Each takes a tensor and returns a new tensor of the input's dtype and device; ``allreduce``, ``allgather``
+and ``broadcast`` are autograd functions, differentiable as Horovod's are. A contiguous CPU tensor reaches
+the fabric without a copy (``Tensor.numpy()`` shares its memory), and the fabric's result, a fresh array,
+becomes the returned tensor without one (``torch.from_numpy``). bfloat16 has no NumPy dtype: it is reduced
+in float32 and rounded back.
+
+The async forms run the collective at once and return a handle that is already complete (``poll`` is True,
+``synchronize`` returns the result): the fabric has no background thread, and every instance calls the
+collectives in the same order, as Horovod requires anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from popdist.backend import current_fabric, current_group
+from popdist.horovod.common import ReduceOp, allreduce_array, rank, resolve_op, size
+from popdist.horovod.torch.compression import Compression
+from popdist.ragged import allgather_rows
+
+__all__ = [
+    "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allreduce",
+    "grouped_allreduce_", "poll", "synchronize",
+]
+
+
+def to_array(tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's values as a NumPy array, sharing memory when the tensor is a contiguous CPU tensor."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype is torch.bfloat16:
+        t = t.float()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.resolve_conj().resolve_neg().numpy()
+
+
+def to_tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """``array`` (which nothing else holds) as a tensor of ``like``'s dtype and device, copied only if it must."""
+    out = torch.from_numpy(array)
+    if out.dtype is not like.dtype:
+        out = out.to(like.dtype)
+    if out.device != like.device:
+        out = out.to(like.device)
+    return out
+
+
+def _allreduce(tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
+    return to_tensor(allreduce_array(to_array(tensor), op, prescale, postscale), tensor)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Allreduce as an autograd function: the gradient is the allreduce of the gradient with the same op."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
+        ctx.op, ctx.prescale, ctx.postscale = op, prescale, postscale
+        return _allreduce(tensor, op, prescale, postscale)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
+        return _allreduce(grad_output, ctx.op, ctx.prescale, ctx.postscale), None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: Any = Compression.none, op: ReduceOp | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, process_set: object = None) -> torch.Tensor:
+    """A new tensor: ``tensor`` reduced over every instance (default: the average). ``name`` is accepted
+    and unused: collectives match by the order instances call them."""
+    _no_process_set(process_set)
+    resolved = resolve_op(op, average)
+    compressed, context = compression.compress(tensor)
+    if compressed.requires_grad and torch.is_grad_enabled():
+        reduced = HorovodAllreduce.apply(compressed, resolved, float(prescale_factor), float(postscale_factor))
+    else:  # nothing to differentiate: the same result without autograd's bookkeeping (~10 us a call)
+        reduced = _allreduce(compressed, resolved, float(prescale_factor), float(postscale_factor))
+    return compression.decompress(reduced, context)
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: object = None) -> torch.Tensor:
+    """``allreduce`` into ``tensor`` itself; returns ``tensor``."""
+    _no_process_set(process_set)
+    result = _allreduce(tensor, resolve_op(op, average), float(prescale_factor), float(postscale_factor))
+    with torch.no_grad():
+        tensor.copy_(result)
+    return tensor
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                      compression: Any = Compression.none, op: ReduceOp | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: object = None) -> list[torch.Tensor]:
+    """``allreduce`` of each tensor, the results in the same order."""
+    resolved = resolve_op(op, average)
+    return [allreduce(t, None, name, compression, resolved, prescale_factor, postscale_factor, process_set)
+            for t in tensors]
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: object = None) -> list[torch.Tensor]:
+    """``allreduce_`` of each tensor, in place; returns the tensors."""
+    resolved = resolve_op(op, average)
+    return [allreduce_(t, None, name, resolved, prescale_factor, postscale_factor, process_set) for t in tensors]
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """Allgather as an autograd function: each instance's gradient is its rows of the summed gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        parts = allgather_rows(to_array(tensor), current_group())
+        ctx.rows = [part.shape[0] for part in parts]
+        return to_tensor(np.concatenate(parts), tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
+        summed = _allreduce(grad_output, ReduceOp.Sum, 1.0, 1.0)
+        members = current_group()  # (execute_on_instances: the rows are the group's, in member order)
+        me = members.index(rank()) if members else rank()
+        return summed.narrow(0, sum(ctx.rows[:me]), ctx.rows[me]),
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, process_set: object = None) -> torch.Tensor:
+    """Every instance's tensor concatenated on the first dimension, in rank order (first dimensions may
+    differ; the others, and the dtype, may not)."""
+    _no_process_set(process_set)
+    return HorovodAllgather.apply(tensor)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Broadcast as an autograd function: the root's gradient is the sum of every instance's; others get 0."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int) -> torch.Tensor:
+        ctx.root_rank = root_rank
+        return _broadcast(tensor, root_rank)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
+        summed = _allreduce(grad_output, ReduceOp.Sum, 1.0, 1.0)
+        if rank() != ctx.root_rank:
+            summed = torch.zeros_like(summed)
+        return summed, None
+
+
+def _broadcast(tensor: torch.Tensor, root_rank: int) -> torch.Tensor:
+    root = _root(root_rank)
+    return to_tensor(current_fabric().broadcast(to_array(tensor), root, current_group()), tensor)
+
+
+def _root(root_rank: Any) -> int:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size():
+        raise ValueError(f"root_rank={root_rank!r} is not a rank of this job (0 to {size() - 1})")
+    return int(root_rank)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: object = None) -> torch.Tensor:
+    """A new tensor with the value of ``tensor`` on ``root_rank``."""
+    _no_process_set(process_set)
+    return HorovodBroadcast.apply(tensor, root_rank)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: object = None) -> torch.Tensor:
+    """``broadcast`` into ``tensor`` itself (a parameter too); returns ``tensor``."""
+    _no_process_set(process_set)
+    result = _broadcast(tensor, root_rank)
+    with torch.no_grad():
+        tensor.copy_(result)
+    return tensor
+
+
+def _no_process_set(process_set: object) -> None:
+    if process_set is not None:
+        raise NotImplementedError("process sets are not provided by poprun-py's Horovod: every collective "
+                                  "spans the whole job (or popdist.execute_on_instances' instances)")
+
+
+# -- async forms: done at once (see the module docstring) ------------------------------------------------------
+_handles: dict[int, torch.Tensor] = {}
+_next_handle = [0]
+
+
+def _handle(result: torch.Tensor) -> int:
+    _next_handle[0] += 1
+    _handles[_next_handle[0]] = result
+    return _next_handle[0]
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: object = None) -> int:
+    return _handle(allreduce(tensor, average, name, Compression.none, op, prescale_factor, postscale_factor,
+                             process_set))
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: object = None) -> int:
+    return _handle(allreduce_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: object = None) -> int:
+    return _handle(allgather(tensor, name, process_set))
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: object = None) -> int:
+    return _handle(broadcast(tensor, root_rank, name, process_set))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: object = None) -> int:
+    return _handle(broadcast_(tensor, root_rank, name, process_set))
+
+
+def poll(handle: int) -> bool:
+    """True: every operation is complete when its async call returns."""
+    if handle not in _handles:
+        raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
+    return True
+
+
+def synchronize(handle: int) -> torch.Tensor:
+    """The result of the async operation ``handle``."""
+    try:
+        return _handles.pop(handle)
+    except KeyError:
+        raise ValueError(f"unknown handle {handle!r} (already synchronized?)") from None

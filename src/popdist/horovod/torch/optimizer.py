@@ -1,0 +1,107 @@
+"""Horovod's ``DistributedOptimizer``: the wrapped optimizer's ``step()`` first averages (or sums) the
+gradients over every instance.
+
+As in Horovod, the result is an instance of a subclass of the wrapped optimizer's class, built from its
+parameter groups, so ``isinstance(opt, torch.optim.SGD)`` and the optimizer's own methods still work.
+Horovod starts each gradient's allreduce from a backward hook; here ``synchronize()`` (called by ``step()``)
+reduces them all at once, fused: the gradients of one dtype travel as one flat buffer, in parameter order,
+so a model of many small tensors costs one collective per dtype, not one per tensor.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from popdist.horovod.common import ReduceOp, resolve_op
+from popdist.horovod.torch.compression import Compression
+from popdist.horovod.torch.mpi_ops import allreduce
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer:
+    """The methods mixed into the subclass of the wrapped optimizer's class."""
+
+    _hvd_op: ReduceOp
+    _hvd_compression: Any
+    _hvd_predivide: float
+    _hvd_skip: bool
+    param_groups: list[dict[str, Any]]
+
+    def synchronize(self) -> None:
+        """Reduce every gradient over the instances now (a parameter without one gets zeros first, as in
+        Horovod, so every instance reduces the same tensors)."""
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        grads = []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for grad in grads:
+            by_dtype.setdefault((grad.dtype, grad.device), []).append(grad)
+        op, predivide = self._hvd_op, self._hvd_predivide
+        prescale, postscale = 1.0, 1.0
+        if op is ReduceOp.Average and predivide != 1.0:  # Horovod's gradient_predivide_factor: sum x/f, times f/n
+            op, prescale, postscale = ReduceOp.Sum, 1.0 / predivide, predivide / _size()
+        for group_grads in by_dtype.values():
+            flat = torch.cat([grad.detach().reshape(-1) for grad in group_grads])
+            reduced = allreduce(flat, op=op, compression=self._hvd_compression, prescale_factor=prescale,
+                                postscale_factor=postscale)
+            offset = 0
+            with torch.no_grad():
+                for grad in group_grads:
+                    n = grad.numel()
+                    grad.copy_(reduced[offset:offset + n].view_as(grad))
+                    offset += n
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within it, ``step()`` does not reduce (the program called ``synchronize()`` itself)."""
+        self._hvd_skip = True
+        try:
+            yield
+        finally:
+            self._hvd_skip = False
+
+    def step(self, closure: Any = None) -> Any:
+        if not self._hvd_skip:
+            self.synchronize()
+        return self._hvd_base.step(self, closure)  # type: ignore[attr-defined]
+
+
+def _size() -> int:
+    from popdist.horovod.common import size
+
+    return size()
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, Any]] | None = None,
+                         compression: Any = Compression.none, backward_passes_per_step: int = 1,
+                         op: ReduceOp = ReduceOp.Average, gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: object = None) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` reduces the gradients over every instance first.
+
+    ``named_parameters``, ``num_groups``, ``groups`` and ``sparse_as_dense`` are accepted for compatibility
+    (names are not needed: gradients are reduced in parameter order, fused). ``backward_passes_per_step``
+    needs nothing either: gradients accumulate locally until ``step()``, which reduces them once.
+    """
+    if process_set is not None:
+        raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
+    resolved = resolve_op(op, None)
+    if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.Average:
+        raise ValueError("gradient_predivide_factor needs op=hvd.Average (as in Horovod)")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {
+        name: value for name, value in vars(_DistributedOptimizer).items()
+        if name in ("synchronize", "skip_synchronize", "step")} | {"_hvd_base": optimizer.__class__})
+    wrapped: Any = object.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)  # the same parameter groups, state and hooks: nothing rebuilt
+    wrapped._hvd_op, wrapped._hvd_compression = resolved, compression
+    wrapped._hvd_predivide, wrapped._hvd_skip = float(gradient_predivide_factor), False
+    return wrapped

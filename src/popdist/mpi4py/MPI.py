@@ -1,0 +1,121 @@
+"""``mpi4py.MPI`` over poprun-py's fabric: ``COMM_WORLD`` (every instance; rank = instance index),
+``COMM_SELF``, the reduction ops, the datatypes, ``IN_PLACE``, ``Wtime``, ``Get_processor_name``.
+
+Anything else of mpi4py's ``MPI`` module raises ``NotProvidedError`` naming it (an AttributeError, so
+``hasattr(MPI, name)`` is False), rather than doing something unlike MPI.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from popdist import core
+from popdist.mpi4py.comm import (
+    ANY_SOURCE, ANY_TAG, IN_PLACE, MAX, MIN, PROD, README_SECTION, SUM, Comm, Datatype, NotProvidedError, Op,
+    Status,
+)
+
+__all__ = [
+    "ANY_SOURCE", "ANY_TAG", "BOOL", "BYTE", "CHAR", "COMM_SELF", "COMM_WORLD", "Comm", "DOUBLE", "Datatype",
+    "FLOAT", "IN_PLACE", "INT", "INT8_T", "INT16_T", "INT32_T", "INT64_T", "Intracomm", "LONG", "LONG_LONG",
+    "MAX", "MIN", "NotProvidedError", "Op", "PROD", "SHORT", "SUM", "Status", "UINT8_T", "UINT16_T", "UINT32_T",
+    "UINT64_T", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "Finalize", "Get_processor_name", "Get_version",
+    "Init", "Is_finalized", "Is_initialized", "Query_thread", "THREAD_MULTIPLE", "THREAD_SINGLE", "Wtick",
+    "Wtime",
+]
+
+Intracomm = Comm
+COMM_WORLD = Comm(None, "MPI_COMM_WORLD")
+
+
+class _SelfComm(Comm):
+    """This instance alone (its members are known only once the process knows its instance index)."""
+
+    def _group(self) -> tuple[int, ...]:
+        return (core.getInstanceIndex(),)
+
+    def Get_size(self) -> int:
+        return 1
+
+    def Get_rank(self) -> int:
+        return 0
+
+    size = property(Get_size)
+    rank = property(Get_rank)
+
+    def _instance(self, rank: int, what: str) -> int:
+        if rank != 0:
+            raise ValueError(f"{what}: rank {rank!r} is not in MPI_COMM_SELF (only 0)")
+        return core.getInstanceIndex()
+
+
+COMM_SELF = _SelfComm(None, "MPI_COMM_SELF")
+
+BYTE = Datatype("BYTE", "u1")
+CHAR = Datatype("CHAR", "i1")
+UNSIGNED_CHAR = UINT8_T = Datatype("UNSIGNED_CHAR", "u1")
+SHORT = INT16_T = Datatype("SHORT", "i2")
+INT = INT32_T = Datatype("INT", "i4")
+LONG = LONG_LONG = INT64_T = Datatype("LONG", "i8")
+INT8_T = Datatype("INT8_T", "i1")
+UINT16_T = Datatype("UINT16_T", "u2")
+UNSIGNED = UINT32_T = Datatype("UNSIGNED", "u4")
+UNSIGNED_LONG = UINT64_T = Datatype("UNSIGNED_LONG", "u8")
+FLOAT = Datatype("FLOAT", "f4")
+DOUBLE = Datatype("DOUBLE", "f8")
+BOOL = Datatype("BOOL", "?")
+
+THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+_finalized = [False]
+
+
+def Wtime() -> float:
+    """Seconds since an arbitrary moment (monotonic), as ``MPI_Wtime``."""
+    return time.monotonic()
+
+
+def Wtick() -> float:
+    return time.get_clock_info("monotonic").resolution
+
+
+def Get_processor_name() -> str:
+    return socket.gethostname()
+
+
+def Get_version() -> tuple[int, int]:
+    return (3, 1)
+
+
+def Get_library_version() -> str:
+    return "poprun-py fabric (no MPI library)"
+
+
+def Init() -> None:
+    """Nothing to do: the fabric connects at the first collective."""
+
+
+Init_thread = Init
+
+
+def Is_initialized() -> bool:
+    return True
+
+
+def Finalize() -> None:
+    _finalized[0] = True
+
+
+def Is_finalized() -> bool:
+    return _finalized[0]
+
+
+def Query_thread() -> int:
+    return THREAD_SERIALIZED  # one thread at a time may call the collectives
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise NotProvidedError(f"MPI.{name} is not provided by poprun-py's mpi4py; see {README_SECTION} for what is")

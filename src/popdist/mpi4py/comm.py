@@ -1,0 +1,290 @@
+"""``MPI.Comm`` over the fabric: the communicator of a set of instances (``COMM_WORLD``: all of them).
+
+As in mpi4py, lowercase methods take any picklable Python object (they travel pickled, as mpi4py's do,
+between this job's instances only: see ``popdist.ragged``), and uppercase methods take buffers: a NumPy
+array, or ``[array, MPI.FLOAT]``-style specs. Reductions run in rank order, so every rank gets the same
+bits. Rooted operations (``Gather``, ``Reduce``, ``Scatter``) run as their all-to-all forms and keep the
+root's part: simpler, and the same result.
+
+Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are synchronous, as ``MPI_Ssend``: ``send``
+returns once the receiver has called ``recv``. The source must be named (no ``ANY_SOURCE``), and a program
+where two ranks both send to each other before receiving waits forever, as it may under MPI.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from popdist import core
+from popdist.backend import current_fabric
+from popdist.ragged import allgather_objects, broadcast_bytes, broadcast_object
+
+README_SECTION = "README \"Running Graphcore's programs\""
+
+
+class NotProvidedError(AttributeError, NotImplementedError):
+    """A part of mpi4py's API that poprun-py does not provide (an AttributeError, so ``hasattr`` is False)."""
+
+
+class Op:
+    """A reduction: ``MPI.SUM`` etc. Callable on two Python objects, as mpi4py's are."""
+
+    def __init__(self, name: str, fabric_op: str, combine: Callable[[Any, Any], Any]) -> None:
+        self.name, self.fabric_op, self._combine = name, fabric_op, combine
+
+    def __call__(self, x: Any, y: Any) -> Any:
+        return self._combine(x, y)
+
+    def __repr__(self) -> str:
+        return f"<mpi4py.MPI.Op {self.name}>"
+
+
+class Datatype:
+    """An MPI datatype, as the NumPy dtype of a buffer spec such as ``[array, MPI.FLOAT]``."""
+
+    def __init__(self, name: str, dtype: str) -> None:
+        self.name, self.dtype = name, np.dtype(dtype)
+
+    def Get_size(self) -> int:
+        return self.dtype.itemsize
+
+    size = property(Get_size)
+
+    def __repr__(self) -> str:
+        return f"<mpi4py.MPI.Datatype {self.name}>"
+
+
+class _InPlace:
+    def __repr__(self) -> str:
+        return "<mpi4py.MPI.IN_PLACE>"
+
+
+IN_PLACE = _InPlace()
+ANY_SOURCE = -1
+ANY_TAG = -1
+
+
+class Status:
+    """Filled by ``recv(status=...)``: the source and tag of the message received."""
+
+    def __init__(self) -> None:
+        self.source, self.tag = ANY_SOURCE, ANY_TAG
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+
+def _buffer(spec: Any, what: str) -> np.ndarray:
+    """The NumPy array of a buffer spec: an array, or ``[buffer, datatype]`` / ``[buffer, count, datatype]``."""
+    datatype = None
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise TypeError(f"{what}: an empty buffer spec")
+        spec, datatype = spec[0], spec[-1] if isinstance(spec[-1], Datatype) else None
+    if isinstance(spec, np.ndarray):
+        return spec if datatype is None or spec.dtype == datatype.dtype else spec.view(datatype.dtype)
+    try:
+        view = memoryview(spec)
+    except TypeError:
+        raise TypeError(f"{what}: {type(spec).__name__} is not a buffer; pass a NumPy array (or use the "
+                        f"lowercase method for Python objects)") from None
+    return np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B"))
+
+
+def _into(recvbuf: np.ndarray, values: np.ndarray, what: str) -> None:
+    if recvbuf.size != values.size:
+        raise ValueError(f"{what}: the receive buffer holds {recvbuf.size} elements, the result has {values.size}")
+    np.copyto(recvbuf.reshape(-1), values.reshape(-1), casting="unsafe")
+
+
+class Comm:
+    """A communicator: ``members`` are instance indices in rank order (None: every instance)."""
+
+    def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD") -> None:
+        self._members = None if members is None else tuple(members)
+        self._name = name
+
+    # -- who ----------------------------------------------------------------------------------------------
+    def _group(self) -> tuple[int, ...] | None:
+        return self._members
+
+    def Get_size(self) -> int:
+        return core.getNumInstances() if self._members is None else len(self._members)
+
+    def Get_rank(self) -> int:
+        me = core.getInstanceIndex()
+        return me if self._members is None else self._members.index(me)
+
+    size = property(Get_size)
+    rank = property(Get_rank)
+
+    def Get_name(self) -> str:
+        return self._name
+
+    def _instance(self, rank: int, what: str) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.Get_size():
+            raise ValueError(f"{what}: rank {rank!r} is not in {self._name} (0 to {self.Get_size() - 1})")
+        return int(rank) if self._members is None else self._members[int(rank)]
+
+    # -- synchronisation ----------------------------------------------------------------------------------
+    def Barrier(self) -> None:
+        current_fabric().barrier(self._group())
+
+    barrier = Barrier
+
+    # -- Python objects -----------------------------------------------------------------------------------
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        return broadcast_object(obj, self._instance(root, "bcast"), self._group())
+
+    def allgather(self, sendobj: Any) -> list[Any]:
+        return allgather_objects(sendobj, self._group())
+
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
+        gathered = self.allgather(sendobj)
+        return gathered if self.Get_rank() == root else None
+
+    def scatter(self, sendobj: Sequence[Any] | None = None, root: int = 0) -> Any:
+        if self.Get_rank() == root and (sendobj is None or len(sendobj) != self.Get_size()):
+            raise ValueError(f"scatter: the root must give a sequence of {self.Get_size()} objects")
+        return self.bcast(list(sendobj) if self.Get_rank() == root else None, root)[self.Get_rank()]  # type: ignore[arg-type]
+
+    def allreduce(self, sendobj: Any, op: Op | None = None) -> Any:
+        return functools.reduce(op or SUM, self.allgather(sendobj))
+
+    def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
+        result = self.allreduce(sendobj, op)
+        return result if self.Get_rank() == root else None
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Synchronous: returns once ``dest`` has received (see the module docstring)."""
+        import pickle
+
+        self._pair_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), self.Get_rank(), dest, tag, "send")
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
+        import pickle
+
+        data = self._pair_bytes(None, source, self.Get_rank(), tag, "recv", status)
+        return pickle.loads(data)  # noqa: S301 - from this job's own instances only (popdist.ragged)
+
+    def _pair_bytes(self, data: bytes | None, source: int, dest: int, tag: int, what: str,
+                    status: Status | None = None) -> bytes:
+        src, pair = self._pair(data is not None, source, dest, tag, what, status)
+        return broadcast_bytes(data, src, pair)
+
+    def _pair(self, sending: bool, source: int, dest: int, tag: int, what: str,
+              status: Status | None) -> tuple[int, tuple[int, ...]]:
+        """The source instance and the pair; the sender's tag goes first, checked by the receiver."""
+        if source == ANY_SOURCE:
+            raise NotProvidedError(f"{what}(source=ANY_SOURCE) is not provided by poprun-py's mpi4py: name the "
+                                   f"source rank (see {README_SECTION})")
+        src, dst = self._instance(source, what), self._instance(dest, what)
+        if src == dst:
+            raise ValueError(f"{what}: a rank cannot send to itself here (source and dest are both {source})")
+        pair = tuple(sorted((src, dst)))
+        sent_tag = int(current_fabric().broadcast(np.array([tag if sending else 0], np.int64), src, pair)[0])
+        if not sending and tag != ANY_TAG and sent_tag != tag:
+            raise ValueError(f"{what}: expected tag {tag} from rank {source}, the next message has tag {sent_tag}")
+        if status is not None:
+            status.source, status.tag = source, sent_tag
+        return src, pair
+
+    # -- buffers ------------------------------------------------------------------------------------------
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        array = _buffer(buf, "Bcast")
+        _into(array, current_fabric().broadcast(array, self._instance(root, "Bcast"), self._group()), "Bcast")
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
+        recv = _buffer(recvbuf, "Allreduce")
+        send = recv if sendbuf is IN_PLACE else _buffer(sendbuf, "Allreduce")
+        _into(recv, current_fabric().allreduce(send, (op or SUM).fabric_op, self._group()), "Allreduce")
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> None:
+        is_root = self.Get_rank() == root
+        if sendbuf is IN_PLACE:
+            if not is_root:
+                raise ValueError("Reduce: only the root may pass MPI.IN_PLACE")
+            send = _buffer(recvbuf, "Reduce")
+        else:
+            send = _buffer(sendbuf, "Reduce")
+        result = current_fabric().allreduce(send, (op or SUM).fabric_op, self._group())
+        if is_root:
+            _into(_buffer(recvbuf, "Reduce"), result, "Reduce")
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        _into(_buffer(recvbuf, "Allgather"), current_fabric().allgather(_buffer(sendbuf, "Allgather"), self._group()),
+              "Allgather")
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        gathered = current_fabric().allgather(_buffer(sendbuf, "Gather"), self._group())
+        if self.Get_rank() == self._rank_checked(root, "Gather"):
+            _into(_buffer(recvbuf, "Gather"), gathered, "Gather")
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        recv = _buffer(recvbuf, "Scatter")
+        shape = (self.Get_size(), *recv.shape)
+        if self.Get_rank() == self._rank_checked(root, "Scatter"):
+            send = _buffer(sendbuf, "Scatter")
+            if send.size != recv.size * self.Get_size():
+                raise ValueError(f"Scatter: the root's buffer holds {send.size} elements, "
+                                 f"{self.Get_size()} ranks x {recv.size} are needed")
+            send = np.ascontiguousarray(send, dtype=recv.dtype).reshape(shape)
+        else:
+            send = np.empty(shape, recv.dtype)
+        everything = current_fabric().broadcast(send, self._instance(root, "Scatter"), self._group())
+        _into(recv, everything[self.Get_rank()], "Scatter")
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """Synchronous, as ``send``; the receiver's buffer must have the same shape and dtype."""
+        self._pair_array(_buffer(buf, "Send"), self.Get_rank(), dest, tag, "Send")
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+        array = _buffer(buf, "Recv")
+        _into(array, self._pair_array(array, source, self.Get_rank(), tag, "Recv", status), "Recv")
+
+    def _pair_array(self, array: np.ndarray, source: int, dest: int, tag: int, what: str,
+                    status: Status | None = None) -> np.ndarray:
+        src, pair = self._pair(what == "Send", source, dest, tag, what, status)
+        return current_fabric().broadcast(np.ascontiguousarray(array), src, pair)
+
+    def _rank_checked(self, root: int, what: str) -> int:
+        self._instance(root, what)
+        return int(root)
+
+    # -- the rest -----------------------------------------------------------------------------------------
+    def Abort(self, errorcode: int = 0) -> None:
+        """Stop this instance at once; poprun then stops the others (a zero code becomes 1, so it does)."""
+        print(f"MPI.Abort(errorcode={errorcode}) called by rank {self.Get_rank()} of {self._name}",
+              file=sys.stderr, flush=True)
+        os._exit(errorcode if 0 < errorcode < 256 else 1)
+
+    def Dup(self) -> Comm:
+        return Comm(self._members, self._name)
+
+    Clone = Dup
+
+    def Free(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotProvidedError(f"MPI.Comm.{name} is not provided by poprun-py's mpi4py; see {README_SECTION} "
+                               "for the methods that are")
+
+    def __repr__(self) -> str:
+        return f"<mpi4py.MPI.Comm {self._name} (poprun-py)>"
+
+
+SUM = Op("SUM", "sum", lambda x, y: x + y)
+PROD = Op("PROD", "prod", lambda x, y: x * y)
+MAX = Op("MAX", "max", lambda x, y: np.maximum(x, y) if isinstance(x, np.ndarray) else max(x, y))
+MIN = Op("MIN", "min", lambda x, y: np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y))

@@ -1,0 +1,49 @@
+"""mpi4py's semantics over the fabric, each result printed as JSON for the test to check (3 instances)."""
+
+import json
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+out = {"rank": r, "size": n, "processor": MPI.Get_processor_name() != ""}
+out["bcast"] = comm.bcast({"root": r} if r == 2 else None, root=2)
+out["allgather"] = comm.allgather(r * 10)
+out["gather"] = comm.gather(f"r{r}", root=1)
+out["scatter"] = comm.scatter([[i] * (i + 1) for i in range(n)] if r == 0 else None, root=0)
+out["reduce"] = comm.reduce(r + 1, op=MPI.PROD, root=0)
+out["allreduce_max"] = comm.allreduce(r, op=MPI.MAX)
+
+if r == 0:
+    comm.send({"hello": "from 0"}, dest=2, tag=7)
+    out["recv"] = comm.recv(source=2, tag=8)
+elif r == 2:
+    out["recv"] = comm.recv(source=0, tag=7)
+    comm.send([1, 2, 3], dest=0, tag=8)
+
+values = np.array([r + 1, 10 * (r + 1)], dtype=np.float32)
+total = np.empty_like(values)
+comm.Allreduce(values, total, op=MPI.SUM)
+out["Allreduce"] = total.tolist()
+smallest = np.zeros(2, dtype=np.float32)
+comm.Reduce(values, smallest if r == 1 else None, op=MPI.MIN, root=1)
+out["Reduce"] = smallest.tolist()
+part = np.empty(2, dtype=np.int64)
+comm.Scatter(np.arange(2 * n, dtype=np.int64) if r == 2 else None, part, root=2)
+out["Scatter"] = part.tolist()
+if r == 1:
+    comm.Send(np.array([4.5, 5.5]), dest=0, tag=3)
+elif r == 0:
+    received = np.empty(2)
+    status = MPI.Status()
+    comm.Recv(received, source=1, tag=3, status=status)
+    out["Recv"] = [received.tolist(), status.Get_source(), status.Get_tag()]
+out["self"] = [MPI.COMM_SELF.Get_size(), MPI.COMM_SELF.allreduce(r + 5)]
+try:
+    comm.Isend(values, dest=0)
+except AttributeError as exc:
+    out["missing"] = str(exc)
+out["hasattr_Win"] = hasattr(MPI, "Win")
+comm.Barrier()
+print(json.dumps(out), flush=True)

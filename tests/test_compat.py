@@ -1,0 +1,268 @@
+"""Programs written for Horovod and mpi4py, run unchanged through the real poprun (README "Running Graphcore's
+programs"): their imports resolve to popdist.horovod / popdist.mpi4py, the results are the job's, and a real
+MPI that would make each instance a world of its own stops the program instead."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from support import PROGRAMS, RUN_TIMEOUT, python_example, python_program, run_poprun
+
+torch = pytest.importorskip("torch", reason="the torch extra: pip install -e '.[torch]' (scripts/test.sh installs it)")
+
+OFFLINE = ("--offline-mode=yes",)
+STAND_IN = PROGRAMS / "stand_ins"  # packages named mpi4py and horovod whose world is one process, as the real ones'
+
+
+def job(instances: int) -> tuple[str, ...]:
+    return (*OFFLINE, "--num-instances", str(instances), "--num-replicas", str(instances))
+
+
+def lines_of(result: subprocess.CompletedProcess[bytes]) -> list[str]:
+    assert result.returncode == 0, result.stderr.decode()
+    return sorted(result.stdout.decode().splitlines())
+
+
+def records(result: subprocess.CompletedProcess[bytes]) -> dict[int, dict]:
+    found = [json.loads(line) for line in lines_of(result) if line.startswith("{") and '"size"' in line]
+    return {record["rank"]: record for record in found}
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}
+
+
+def outside_poprun(**extra: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("POPDIST_", "POPRUN_"))} | extra
+
+
+# -- Horovod ------------------------------------------------------------------------------------------------
+def test_hello_horovod_averages_float32_and_float16_on_every_instance() -> None:
+    result = run_poprun(*job(4), *python_program("hello_horovod.py"))
+    assert lines_of(result) == [
+        f"instance {i} of 4: x = tensor([1.5000, 0.0000]) y = tensor([0.0000, 1.5000], dtype=torch.float16)"
+        for i in range(4)]
+
+
+def test_host_benchmark_reports_the_slowest_time_and_the_total_samples() -> None:
+    result = run_poprun(*job(3), *python_program("host_benchmark.py"))
+    assert lines_of(result) == [f"rank {r}: slowest 3.5 s, total 600 samples (torch.int64)" for r in range(3)]
+
+
+def test_horovod_semantics_over_three_instances() -> None:
+    result = run_poprun(*job(3), *python_program("horovod_semantics.py"))
+    by_rank = records(result)
+    assert sorted(by_rank) == [0, 1, 2]
+    for r, out in by_rank.items():
+        assert out["size"] == 3 and out["local"] == [r, 3] and out["cross"] == [0, 1]
+        assert out["average"] == [2.0, 2.0] and out["sum"] == [6.0, 6.0] and out["average_false"] == [6.0, 6.0]
+        assert out["min_max_product"] == [[1.0, 0.0], [3.0, 4.0], [6.0, 0.0]]
+        assert out["bfloat16"] == ["torch.bfloat16", [6.0, 6.0]] and out["int_average"] == [2]
+        assert out["fp16_compression"] == ["torch.float32"]  # compressed on the way, the input's dtype back
+        assert out["inplace"] == [True, [6.0, 6.0]] and out["scaled"] == [6.0, 6.0]
+        assert out["grad"] == [6.0]  # the gradient of a Sum allreduce is the Sum allreduce of the gradients
+        assert out["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
+        assert out["broadcast"] == [10.0] and out["broadcast_"] == [20.0]
+        assert out["allgather_grad"] == [[3.0, 3.0]] * (r + 1)
+        assert out["broadcast_grad"] == ([3.0] if r == 1 else [0.0])
+        assert out["object"] == {"from": 1, "list": [1, 1]} and out["objects"] == [["rank", k] for k in range(3)]
+        assert out["optimizer_class"] == ["SGD", True] and out["weights_everywhere_equal"] is True
+        first, adasum, root = out["errors"]
+        assert first.startswith("ValueError") and "not both" in first
+        assert adasum.startswith("NotImplementedError: hvd.Adasum is not provided")
+        assert root == "ValueError: root_rank=3 is not a rank of this job (0 to 2)"
+        assert out["missing"].startswith("horovod.torch.join is not provided by poprun-py's Horovod; see README")
+    assert '{"rank": 0, "initialized_after_shutdown": false}' in lines_of(result)
+
+
+def test_horovod_in_launch_instances(spawn_instances) -> None:
+    def average_of_ranks() -> list[float]:
+        import horovod.torch as hvd
+
+        hvd.init()
+        return hvd.allreduce(torch.tensor([float(hvd.rank())])).tolist()
+
+    assert spawn_instances(average_of_ranks, num_instances=3) == [[1.0]] * 3
+
+
+@pytest.mark.poprun(num_instances=2)
+def test_horovod_under_the_pytest_marker() -> None:
+    from mpi4py import MPI
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    assert hvd.allreduce(torch.tensor(hvd.rank() + 1), op=hvd.Sum).item() == 3
+    assert MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank + 1) == 3
+
+
+# -- mpi4py -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("instances, total", [(2, 3), (3, 6)])
+def test_mpi4py_allreduce_of_rank_plus_one(instances: int, total: int) -> None:
+    result = run_poprun(*job(instances), *python_program("mpi_allreduce.py"))
+    assert lines_of(result) == [f"rank {r} of {instances}: allreduce {total} Allreduce {float(total)} "
+                                f"(popdist.mpi4py.MPI)" for r in range(instances)]
+
+
+def test_gptj_style_sampler_broadcasts_from_rank_1_allgathers_and_gathers() -> None:
+    import numpy as np
+
+    result = run_poprun(*job(3), *python_program("gptj_sampler.py"))
+    shards = np.random.default_rng(1234).permutation(40)[:12].tolist()
+    assert lines_of(result) == [
+        f"rank 0 of 3: seed 1234 sizes [10, 11, 12] gathered {shards}",
+        "rank 1 of 3: seed 1234 sizes [10, 11, 12]",
+        "rank 2 of 3: seed 1234 sizes [10, 11, 12]",
+    ]
+
+
+def test_mpi4py_semantics_over_three_instances() -> None:
+    by_rank = records(run_poprun(*job(3), *python_program("mpi_semantics.py")))
+    assert sorted(by_rank) == [0, 1, 2]
+    for r, out in by_rank.items():
+        assert out["bcast"] == {"root": 2} and out["allgather"] == [0, 10, 20]
+        assert out["gather"] == (["r0", "r1", "r2"] if r == 1 else None)
+        assert out["scatter"] == [r] * (r + 1) and out["reduce"] == (6 if r == 0 else None)
+        assert out["allreduce_max"] == 2 and out["Allreduce"] == [6.0, 60.0]
+        assert out["Reduce"] == ([1.0, 10.0] if r == 1 else [0.0, 0.0]) and out["Scatter"] == [2 * r, 2 * r + 1]
+        assert out["self"] == [1, r + 5] and out["hasattr_Win"] is False
+        assert out["missing"].startswith("MPI.Comm.Isend is not provided by poprun-py's mpi4py")
+        assert "Running Graphcore's programs" in out["missing"]
+    assert by_rank[2]["recv"] == {"hello": "from 0"} and by_rank[0]["recv"] == [1, 2, 3]
+    assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
+
+
+# -- how programs find them, and the off switch -----------------------------------------------------------
+def test_our_mpi4py_wins_over_an_installed_one_under_poprun() -> None:
+    result = run_poprun(*job(2), *python_program("mpi_allreduce.py"), env=env_with(PYTHONPATH=str(STAND_IN)))
+    assert lines_of(result) == [f"rank {r} of 2: allreduce 3 Allreduce 3.0 (popdist.mpi4py.MPI)" for r in range(2)]
+
+
+def test_compat_imports_no_stops_a_real_mpi_that_sees_one_process() -> None:
+    result = run_poprun(*job(2), "--compat-imports=no", *python_program("mpi_allreduce.py"),
+                        env=env_with(PYTHONPATH=str(STAND_IN)))
+    assert result.returncode != 0
+    assert b"allreduce 1" not in result.stdout  # no instance ran alone
+    err = result.stderr.decode()
+    assert "SingletonMPIError: mpi4py here is the installed library, and its COMM_WORLD is 1 while this poprun " \
+           "job has 2 instances" in err
+    assert "Drop --compat-imports=no" in err
+
+
+def test_compat_imports_no_stops_a_real_horovod_that_sees_one_process() -> None:
+    result = run_poprun(*job(2), "--compat-imports=no", *python_program("host_benchmark.py"),
+                        env=env_with(PYTHONPATH=str(STAND_IN)))
+    assert result.returncode != 0 and b"slowest" not in result.stdout
+    err = result.stderr.decode()
+    assert "SingletonMPIError: horovod here is the installed library, and hvd.size() is 1 while this poprun " \
+           "job has 2 instances" in err
+    assert "or start the program with horovodrun instead of poprun" in err
+
+
+def test_compat_imports_no_leaves_imports_to_the_installed_packages() -> None:
+    if importlib.util.find_spec("mpi4py") is not None or importlib.util.find_spec("horovod") is not None:
+        pytest.skip("a real mpi4py or horovod is installed here")
+    result = run_poprun(*job(2), "--compat-imports=no", *python_program("imports_of.py", "mpi4py", "horovod.torch"))
+    assert lines_of(result) == ["horovod.torch: ModuleNotFoundError: No module named 'horovod'"] * 2 + \
+        ["mpi4py: ModuleNotFoundError: No module named 'mpi4py'"] * 2
+
+
+def test_modules_that_are_not_provided_say_so_under_poprun() -> None:
+    result = run_poprun(*job(1), *python_program("imports_of.py", "horovod.tensorflow", "horovod.torch"))
+    first, second = lines_of(result)
+    assert first.startswith("horovod.tensorflow: ModuleNotFoundError: No module named 'horovod.tensorflow': "
+                            "under poprun, horovod resolves to poprun-py's popdist.horovod")
+    assert second == "horovod.torch: popdist.horovod.torch"
+
+
+def test_outside_poprun_imports_are_untouched() -> None:
+    if importlib.util.find_spec("horovod") is not None:
+        pytest.skip("a real horovod is installed here")
+    code = ("import sys, _poprun_py_hook; print([type(f).__name__ for f in sys.meta_path "
+            "if type(f).__module__ == '_poprun_py_hook'])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=RUN_TIMEOUT,
+                            env=outside_poprun())
+    assert result.stdout.decode().strip() == "[]", result.stderr
+    result = subprocess.run(python_program("imports_of.py", "horovod"), capture_output=True,
+                            timeout=RUN_TIMEOUT, env=outside_poprun())
+    assert result.stdout.decode().splitlines() == ["horovod: ModuleNotFoundError: No module named 'horovod'"]
+    result = subprocess.run(python_program("imports_of.py", "horovod.torch", "mpi4py.MPI"), capture_output=True,
+                            timeout=RUN_TIMEOUT, env=outside_poprun(PYTHONPATH=str(STAND_IN)))
+    assert result.stdout.decode().splitlines() == ["horovod.torch: horovod.torch",  # the installed (stand-in) ones
+                                                   "mpi4py.MPI: mpi4py.MPI"]
+
+
+def test_verbose_output_says_what_python_programs_get() -> None:
+    on = run_poprun("-v", *job(1), "true")
+    off = run_poprun("-v", *job(1), "--compat-imports=no", "true")
+    assert "POPRUN [I] Python programs: horovod and mpi4py resolve to poprun-py's (popdist.horovod, " \
+           "popdist.mpi4py)" in on.stderr.decode()
+    assert "--compat-imports=no turns this off" in on.stderr.decode()
+    assert "Python programs: horovod and mpi4py are the installed packages (--compat-imports=no)" in off.stderr.decode()
+
+
+def test_the_hook_spells_the_contract_names_as_popdist_does() -> None:
+    import _poprun_py_hook as hook
+
+    from popdist import env_names
+
+    assert (hook.LAUNCH, hook.LOCAL_REPLICAS, hook.SWITCH) == (
+        env_names.TOTAL_REPLICAS, env_names.LOCAL_REPLICAS, env_names.COMPAT_IMPORTS)
+
+
+def test_a_wheel_installs_the_pth_into_site_packages(tmp_path: Path) -> None:
+    """The hook works from a wheel too, not only from the editable install the tests run on."""
+    root = tmp_path / "project"  # a copy: setuptools writes build/ and *.egg-info beside the sources
+    shutil.copytree(Path(__file__).parent.parent, root, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "tests", "benchmarks"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(root)], check=True, timeout=300, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("poprun_py-*.whl")
+    venv.create(tmp_path / "venv", system_site_packages=True, with_pip=False)
+    python = tmp_path / "venv" / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, check=True, timeout=RUN_TIMEOUT).stdout.decode().strip()
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, str(wheel)],
+                   check=True, timeout=300, capture_output=True)
+    assert (Path(site) / "poprun_py_hook.pth").read_text() == "import _poprun_py_hook\n"
+    code = "import horovod, popdist; print(horovod.__name__, popdist.__file__)"
+    launched = outside_poprun(POPDIST_NUM_TOTAL_REPLICAS="1")
+    result = subprocess.run([python, "-c", code], capture_output=True, timeout=RUN_TIMEOUT, env=launched,
+                            cwd=tmp_path)
+    name, where = result.stdout.decode().split()
+    assert name == "popdist.horovod" and where.startswith(site), result.stderr
+
+
+def test_compat_imports_takes_yes_or_no() -> None:
+    result = run_poprun(*job(1), "--compat-imports=maybe", "true")
+    assert result.returncode == 2
+    assert result.stderr.decode().count("\n") == 1 and "compat" in result.stderr.decode()
+
+
+# -- the example ----------------------------------------------------------------------------------------------
+def test_horovod_example_trains_in_step_and_checkpoints_on_instance_0(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "model.pt"
+    result = run_poprun("--num-instances", "2", "--num-replicas", "2", "--mpi-global-args=--tag-output",
+                        *python_example("horovod_train.py", "--checkpoint", str(checkpoint)))
+    lines = lines_of(result)
+    saved = [line for line in lines if "saved the checkpoint" in line]
+    assert saved == [f"[1,0]<stdout>:instance 0 saved the checkpoint of step 60 to {checkpoint}"]
+    losses = [float(line.split("loss ")[1]) for line in lines if "]<stdout>:step " in line]
+    assert len(losses) == 3 and all(line.startswith("[1,0]") for line in lines if "]<stdout>:step " in line)
+    assert losses[-1] < 0.01  # learnt: the noise's variance is 1e-4, an untrained model's loss is about 5
+    finals = [line.split(":", 1)[1] for line in lines if "the same on every instance" in line]
+    assert len(finals) == 2 and all(line.endswith("the same on every instance: True") for line in finals)
+    assert finals[0].split(": weights ")[1] == finals[1].split(": weights ")[1]
+    state = torch.load(checkpoint)
+    assert state["step"] == 60
+    learnt = [round(w, 3) for w in torch.cat([state["model"]["weight"].reshape(-1), state["model"]["bias"]]).tolist()]
+    assert finals[0].split(": weights ")[1].startswith(str(learnt))
