@@ -1,9 +1,9 @@
 """Under poprun, ``horovod`` and ``mpi4py`` imports resolve to poprun-py's (``popdist.horovod``,
 ``popdist.mpi4py``): the real ones can only connect processes that their own launchers started.
 
-Python imports this module at every start, from ``poprun_py_hook.pth`` in site-packages (the ``site``
-module runs ``import`` lines of ``.pth`` files). Outside poprun it only reads one environment variable:
-it imports nothing else and changes nothing. In an instance of a poprun job (``POPDIST_NUM_TOTAL_REPLICAS``
+Python runs the one line of ``poprun_py_hook.pth`` in site-packages at every start (the ``site`` module
+executes ``.pth`` lines that begin with ``import``). That line imports this module only when
+``POPDIST_NUM_TOTAL_REPLICAS`` is set: outside poprun a start costs one dictionary lookup, no import. In an instance of a poprun job (``POPDIST_NUM_TOTAL_REPLICAS``
 is set) it puts a finder first on ``sys.meta_path`` that maps those two names, unless poprun was given
 ``--compat-imports=no`` (``POPRUN_COMPAT_IMPORTS=0``). Then it installs a guard instead: if the real
 ``mpi4py.MPI`` is imported and its ``COMM_WORLD`` is not the job's instances (a real MPI started without
