@@ -213,6 +213,8 @@ def test_every_path_the_readme_names_is_in_the_repository() -> None:
     assert "../" not in re.sub(r"```.*?```", "", text, flags=re.S), "a link or path outside the repository"
     for path in set(re.findall(r"\b((?:src|examples|scripts|benchmarks|tests)/[\w./-]*\w)", text)):
         assert (ROOT / path).exists() or (ROOT / "src" / path).exists(), f"README.md names {path}, which is not here"
+    for module in set(re.findall(r"\b((?:poprun_py|popdist|simipu)/[\w/.-]*\w)", text)):
+        assert (ROOT / "src" / module).exists(), f"README.md (the diagram?) names {module}, which is not here"
 
 
 def test_no_file_cites_what_a_public_clone_lacks() -> None:
