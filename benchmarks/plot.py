@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
 PLOTS_DIR = HERE / "plots"
 #: One look per tool in every picture; a tool not listed here gets matplotlib's next colour.
-STYLE = {
+STYLE: dict[str, dict[str, Any]] = {
     "poprun": {"color": "tab:blue", "marker": "o", "linewidth": 2.2},
     "poprun-tcp": {"color": "tab:blue", "marker": "o", "linestyle": "--", "alpha": 0.6},
     "mpi4py": {"color": "tab:orange", "marker": "s"},

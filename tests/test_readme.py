@@ -142,6 +142,7 @@ def run(command: str | list[str], block: Block) -> subprocess.CompletedProcess[s
                               text=True, errors="replace", timeout=COMMAND_TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{block.name}: {command!r} took more than {COMMAND_TIMEOUT} s")
+        raise  # pytest.fail raised already; for the type checker
 
 
 BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
@@ -167,9 +168,9 @@ def test_readme_block_runs_as_shown(block: Block, tmp_path: Path) -> None:
     if block.language == "python":
         source = tmp_path / f"test_readme_block_{block.line}.py"
         source.write_text("\n".join(block.body) + "\n")
-        command = block.directive("run as") or "python3 {file}"
-        result = run(command.replace("{file}", str(source)), block)
-        assert result.returncode == 0, f"{block.name} ({command}) exited {result.returncode}:\n{result.stdout}"
+        runner = block.directive("run as") or "python3 {file}"
+        result = run(runner.replace("{file}", str(source)), block)
+        assert result.returncode == 0, f"{block.name} ({runner}) exited {result.returncode}:\n{result.stdout}"
         return
     for command in session(block):
         result = run(command.text, block)
