@@ -56,7 +56,13 @@ python_for() {  # the interpreter of version $1: pyenv's newest $1.x, else pytho
 }
 
 make_venv() {  # $1 = interpreter, $2 = venv directory, $3 = extras: the venv with poprun-py (editable)
-    [ -x "$2/bin/python" ] || "$1" -m venv "$2"
+    local version='import sys; print(*sys.version_info[:2], sep=".")'
+    if [ ! -x "$2/bin/python" ]; then
+        "$1" -m venv "$2"
+    elif [ "$("$2/bin/python" -c "$version")" != "$("$1" -c "$version")" ]; then
+        echo "$2 was made with another Python: making it again with $1" >&2
+        "$1" -m venv --clear "$2"
+    fi
     "$2/bin/python" -m pip install "${PIP_QUIET[@]}" -e ".[$3]"
     # scripts/main.sh skips its install when this stamp (the pyproject's hash) is there
     touch "$2/.poprun-py-$(sha256sum pyproject.toml | cut -c1-16)"
