@@ -478,6 +478,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     say(f"JSON: {args.output}")
+    from plot import plot_after_run  # benchmarks/plot.py: the PNG beside the JSON, if matplotlib is installed
+
+    plot_after_run(args.output)
     return 0
 
 

@@ -7,7 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+# Install (editable) unless this checkout is already installed there with this pyproject.toml: the stamp
+# file names the pyproject's hash, so a changed dependency list installs again. (Reinstalling every time
+# would also swap the package's files under anything running from this venv, the README's test among them.)
+stamp=".venv/.poprun-py-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -e "$stamp" ] || ! .venv/bin/python -c "import poprun_py, popdist, simipu" 2>/dev/null; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+    touch "$stamp"
+fi
 export PATH="$PWD/.venv/bin:$PATH"  # poprun, and the python3 its instances run
 set -x
 poprun --num-instances 2 --num-replicas 2 --offline-mode=1 echo "Hello world!"

@@ -13,7 +13,7 @@ from poprun_py.topology import (
     topology_rows,
 )
 
-# Copied byte for byte from a real poprun run (REFERENCE.md, "The topology table").
+# Copied byte for byte from the log of a real poprun run (--print-topology=yes).
 REAL_TABLE = """\
  ===========================================
 |              poprun topology              |

@@ -1,7 +1,9 @@
 """The ``--print-topology`` table, drawn the way Graphcore's poprun drew it.
 
 Users compare this table with the ones in their old logs, so the layout
-follows the real tables (REFERENCE.md, "The topology table"):
+follows the tables real poprun runs printed (``--print-topology``, in
+Graphcore's PopRun and PopDist user guide,
+https://docs.graphcore.ai/projects/poprun-user-guide/en/latest/):
 
 ```
  ===========================================
