@@ -14,7 +14,8 @@ from typing import Any, List, Optional
 import typer
 
 from . import __version__
-from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError
+from .console import quiet_closed_streams
+from .errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError
 from .logs import configure_logging
 from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
 
@@ -144,7 +145,13 @@ def _launch(line: CommandLine) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: never a traceback for a user's mistake, always a distinct exit code."""
-    args = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        quiet_closed_streams()
+
+
+def _main(args: list[str]) -> int:
     try:
         line = parse_command_line(args)
         if not isinstance(line, CommandLine):
@@ -162,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("poprun: interrupted\n")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # poprun's own output (--help, the topology) lost its reader: as a pipeline expects
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # a bug: one line, the traceback only with --vv
         log.debug("internal error", exc_info=True)
         sys.stderr.write(f"poprun: internal error: {type(exc).__name__}: {exc} (run with --vv for the traceback)\n")

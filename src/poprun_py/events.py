@@ -82,7 +82,14 @@ class SignalReceived:
     signum: int
 
 
-Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived]
+@dataclass(frozen=True)
+class ConsoleClosed:
+    """The reader of poprun's stdout or stderr went away (``| head``): the job stops, exit 141."""
+
+    stream: Stream
+
+
+Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived, ConsoleClosed]
 
 
 class EventQueue:

@@ -21,7 +21,8 @@ from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, FabricSettings
 from simipu.fabric.rendezvous import RendezvousServer
 
 from .errors import UsageError
-from .events import EventQueue, StartupTimedOut
+from .console import ConsoleWatch
+from .events import ConsoleClosed, EventQueue, StartupTimedOut
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner, exec_program
 from .job import Job, JobReport, TimeLimit
@@ -245,15 +246,7 @@ def _run_with_rendezvous(
     if spec.print_topology or spec.verbosity >= 2:
         print_topology(spec, plan)
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
-    router = OutputRouter(
-        OutputOptions(
-            tag_output=spec.tag_output,
-            timestamp_output=spec.timestamp_output,
-            output_dir=Path(spec.output_filename) if spec.output_filename else None,
-            only_instance=spec.only_output_from_instance,
-        ),
-        spec.num_instances,
-    )
+    router = _output_router(spec, events)
     status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
@@ -265,14 +258,34 @@ def _run_with_rendezvous(
         _detach_all(handed)
 
     guardian = Guardian(spec.stop_grace)
+    console = ConsoleWatch(lambda stream: events.put(ConsoleClosed(stream)))
     try:
         executor = _executor(launch, plan, events, environ, guardian)
         return Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
                    on_started=on_started, time_limit=options.time_limit).run(plan.instances)
     finally:
+        console.close()
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
+
+
+def _output_router(spec: LaunchSpec, events: EventQueue) -> OutputRouter:
+    """The router; an output directory that cannot be made is the user's to fix (exit 2), not our bug."""
+    options = OutputOptions(
+        tag_output=spec.tag_output,
+        timestamp_output=spec.timestamp_output,
+        output_dir=Path(spec.output_filename) if spec.output_filename else None,
+        only_instance=spec.only_output_from_instance,
+    )
+    try:
+        return OutputRouter(options, spec.num_instances, on_console_closed=lambda s: events.put(ConsoleClosed(s)))
+    except OSError as exc:
+        where = exc.filename or spec.output_filename
+        raise UsageError(
+            f"--output-filename {spec.output_filename}: cannot create {where}: {exc.strerror or exc}; "
+            "choose a directory you can write to"
+        ) from None
 
 
 def _instance_hosts(spec: LaunchSpec) -> list[HostSpec]:

@@ -32,6 +32,8 @@ Decisions where Open MPI is silent or differs:
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
 import os
 import re
@@ -44,7 +46,7 @@ from types import TracebackType
 
 from poprun_py.events import Output, Stream
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("poprun.output")
 
 STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
 TAIL_LINES = 10
@@ -179,21 +181,45 @@ class LineFramer:
         )
 
 
-class FdWriter:
-    """Writes whole batches to one fd; on its first error, warns once and drops.
+@dataclass(frozen=True)
+class OutputLoss:
+    """Bytes meant for one destination that never reached it, and why (for the summary)."""
 
-    A console reader that went away (EPIPE) or a full disk must not stop the
-    job, nor raise into the supervisor loop on every later line.
+    destination: str  # a file's path, or "poprun's stdout"
+    lost_bytes: int
+    reason: str
+    console: bool = False  # poprun's own stdout/stderr, not an --output-filename file
+
+
+class FdWriter:
+    """Writes whole batches to one fd; after its first error it writes nothing more, but counts.
+
+    A full disk must not stop the job nor raise into the supervisor loop on
+    every later line; it is reported at once (in poprun's log format) and
+    every byte that does not arrive is counted for the summary. A file is cut
+    back to the end of its last whole batch (a line boundary), so it never
+    ends mid-line. A closed reader (EPIPE: ``| head``) is not a loss: the
+    writer calls ``on_closed`` and the job stops.
     """
 
-    def __init__(self, fd: int, name: str, owned: bool = False) -> None:
+    def __init__(self, fd: int, name: str, owned: bool = False,
+                 on_closed: Callable[[], None] | None = None) -> None:
         self.fd = fd
         self.name = name
         self.owned = owned  # close the fd with the writer (files, not the console)
         self.working = True
+        self.closed_by_reader = False
+        self.lost_bytes = 0
+        self.failure: str | None = None
+        self._on_closed = on_closed
+        self._written = 0  # bytes of whole batches written (files: where to cut back to)
 
     def write(self, data: bytes) -> None:
-        if not self.working or not data:
+        if not data:
+            return
+        if not self.working:
+            if not self.closed_by_reader:
+                self.lost_bytes += len(data)
             return
         view = memoryview(data)
         try:
@@ -205,8 +231,39 @@ class FdWriter:
                     continue
                 view = view[written:]
         except OSError as exc:
-            self.working = False
-            log.warning("cannot write %s (%s); dropping its output from now on", self.name, exc)
+            self._failed(exc, len(data), len(data) - len(view))
+            return
+        self._written += len(data)
+
+    def reader_closed(self) -> None:
+        """The reader went away (a console pipe's EPIPE, or its poll said so): stop writing."""
+        if self.closed_by_reader:
+            return
+        self.working = False
+        self.closed_by_reader = True
+        if self._on_closed is not None:
+            self._on_closed()
+
+    def _failed(self, exc: OSError, size: int, partial: int) -> None:
+        if not self.owned and exc.errno in (errno.EPIPE, errno.ECONNRESET):
+            self.reader_closed()
+            return
+        self.working = False
+        self.failure = exc.strerror or str(exc)
+        if partial and self.owned:
+            try:  # cut the file back to the last whole batch: no torn line at its end
+                os.ftruncate(self.fd, self._written)
+                partial = 0
+            except OSError:
+                pass
+        self.lost_bytes += size - partial
+        log.error("cannot write %s (%s): what follows is not written there and is counted as lost%s",
+                  self.name, self.failure, "; the console still shows it" if self.owned else "")
+
+    def loss(self) -> OutputLoss | None:
+        if self.failure is None:
+            return None
+        return OutputLoss(self.name, self.lost_bytes, self.failure, console=not self.owned)
 
     def close(self) -> None:
         was_working, self.working = self.working, False
@@ -215,8 +272,9 @@ class FdWriter:
             try:
                 os.close(fd)
             except OSError as exc:
-                if was_working:
-                    log.warning("cannot close %s (%s)", self.name, exc)
+                if was_working:  # e.g. NFS reports a full disk at close: the file may be short
+                    self.failure = exc.strerror or str(exc)
+                    log.error("cannot close %s (%s): it may lack its last bytes", self.name, self.failure)
 
 
 class _StreamSink:
@@ -264,15 +322,19 @@ class OutputRouter:
         num_instances: int,
         stdout_fd: int = 1,
         stderr_fd: int = 2,
+        on_console_closed: Callable[[Stream], None] | None = None,
     ) -> None:
         only = options.only_instance
         if only is not None and not 0 <= only < num_instances:
             raise ValueError(f"only_instance {only} is not one of the {num_instances} instances")
         self.options = options
+        self._on_console_closed = on_console_closed
         consoles = {
-            "stdout": FdWriter(stdout_fd, "console stdout"),
-            "stderr": FdWriter(stderr_fd, "console stderr"),
+            stream: FdWriter(fd, f"poprun's {stream}", on_closed=functools.partial(self._console_closed, stream))
+            for stream, fd in (("stdout", stdout_fd), ("stderr", stderr_fd))
         }
+        self._consoles: dict[Stream, FdWriter] = consoles
+        self._files: list[FdWriter] = []
         clock = ctime_stamp if options.timestamp_output else None
         self._sinks: dict[tuple[int, Stream], _StreamSink] = {}
         self._open: set[int] = set()
@@ -303,6 +365,7 @@ class OutputRouter:
                 path = directory / stream
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 files[stream] = FdWriter(fd, str(path), owned=True)
+                self._files.append(files[stream])
         except OSError:
             for file in files.values():
                 file.close()
@@ -330,6 +393,19 @@ class OutputRouter:
         """Job end: close every instance still open (idempotent)."""
         for instance in sorted(self._open):
             self.close_instance(instance)
+
+    def console_closed(self, stream: Stream) -> None:
+        """Whoever watches the console saw its reader go away (POLLERR/POLLHUP): stop writing to it."""
+        self._consoles[stream].reader_closed()
+
+    def _console_closed(self, stream: Stream) -> None:
+        if self._on_console_closed is not None:
+            self._on_console_closed(stream)
+
+    def losses(self) -> tuple[OutputLoss, ...]:
+        """Every destination that did not get all its bytes (files first, then the console), for the summary."""
+        found = (writer.loss() for writer in (*self._files, *self._consoles.values()))
+        return tuple(loss for loss in found if loss is not None)
 
     def shows_on_console(self, instance: int, stream: Stream = "stderr") -> bool:
         """Whether this stream reached the console, so a summary need not repeat it."""
