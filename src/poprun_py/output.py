@@ -329,11 +329,11 @@ class OutputRouter:
             raise ValueError(f"only_instance {only} is not one of the {num_instances} instances")
         self.options = options
         self._on_console_closed = on_console_closed
-        consoles = {
-            stream: FdWriter(fd, f"poprun's {stream}", on_closed=functools.partial(self._console_closed, stream))
-            for stream, fd in (("stdout", stdout_fd), ("stderr", stderr_fd))
+        consoles: dict[Stream, FdWriter] = {
+            "stdout": FdWriter(stdout_fd, "poprun's stdout", on_closed=functools.partial(self._console_closed, "stdout")),
+            "stderr": FdWriter(stderr_fd, "poprun's stderr", on_closed=functools.partial(self._console_closed, "stderr")),
         }
-        self._consoles: dict[Stream, FdWriter] = consoles
+        self._consoles = consoles
         self._files: list[FdWriter] = []
         clock = ctime_stamp if options.timestamp_output else None
         self._sinks: dict[tuple[int, Stream], _StreamSink] = {}
