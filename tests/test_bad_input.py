@@ -175,3 +175,12 @@ def test_a_mistake_is_one_line_exit_2_and_no_traceback(inputs: Path, args: list[
     assert len(lines) == 1 and lines[0].startswith("poprun: error: "), lines
     assert needle in result.stderr, lines[0]
     assert b"Traceback" not in result.stderr and result.stdout == b""
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e308", "0", "-1"])
+def test_an_instance_refuses_timeouts_the_command_line_would_have(value: str) -> None:
+    """Set by hand, not by poprun: still a clear contract error naming the variable, not an OverflowError later."""
+    from popdist.env import FABRIC_TIMEOUT, EnvContractError, FabricSettings
+
+    with pytest.raises(EnvContractError, match=FABRIC_TIMEOUT):
+        FabricSettings.from_environ({FABRIC_TIMEOUT: value})

@@ -130,14 +130,18 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
 LINES = 20_000  # about 170 KB per instance: much more than the 64 KiB disk holds
 
 
-@pytest.mark.parametrize("instance_code", [0, 3])
-def test_output_files_on_a_full_disk_are_reported_and_the_console_is_complete(full_disk: Path,
+@pytest.mark.parametrize("instances, instance_code", [(2, 0), (1, 3)])
+def test_output_files_on_a_full_disk_are_reported_and_the_console_is_complete(full_disk: Path, instances: int,
                                                                              instance_code: int) -> None:
-    """Exit 80 when every instance succeeded; an instance's failure code wins over lost output."""
+    """Exit 80 when every instance succeeded; an instance's failure code wins over lost output.
+
+    (The failing case runs one instance: a first failure would stop the other before it has written all.)
+    """
     script = f"import runpy, sys\nsys.argv = ['emit.py', 'lines', '{LINES}']\n" \
              f"runpy.run_path({program('emit.py')!r}, run_name='__main__')\nsys.exit({instance_code})"
     result = subprocess.run(
-        poprun_command(OFFLINE, *TWO, "--mpi-global-args", f"--output-filename {full_disk / 'out'}",
+        poprun_command(OFFLINE, "--num-instances", str(instances), "--num-replicas", str(instances),
+                       "--mpi-global-args", f"--output-filename {full_disk / 'out'}",
                        sys.executable, "-c", script),
         capture_output=True, timeout=RUN_TIMEOUT)
     assert result.returncode == (EXIT_OUTPUT_LOST if instance_code == 0 else instance_code), result.stderr
@@ -145,10 +149,10 @@ def test_output_files_on_a_full_disk_are_reported_and_the_console_is_complete(fu
     found = re.findall(LOG_LINE + rb"output lost: (\d+) bytes were not written to (\S+) ", result.stderr)
     reported = {path.decode(): int(count) for count, path in found}
     assert reported, result.stderr
-    for instance in (0, 1):
+    for instance in range(instances):
         expected = emitted(instance, LINES)
         assert b"".join(line for line in console if line.startswith(b"%d " % instance)) == expected
-        path = full_disk / "out" / "1" / f"rank.{instance}" / "stdout"
+        path = full_disk / "out" / "1" / f"rank.{instance}" / "stdout"  # width: digits of the instance count
         kept = path.read_bytes()
         assert expected.startswith(kept) and (not kept or kept.endswith(b"\n"))  # cut at a line, never mid-line
         lost = reported.get(str(path), 0)
