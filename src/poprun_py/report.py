@@ -84,6 +84,7 @@ def lost_output_lines(report: JobReport) -> list[str]:
     if not report.output_lost:
         return []
     lines = [f"output lost: {loss.lost_bytes} bytes were not written to {loss.destination} ({loss.reason})"
+             if loss.lost_bytes else f"output lost: {loss.destination} may lack its last bytes ({loss.reason})"
              for loss in report.output_lost]
     if report.exit_code == EXIT_OUTPUT_LOST:
         complete = "" if any(loss.console for loss in report.output_lost) else "; the console shows all the output"

@@ -102,6 +102,7 @@ def _short(value: Any, limit: int = 40) -> str:
 _LISTS = ("host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args")
 _YES_NO_DEFAULT_NONE = ("reset_partition", "numa_aware")  # yes/no options whose default is "not set"
 _COUNTS_DEFAULT_NONE = ("num_instances", "only_output_from_instance")
+_SECONDS_DEFAULT_NONE = ("timeout",)  # --timeout: no time limit unless given
 
 
 def _json_kind(name: str, default: Any) -> tuple[tuple[type, ...], str]:
@@ -112,7 +113,7 @@ def _json_kind(name: str, default: Any) -> tuple[tuple[type, ...], str]:
         return (bool,), "true or false"
     if name in _YES_NO_DEFAULT_NONE or (isinstance(default, str) and default.lower() in ("yes", "no")):
         return (bool, str), "true/false or a yes/no string"
-    if isinstance(default, float):
+    if isinstance(default, float) or name in _SECONDS_DEFAULT_NONE:
         return (int, float), "a number"
     if isinstance(default, int) or name in _COUNTS_DEFAULT_NONE:
         return (int,), "a whole number"

@@ -94,7 +94,7 @@ class FdWriter:
                 pass
         self.lost_bytes += size - partial
         log.error("cannot write %s (%s): what follows is not written there and is counted as lost%s",
-                  self.name, self.failure, "; the console still shows it" if self.owned else "")
+                  self.name, self.failure, "; the console is not affected" if self.owned else "")
 
     def loss(self) -> OutputLoss | None:
         if self.failure is None:
