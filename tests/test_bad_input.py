@@ -103,12 +103,12 @@ BAD_INPUT = [
     ("--startup-timeout -5", [O, "--startup-timeout", "-5", "true"], b"--startup-timeout"),
     ("--ssh-timeout 0", [O, "--ssh-timeout", "0", "true"], b"--ssh-timeout"),
     # -- booleans and choices ----------------------------------------------------------------------
-    ("--update-partition maybe", ["--update-partition", "maybe", "true"], b"not a boolean"),
-    ("--print-topology perhaps", [O, "--print-topology", "perhaps", "true"], b"not a boolean"),
-    ("--remove-partition 2", ["--remove-partition", "2", "true"], b"not a boolean"),
-    ("--reset-partition x", ["--reset-partition", "x", "true"], b"not a boolean"),
-    ("--allow-run-as-root sure", [O, "--allow-run-as-root", "sure", "true"], b"not a boolean"),
-    ("--overwrite-config maybe", [O, "--export-config", "{d}/a_file", "--overwrite-config", "maybe", "true"], b"not a boolean"),
+    ("--update-partition maybe", ["--update-partition=maybe", "true"], b"not a boolean"),
+    ("--print-topology perhaps", [O, "--print-topology=perhaps", "true"], b"not a boolean"),
+    ("--remove-partition 2", ["--remove-partition=2", "true"], b"not a boolean"),
+    ("--reset-partition x", ["--reset-partition=x", "true"], b"not a boolean"),
+    ("--allow-run-as-root sure", [O, "--allow-run-as-root=sure", "true"], b"not a boolean"),
+    ("--overwrite-config maybe", [O, "--export-config", "{d}/saved.json", "--overwrite-config=maybe", "true"], b"not a boolean"),
     ("--fabric-transport udp", [O, "--fabric-transport", "udp", "true"], b"auto, tcp"),
     ("--process-placement numa", [O, "--process-placement", "numa", "true"], b"spreadnuma"),
     ("--vv=3", [O, "--vv=3", "true"], b"does not take a value"),
@@ -150,6 +150,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files the rows name: configs, host files, a plain file where a directory belongs."""
     d = tmp_path_factory.mktemp("bad-input")
     (d / "a_file").write_text("not a directory\n")
+    (d / "saved.json").write_text("{}\n")  # a row that would overwrite it must not touch the others' files
     (d / "hosts_slots0").write_text("node1 slots=0\n")
     (d / "hosts_none").write_text("# nothing but a comment\n")
     (d / "hosts_binary").write_bytes(b"\xff\xfe\x00")
