@@ -94,6 +94,19 @@ def test_both_consoles_closed_still_ends_with_141() -> None:
     assert code == EXIT_BROKEN_PIPE
 
 
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_poprun_s_own_output_into_a_closed_pipe_is_141(option: str) -> None:
+    """``poprun --help | head -1`` once head has gone: as a pipeline expects, not exit 1."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(poprun_command(option), stdout=write_end, stderr=subprocess.PIPE, timeout=RUN_TIMEOUT)
+    finally:
+        os.close(write_end)
+    assert result.returncode == EXIT_BROKEN_PIPE, result.stderr
+    assert b"Traceback" not in result.stderr
+
+
 def emitted(instance: int, count: int) -> bytes:
     """What ``emit.py lines COUNT`` writes in one instance."""
     return b"".join(b"%d %d\n" % (instance, k) for k in range(count))

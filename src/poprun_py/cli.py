@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 import typer
 
 from . import __version__
-from .console import quiet_closed_streams
+from .console import quiet_closed_streams, stdout_lost_its_reader
 from .errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError
 from .logs import configure_logging
 from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
@@ -153,7 +153,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: list[str]) -> int:
     try:
-        line = parse_command_line(args)
+        try:
+            line = parse_command_line(args)
+        except SystemExit as exc:  # how the parser ends when --help or --version meets a closed pipe
+            if exc.code == 1 and stdout_lost_its_reader():
+                return EXIT_BROKEN_PIPE
+            raise
         if not isinstance(line, CommandLine):
             return int(line or 0)
         return _launch(line)
@@ -169,7 +174,7 @@ def _main(args: list[str]) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("poprun: interrupted\n")
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # poprun's own output (--help, the topology) lost its reader: as a pipeline expects
+    except BrokenPipeError:  # poprun's own output (the topology, say) lost its reader: as a pipeline expects
         return EXIT_BROKEN_PIPE
     except Exception as exc:  # a bug: one line, the traceback only with --vv
         log.debug("internal error", exc_info=True)

@@ -71,6 +71,26 @@ class ConsoleWatch:
         self.close()
 
 
+def reader_gone(fd: int) -> bool:
+    """Whether ``fd`` is a pipe without a reader, or a hung-up terminal, right now (no waiting)."""
+    poll = select.poll()
+    poll.register(fd, 0)
+    return any(events & _GONE for _, events in poll.poll(0))
+
+
+def stdout_lost_its_reader() -> bool:
+    """After the parser exited 1 printing --help or --version: was it a closed pipe?
+
+    Click leaves the broken pipe as it is; rich (typer's help) first points
+    fd 1 at /dev/null, which ``--help`` output never meets otherwise, as an
+    exit 1 needs an error.
+    """
+    try:
+        return reader_gone(1) or os.path.samestat(os.fstat(1), os.stat(os.devnull))
+    except OSError:
+        return False
+
+
 def log_to_open_stream(closed: Stream) -> None:
     """poprun's stderr went away: its log lines (this one and the summary) go to stdout instead."""
     if closed != "stderr":
