@@ -251,20 +251,23 @@ def _run_with_rendezvous(
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)
+    console: list[ConsoleWatch] = []
+
     def on_started() -> None:
         # Serving starts once every instance exists: a forked instance must not inherit a
         # thread of ours halfway through something (instances wait in the listen backlog).
         rendezvous.start()
         _detach_all(handed)
+        console.append(ConsoleWatch(lambda stream: events.put(ConsoleClosed(stream))))  # the same holds for it
 
     guardian = Guardian(spec.stop_grace)
-    console = ConsoleWatch(lambda stream: events.put(ConsoleClosed(stream)))
     try:
         executor = _executor(launch, plan, events, environ, guardian)
         return Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
                    on_started=on_started, time_limit=options.time_limit).run(plan.instances)
     finally:
-        console.close()
+        for watch in console:
+            watch.close()
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
