@@ -192,6 +192,7 @@ def test_a_time_limit_dumps_the_stacks_of_the_hung_instances() -> None:
     (lambda: poprun_py.launch(print, num_instances=2, num_replicas=3), ValueError, "cannot be divided evenly"),
     (lambda: poprun_py.launch(print, num_instances="2"), TypeError, "num_instances must be a whole number"),
     (lambda: poprun_py.launch(print, timeout=0), ValueError, "timeout must be more than 0 seconds"),
+    (lambda: poprun_py.launch(print, timeout=float("inf")), ValueError, "at most 1000000, got inf"),
     (lambda: poprun_py.launch(42), TypeError, "needs a callable"),
 ])
 def test_bad_input_is_one_clear_error(call, error: type, words: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from poprun_py.events import Output
-from poprun_py.output import LineFramer, OutputOptions, OutputRouter
+from poprun_py.output import FdWriter, LineFramer, OutputLoss, OutputOptions, OutputRouter
 
 TAG0 = b"[1,0]<stdout>:"
 TEN_MB = 10 * 2**20
@@ -286,26 +287,56 @@ def test_timestamp_on_every_line(console: Console, tag_output: bool, after_stamp
     assert [m.group(1) for m in matches if m] == [b"one", b"two", b"three", b"", b"last"]
 
 
-def test_closed_console_warns_once_and_files_still_written(
+def test_closed_console_is_reported_once_not_lost_and_files_still_written(
     console: Console, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """EPIPE on the console is the reader leaving (``| head``): the job is told once; no loss is counted."""
     read_fd, write_fd = os.pipe()
     os.close(read_fd)  # the console reader went away: writes get EPIPE
-    caplog.set_level(logging.WARNING, logger="poprun_py.output")
+    caplog.set_level(logging.WARNING, logger="poprun")
+    closed: list[str] = []
     options = OutputOptions(output_dir=tmp_path)
     try:
-        with OutputRouter(options, 1, write_fd, console.stderr.write_fd) as router:
+        with OutputRouter(options, 1, write_fd, console.stderr.write_fd, on_console_closed=closed.append) as router:
             for k in range(100):
                 router.write(Output(0, "stdout", b"line %d\n" % k))
             router.write(Output(0, "stderr", b"still here\n"))
             assert not router.shows_on_console(0, "stdout")
+            router.console_closed("stdout")  # the console watcher saying so too changes nothing
     finally:
         os.close(write_fd)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "console stdout" in warnings[0].getMessage()
+    assert closed == ["stdout"] and router.losses() == ()
+    assert not caplog.records  # the job, not the router, says what happens next
     expected = b"".join(b"line %d\n" % k for k in range(100))
     assert (tmp_path / "1" / "rank.0" / "stdout").read_bytes() == expected
     assert console.stderr.finish() == b"still here\n"
+
+
+def test_a_failing_writer_reports_once_in_the_log_and_counts_every_lost_byte(caplog: pytest.LogCaptureFixture) -> None:
+    """/dev/full fails every write with ENOSPC, as a full disk does."""
+    caplog.set_level(logging.WARNING, logger="poprun")
+    writer = FdWriter(os.open("/dev/full", os.O_WRONLY), "/dev/full", owned=True)
+    try:
+        for batch in (b"one\n", b"two two\n", b"", b"three\n"):
+            writer.write(batch)
+    finally:
+        writer.close()
+    assert writer.loss() == OutputLoss("/dev/full", 18, os.strerror(errno.ENOSPC))
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].name.startswith("poprun.") and "/dev/full" in errors[0].getMessage()
+
+
+def test_console_that_cannot_be_written_is_a_loss_not_a_closed_reader() -> None:
+    full = os.open("/dev/full", os.O_WRONLY)
+    closed: list[str] = []
+    try:
+        with OutputRouter(OutputOptions(), 1, full, full, on_console_closed=closed.append) as router:
+            router.write(Output(0, "stdout", b"a line\n"))
+            router.write(Output(0, "stdout", b"and another\n"))
+    finally:
+        os.close(full)
+    assert closed == []
+    assert router.losses() == (OutputLoss("poprun's stdout", 19, os.strerror(errno.ENOSPC), console=True),)
 
 
 def test_rejects_only_instance_out_of_range(console: Console) -> None:

@@ -37,6 +37,8 @@ _MAX_PORT = 65535
 
 
 FABRIC_TRANSPORTS = ("auto", "tcp")
+#: The longest timeout an instance can wait with: poll/epoll take milliseconds in a C int (2**31 ms, ~24.8 days).
+MAX_TIMEOUT_SECONDS = 1_000_000.0
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,9 @@ def _read_seconds(environ: Mapping[str, str], name: str, default: float) -> floa
         value = float(text)
     except ValueError:
         raise EnvContractError(f"{name}={text!r} is not a number of seconds", name, name) from None
-    if value <= 0:
-        raise EnvContractError(f"{name}={text!r} must be more than 0 seconds", name, name)
+    if not 0 < value <= MAX_TIMEOUT_SECONDS:  # also refuses nan and inf
+        raise EnvContractError(
+            f"{name}={text!r} must be more than 0 and at most {MAX_TIMEOUT_SECONDS:.0f} seconds", name, name)
     return value
 
 

@@ -15,7 +15,9 @@ import typer
 
 from . import __version__
 from .argv import expand_bare_flags
-from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError, exit_code_meanings
+from .console import quiet_closed_streams, stdout_lost_its_reader
+from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError,
+                     exit_code_meanings)
 from .logs import configure_logging
 from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
 
@@ -186,9 +188,20 @@ def _launch(line: CommandLine) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: never a traceback for a user's mistake, always a distinct exit code."""
-    args = sys.argv[1:] if argv is None else argv
     try:
-        line = parse_command_line(args)
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        quiet_closed_streams()
+
+
+def _main(args: list[str]) -> int:
+    try:
+        try:
+            line = parse_command_line(args)
+        except SystemExit as exc:  # how the parser ends when --help or --version meets a closed pipe
+            if exc.code == 1 and stdout_lost_its_reader():
+                return EXIT_BROKEN_PIPE
+            raise
         if not isinstance(line, CommandLine):
             return int(line or 0)
         return _launch(line)
@@ -204,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("poprun: interrupted\n")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # poprun's own output (the topology, say) lost its reader: as a pipeline expects
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # a bug: one line, the traceback only with --vv
         log.debug("internal error", exc_info=True)
         sys.stderr.write(f"poprun: internal error: {type(exc).__name__}: {exc} (run with --vv for the traceback)\n")

@@ -84,7 +84,14 @@ class SignalReceived:
     time: float = field(default_factory=time.monotonic)  # when the handler ran: repeats are told apart by it
 
 
-Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived]
+@dataclass(frozen=True)
+class ConsoleClosed:
+    """The reader of poprun's stdout or stderr went away (``| head``): the job stops, exit 141."""
+
+    stream: Stream
+
+
+Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived, ConsoleClosed]
 
 
 class EventQueue:

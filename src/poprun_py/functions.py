@@ -28,6 +28,7 @@ from .launcher import JobOptions, run_job
 from .plan import InstancePlan
 from .report import describe_failure
 from .spec import LaunchSpec, build_spec
+from .validate import MAX_SECONDS
 
 log = logging.getLogger("poprun.functions")
 
@@ -63,8 +64,9 @@ class FunctionLaunch:
         if self.timeout is not None:
             if not isinstance(self.timeout, (int, float)) or isinstance(self.timeout, bool):
                 raise TypeError(f"timeout must be a number of seconds or None, got {self.timeout!r}")
-            if not self.timeout > 0:
-                raise ValueError(f"timeout must be more than 0 seconds, got {self.timeout!r}")
+            if not 0 < self.timeout <= MAX_SECONDS:  # nan and inf too: a deadline must be one the OS can wait for
+                raise ValueError(f"timeout must be more than 0 seconds and at most {MAX_SECONDS:.0f}, "
+                                 f"got {self.timeout!r}")
 
     @property
     def replicas(self) -> int:

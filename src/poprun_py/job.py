@@ -16,9 +16,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
-from .errors import EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
-from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut
-from .output import OutputRouter
+from .console import log_to_open_stream
+from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
+from .events import ConsoleClosed, EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut, Stream
+from .output import OutputLoss, OutputRouter
 from .plan import InstancePlan
 from .ranges import format_indices
 from .status import StatusLine
@@ -79,9 +80,12 @@ class JobReport:
     pids: Mapping[int, int] = field(default_factory=dict)
     startup_timeout: StartupTimedOut | None = None
     timed_out: TimeLimit | None = None  # the job ran out of time and was stopped
+    console_closed: Stream | None = None  # poprun's stdout/stderr lost its reader and that stopped the job
+    output_lost: tuple[OutputLoss, ...] = ()  # files (or a console) that did not get all their bytes
 
     @property
     def exit_code(self) -> int:
+        """What stopped the job first decides; lost output only turns a success into 80."""
         if self.startup_timeout is not None:
             return EXIT_STARTUP_TIMEOUT
         if self.timed_out is not None:
@@ -90,6 +94,10 @@ class JobReport:
             return self.first_failure.exit_code
         if self.stopped_by_signal is not None:
             return 128 + self.stopped_by_signal
+        if self.console_closed is not None:
+            return EXIT_BROKEN_PIPE
+        if self.output_lost:
+            return EXIT_OUTPUT_LOST
         return 0
 
 
@@ -138,6 +146,8 @@ class Job:
         self._reap_deadline: float | None = None
         self._signalled: set[int] = set()
         self._startup_timeout: StartupTimedOut | None = None
+        self._console_closed: Stream | None = None
+        self._closed_consoles: set[Stream] = set()
 
     def run(self, instances: Sequence[InstancePlan]) -> JobReport:
         previous = self._install_signal_handlers()
@@ -164,6 +174,8 @@ class Job:
             dict(self._pids),
             self._startup_timeout,
             self._timed_out,
+            self._console_closed,
+            self._router.losses(),
         )
 
     # -- the loop ------------------------------------------------------------------
@@ -192,6 +204,8 @@ class Job:
                 self._on_host_lost(event)
             elif isinstance(event, StartupTimedOut):
                 self._on_startup_timeout(event)
+            elif isinstance(event, ConsoleClosed):
+                self._on_console_closed(event.stream)
 
     def _timeout(self) -> float | None:
         deadline = self._reap_deadline or self._kill_deadline or self._time_deadline
@@ -246,6 +260,21 @@ class Job:
         if self._stopping:
             return
         self._startup_timeout = event
+        self._begin_stop(signal.SIGTERM)
+
+    def _on_console_closed(self, stream: Stream) -> None:
+        """Nobody reads poprun's stdout or stderr any more: stop, as a pipeline expects (exit 141)."""
+        if stream in self._closed_consoles:
+            return
+        self._closed_consoles.add(stream)
+        self._router.console_closed(stream)
+        log_to_open_stream(stream)
+        if self._stopping:
+            log.debug("poprun's %s was closed while the instances were being stopped", stream)
+            return
+        self._console_closed = stream
+        log.error("poprun's %s was closed (its reader went away, as with `| head`): stopping %d instances",
+                  stream, len(self._remaining))
         self._begin_stop(signal.SIGTERM)
 
     def _record_failure(self, failure: Failure) -> None:

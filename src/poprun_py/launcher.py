@@ -15,13 +15,14 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, FabricSettings
 from simipu.fabric.rendezvous import RendezvousServer
 
 from .errors import UsageError
-from .events import EventQueue, StartupTimedOut
+from .console import ConsoleWatch
+from .events import ConsoleClosed, EventQueue, StartupTimedOut, Stream
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner, exec_program
 from .job import Job, JobReport, TimeLimit
@@ -255,24 +256,18 @@ def _run_with_rendezvous(
     log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
     status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
     log.info("%s", describe_compat_imports(spec.compat_imports))
-    router = OutputRouter(
-        OutputOptions(
-            tag_output=spec.tag_output,
-            timestamp_output=spec.timestamp_output,
-            output_dir=Path(spec.output_filename) if spec.output_filename else None,
-            only_instance=spec.only_output_from_instance,
-        ),
-        spec.num_instances,
-        on_console=status.console_wrote if status.enabled else None,
-    )
+    router = _output_router(spec, events, on_console=status.console_wrote if status.enabled else None)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)
+    console: list[ConsoleWatch] = []
+
     def on_started() -> None:
         # Serving starts once every instance exists: a forked instance must not inherit a
         # thread of ours halfway through something (instances wait in the listen backlog).
         rendezvous.start()
         _detach_all(handed)
+        console.append(ConsoleWatch(lambda stream: events.put(ConsoleClosed(stream))))  # the same holds for it
 
     guardian = Guardian(spec.stop_grace)
     try:
@@ -280,6 +275,8 @@ def _run_with_rendezvous(
         return Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
                    on_started=on_started, time_limit=options.time_limit).run(plan.instances)
     finally:
+        for watch in console:
+            watch.close()
         guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
@@ -292,6 +289,26 @@ def describe_compat_imports(enabled: bool) -> str:
                 "through poprun_py_hook.pth; --compat-imports=no turns this off")
     return ("Python programs: horovod and mpi4py are the installed packages (--compat-imports=no); a real MPI "
             "that sees fewer processes than instances stops the program")
+
+
+def _output_router(spec: LaunchSpec, events: EventQueue,
+                   on_console: Callable[[Stream, bytes], None] | None = None) -> OutputRouter:
+    """The router; an output directory that cannot be made is the user's to fix (exit 2), not our bug."""
+    options = OutputOptions(
+        tag_output=spec.tag_output,
+        timestamp_output=spec.timestamp_output,
+        output_dir=Path(spec.output_filename) if spec.output_filename else None,
+        only_instance=spec.only_output_from_instance,
+    )
+    try:
+        return OutputRouter(options, spec.num_instances, on_console=on_console,
+                            on_console_closed=lambda s: events.put(ConsoleClosed(s)))
+    except OSError as exc:
+        where = exc.filename or spec.output_filename
+        raise UsageError(
+            f"--output-filename {spec.output_filename}: cannot create {where}: {exc.strerror or exc}; "
+            "choose a directory you can write to"
+        ) from None
 
 
 def _instance_hosts(spec: LaunchSpec) -> list[HostSpec]:

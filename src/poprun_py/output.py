@@ -32,10 +32,9 @@ Decisions where Open MPI is silent or differs:
 
 from __future__ import annotations
 
-import logging
+import functools
 import os
 import re
-import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,8 +42,10 @@ from pathlib import Path
 from types import TracebackType
 
 from poprun_py.events import Output, Stream
+from poprun_py.writers import FdWriter, OutputLoss
 
-log = logging.getLogger(__name__)
+__all__ = ["FdWriter", "LineFramer", "OutputLoss", "OutputOptions", "OutputRouter"]
+
 
 STREAMS: tuple[Stream, Stream] = ("stdout", "stderr")
 TAIL_LINES = 10
@@ -179,46 +180,6 @@ class LineFramer:
         )
 
 
-class FdWriter:
-    """Writes whole batches to one fd; on its first error, warns once and drops.
-
-    A console reader that went away (EPIPE) or a full disk must not stop the
-    job, nor raise into the supervisor loop on every later line.
-    """
-
-    def __init__(self, fd: int, name: str, owned: bool = False) -> None:
-        self.fd = fd
-        self.name = name
-        self.owned = owned  # close the fd with the writer (files, not the console)
-        self.working = True
-
-    def write(self, data: bytes) -> None:
-        if not self.working or not data:
-            return
-        view = memoryview(data)
-        try:
-            while view:
-                try:
-                    written = os.write(self.fd, view)
-                except BlockingIOError:  # a console someone left non-blocking
-                    select.select([], [self.fd], [])
-                    continue
-                view = view[written:]
-        except OSError as exc:
-            self.working = False
-            log.warning("cannot write %s (%s); dropping its output from now on", self.name, exc)
-
-    def close(self) -> None:
-        was_working, self.working = self.working, False
-        if self.owned and self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            try:
-                os.close(fd)
-            except OSError as exc:
-                if was_working:
-                    log.warning("cannot close %s (%s)", self.name, exc)
-
-
 class _StreamSink:
     """Where one instance's stdout or stderr goes, and its recent bytes."""
 
@@ -265,16 +226,20 @@ class OutputRouter:
         stdout_fd: int = 1,
         stderr_fd: int = 2,
         on_console: Callable[[Stream, bytes], None] | None = None,
+        on_console_closed: Callable[[Stream], None] | None = None,
     ) -> None:
         only = options.only_instance
         if only is not None and not 0 <= only < num_instances:
             raise ValueError(f"only_instance {only} is not one of the {num_instances} instances")
         self.options = options
         self._on_console = on_console  # told what reached the console (the status line follows the cursor)
-        consoles = {
-            "stdout": FdWriter(stdout_fd, "console stdout"),
-            "stderr": FdWriter(stderr_fd, "console stderr"),
+        self._on_console_closed = on_console_closed
+        consoles: dict[Stream, FdWriter] = {
+            "stdout": FdWriter(stdout_fd, "poprun's stdout", on_closed=functools.partial(self._console_closed, "stdout")),
+            "stderr": FdWriter(stderr_fd, "poprun's stderr", on_closed=functools.partial(self._console_closed, "stderr")),
         }
+        self._consoles = consoles
+        self._files: list[FdWriter] = []
         clock = ctime_stamp if options.timestamp_output else None
         self._sinks: dict[tuple[int, Stream], _StreamSink] = {}
         self._open: set[int] = set()
@@ -305,6 +270,7 @@ class OutputRouter:
                 path = directory / stream
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 files[stream] = FdWriter(fd, str(path), owned=True)
+                self._files.append(files[stream])
         except OSError:
             for file in files.values():
                 file.close()
@@ -337,6 +303,19 @@ class OutputRouter:
         """Job end: close every instance still open (idempotent)."""
         for instance in sorted(self._open):
             self.close_instance(instance)
+
+    def console_closed(self, stream: Stream) -> None:
+        """Whoever watches the console saw its reader go away (POLLERR/POLLHUP): stop writing to it."""
+        self._consoles[stream].reader_closed()
+
+    def _console_closed(self, stream: Stream) -> None:
+        if self._on_console_closed is not None:
+            self._on_console_closed(stream)
+
+    def losses(self) -> tuple[OutputLoss, ...]:
+        """Every destination that did not get all its bytes (files first, then the console), for the summary."""
+        found = (writer.loss() for writer in (*self._files, *self._consoles.values()))
+        return tuple(loss for loss in found if loss is not None)
 
     def shows_on_console(self, instance: int, stream: Stream = "stderr") -> bool:
         """Whether this stream reached the console, so a summary need not repeat it."""

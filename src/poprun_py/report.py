@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 
+from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST
 from .job import Failure, JobReport
 from .ranges import format_indices
 
@@ -63,6 +64,9 @@ def summary_lines(report: JobReport) -> list[str]:
             lines.extend(f"  {text}" for text in first.stderr_tail[-TAIL_LINES:])
     elif report.stopped_by_signal is not None:
         lines.append(f"poprun received {signal.Signals(report.stopped_by_signal).name} and stopped the instances")
+    elif report.console_closed is not None:
+        lines.append(f"poprun's {report.console_closed} was closed, so poprun stopped the instances "
+                     f"(exit {EXIT_BROKEN_PIPE}, 128+SIGPIPE, as a pipeline expects)")
     stopped = sorted(f.instance for f in report.knock_ons if f.instance in report.signalled)
     independent = [f for f in report.knock_ons if f.instance not in report.signalled]
     if stopped:
@@ -71,6 +75,22 @@ def summary_lines(report: JobReport) -> list[str]:
         lines.append(f"also failed: instance {failure.instance} on {failure.host} {describe_failure(failure)}")
     if report.unreaped:
         lines.append(f"instances {format_indices(report.unreaped)} could not be reaped (uninterruptible sleep?)")
+    lines.extend(lost_output_lines(report))
+    return lines
+
+
+def lost_output_lines(report: JobReport) -> list[str]:
+    """One line per destination that lost bytes; then what the exit code says about it."""
+    if not report.output_lost:
+        return []
+    lines = [f"output lost: {loss.lost_bytes} bytes were not written to {loss.destination} ({loss.reason})"
+             if loss.lost_bytes else f"output lost: {loss.destination} may lack its last bytes ({loss.reason})"
+             for loss in report.output_lost]
+    if report.exit_code == EXIT_OUTPUT_LOST:
+        complete = "" if any(loss.console for loss in report.output_lost) else "; the console shows all the output"
+        kind = "output destinations" if complete == "" else "output files"
+        lines.append(f"every instance succeeded, but {len(report.output_lost)} {kind} are incomplete "
+                     f"(exit {EXIT_OUTPUT_LOST}){complete}")
     return lines
 
 

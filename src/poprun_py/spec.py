@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,6 +19,9 @@ from popdist.env import FABRIC_TRANSPORTS
 from .errors import UsageError
 from .hosts import HostListError, HostSpec, parse_host_list, read_host_file, reject_duplicate_hosts
 from .mpiargs import MpiArgs, parse_instance_args, parse_mpi_args, warn_ignored
+from .validate import check_config_types, check_launch, option_flag
+from .validate import seconds as _seconds
+from .validate import whole_number as _positive
 
 log = logging.getLogger("poprun.spec")
 
@@ -77,10 +81,6 @@ BOOLEAN_WORDS = frozenset(_TRUE | _FALSE)
 PROCESS_PLACEMENTS = ("spreadnuma", "disabled")
 
 
-def option_flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def parse_bool(name: str, value: Any) -> bool:
     """yes/no, true/false, on/off, 1/0, as users of Graphcore's poprun wrote them."""
     if isinstance(value, bool):
@@ -91,26 +91,6 @@ def parse_bool(name: str, value: Any) -> bool:
     if text in _FALSE:
         return False
     raise UsageError(f"{option_flag(name)}: {value!r} is not a boolean; use yes/no, true/false or 1/0")
-
-
-def _positive(name: str, value: Any, minimum: int = 1) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{option_flag(name)}: {value!r} is not a whole number") from None
-    if number < minimum:
-        raise UsageError(f"{option_flag(name)}: must be at least {minimum}, got {number}")
-    return number
-
-
-def _seconds(name: str, value: Any, allow_zero: bool = False) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{option_flag(name)}: {value!r} is not a number of seconds") from None
-    if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
-        raise UsageError(f"{option_flag(name)}: must be more than 0 seconds, got {value!r}")
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -211,6 +191,7 @@ def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(data, dict) or data.get("format") != CONFIG_FORMAT:
         raise UsageError(f"--import-config: {path!r} is not a poprun-py config (expected format {CONFIG_FORMAT})")
     options = data.get("options", {})
+    check_config_types(path, options, data.get("program", []), DEFAULTS)
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
         raise UsageError(f"--import-config: {path!r} has unknown options: {', '.join(map(option_flag, unknown))}")
@@ -252,7 +233,17 @@ def _optional_str(options: Mapping[str, Any], name: str) -> str | None:
 
 
 def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
-    """Validate the effective options (defaults filled in here) into a ``LaunchSpec``."""
+    """Validate the effective options (defaults filled in here) into a ``LaunchSpec``.
+
+    Each value is checked alone (``validate``'s bounds) and then with the others
+    (``check_launch``), here only, so nothing later meets a value it cannot take.
+    """
+    spec = _spec_from(options, program)
+    check_launch(spec, os.environ)
+    return spec
+
+
+def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
     o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
     hosts = _hosts(o)
     num_replicas = _positive("num_replicas", o["num_replicas"])

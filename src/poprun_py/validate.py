@@ -1,0 +1,210 @@
+"""Bounds for every value a user gives, checked once, where the command line is read.
+
+``build_spec`` calls these for the options typed and for those replayed from
+``--import-config`` alike, so a value that passes here cannot overflow, crash
+an instance or make a healthy job fail later: each mistake is one line, exit 2,
+saying what to change.
+
+The bounds, and why:
+
+* Seconds are finite and at most ``MAX_SECONDS`` (about 11.5 days). The
+  instances wait with ``poll``/``epoll``, which take milliseconds in a C
+  ``int`` (at most 2**31 ms, about 24.8 days); a larger value crashed every
+  instance in ``popdist.init()``, ``inf`` crashed poprun.
+* ``--fabric-timeout`` is at least ``MIN_FABRIC_TIMEOUT``: members of the
+  fabric send a heartbeat every ``HEARTBEAT_INTERVAL`` seconds, and a timeout
+  shorter than a few of them declares healthy instances lost.
+* Counts are at most ``MAX_COUNT`` (2**20), the number of IPUs too, so no
+  product of them overflows a C long and no loop runs for ever.
+* Host names follow DNS (RFC 1035): at most 253 characters, 63 per label.
+* The program's arguments and environment fit the kernel's limits for
+  ``execve`` (``getconf ARG_MAX`` in all, ``MAX_ARG_STRLEN`` per string), so
+  the instances can be started at all.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import os
+import re
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from popdist.env import MAX_TIMEOUT_SECONDS
+from simipu.fabric.frames import HEARTBEAT_INTERVAL
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .hosts import HostSpec
+    from .spec import LaunchSpec
+
+MAX_SECONDS = MAX_TIMEOUT_SECONDS
+MAX_COUNT = 2**20
+MIN_FABRIC_TIMEOUT = 3 * HEARTBEAT_INTERVAL
+#: Per-option bounds where they differ from the rule for their kind (seconds or counts).
+MINIMUM_SECONDS: dict[str, float] = {"fabric_timeout": MIN_FABRIC_TIMEOUT}
+MAXIMUM_NUMBER: dict[str, int] = {"vipu_server_port": 65535, "vipu_server_timeout": int(MAX_SECONDS)}
+_WHAT = {"vipu_server_port": " (a TCP port)", "vipu_server_timeout": " seconds"}
+#: Linux's limit on one argument or environment string (32 pages, the terminating NUL included).
+MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
+#: Room kept for what poprun adds to each instance's environment (the POPDIST_*, IPUOF_*, ... contract).
+CONTRACT_ALLOWANCE = 16 * 1024
+MAX_HOST_NAME = 253
+MAX_HOST_LABEL = 63
+
+_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def whole_number(name: str, value: Any, minimum: int = 1) -> int:
+    """A count or port as typed (or read from a config file), within its bounds."""
+    maximum = MAXIMUM_NUMBER.get(name, MAX_COUNT)
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and _INTEGER.fullmatch(value))):
+        raise UsageError(f"{option_flag(name)}: {value!r} is not a whole number")
+    number = int(value)
+    if number < minimum:
+        raise UsageError(f"{option_flag(name)}: must be at least {minimum}{_WHAT.get(name, '')}, got {number}")
+    if number > maximum:
+        raise UsageError(f"{option_flag(name)}: must be at most {maximum}{_WHAT.get(name, '')}, got {_short(number)}")
+    return number
+
+
+def seconds(name: str, value: Any, allow_zero: bool = False) -> float:
+    """A duration as typed: finite, positive (or zero if allowed), at most ``MAX_SECONDS``."""
+    if isinstance(value, bool):
+        raise UsageError(f"{option_flag(name)}: {value!r} is not a number of seconds")
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"{option_flag(name)}: {value!r} is not a number of seconds") from None
+    minimum = MINIMUM_SECONDS.get(name, 0.0)
+    low_ok = number >= minimum and (number > 0 or allow_zero)
+    if not (math.isfinite(number) and low_ok and number <= MAX_SECONDS):
+        span = f"from {minimum:g} to" if minimum or allow_zero else "more than 0 and at most"
+        why = f" (the fabric's heartbeat comes every {HEARTBEAT_INTERVAL:g} s)" if name == "fabric_timeout" else ""
+        raise UsageError(
+            f"{option_flag(name)}: must be {span} {MAX_SECONDS:.0f} seconds{why}, got {_short(value)}"
+        )
+    return number
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+# -- --import-config: the JSON types of a saved launch -----------------------------------------------
+_LISTS = ("host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args")
+_YES_NO_DEFAULT_NONE = ("reset_partition", "numa_aware")  # yes/no options whose default is "not set"
+_COUNTS_DEFAULT_NONE = ("num_instances", "only_output_from_instance")
+_SECONDS_DEFAULT_NONE = ("timeout",)  # --timeout: no time limit unless given
+
+
+def _json_kind(name: str, default: Any) -> tuple[tuple[type, ...], str]:
+    """The JSON types an option may have in a config file (from its default's type), and how to say so."""
+    if name in _LISTS or isinstance(default, list):
+        return (list,), "a list of strings"
+    if isinstance(default, bool):
+        return (bool,), "true or false"
+    if name in _YES_NO_DEFAULT_NONE or (isinstance(default, str) and default.lower() in ("yes", "no")):
+        return (bool, str), "true/false or a yes/no string"
+    if isinstance(default, float) or name in _SECONDS_DEFAULT_NONE:
+        return (int, float), "a number"
+    if isinstance(default, int) or name in _COUNTS_DEFAULT_NONE:
+        return (int,), "a whole number"
+    return (str,), "a string"
+
+
+def check_config_types(path: str, options: Any, program: Any, defaults: Mapping[str, Any]) -> None:
+    """Refuse a saved launch whose values have the wrong JSON types (a string is not a list)."""
+    where = f"--import-config: {path!r}"
+    if not isinstance(options, dict):
+        raise UsageError(f"{where}: \"options\" must be an object (name: value), not {type(options).__name__}")
+    if not isinstance(program, list) or not all(isinstance(word, str) for word in program):
+        raise UsageError(f"{where}: \"program\" must be a list of strings, e.g. [\"python3\", \"train.py\"]")
+    for name, value in options.items():
+        if value is None or name not in defaults:
+            continue  # null means the default; unknown names are refused by the caller
+        kinds, wanted = _json_kind(name, defaults[name])
+        bad = isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds)
+        if not bad and isinstance(value, list):
+            bad = not all(isinstance(item, str) for item in value)
+        if bad:
+            raise UsageError(f"{where}: option {name!r} must be {wanted}, not {_short(json.dumps(value))}")
+
+
+# -- the launch as a whole -----------------------------------------------------------------------------
+def check_host_names(hosts: Iterable["HostSpec"]) -> None:
+    """DNS's limits, checked before any name reaches a resolver (which fails with an internal error)."""
+    for host in hosts:
+        name = host.name
+        try:
+            ipaddress.ip_address(name.split("%", 1)[0])
+            continue
+        except ValueError:
+            pass
+        labels = name.rstrip(".").split(".")
+        if len(name) > MAX_HOST_NAME or any(not label or len(label) > MAX_HOST_LABEL for label in labels):
+            raise UsageError(
+                f"host name {_short(name)!r} is not a valid DNS name: at most {MAX_HOST_NAME} characters, "
+                f"dot-separated labels of 1 to {MAX_HOST_LABEL}; check the --host/--host-file value"
+            )
+
+
+def check_exec_size(program: Iterable[str], extra_env: Mapping[str, str], environ: Mapping[str, str]) -> None:
+    """The instances' argv and environment must fit ``execve``'s limits, or no instance can start."""
+    strings = 0
+    count = 0
+    for index, word in enumerate(program):
+        size = len(os.fsencode(word)) + 1
+        if size > MAX_ARG_STRLEN:
+            raise UsageError(
+                f"argument {index} of the program is {size - 1} bytes long; Linux takes at most "
+                f"{MAX_ARG_STRLEN - 1} per argument: pass large data in a file instead"
+            )
+        strings += size
+        count += 1
+    for name, value in {**environ, **extra_env}.items():
+        size = len(os.fsencode(name)) + len(os.fsencode(value)) + 2
+        if size > MAX_ARG_STRLEN:
+            raise UsageError(
+                f"environment variable {name} is {size - 2} bytes long; Linux takes at most "
+                f"{MAX_ARG_STRLEN - 2} per variable: pass large data in a file instead"
+            )
+        strings += size
+        count += 1
+    limit = os.sysconf("SC_ARG_MAX")
+    total = strings + 8 * (count + 2) + CONTRACT_ALLOWANCE
+    if total > limit:
+        raise UsageError(
+            f"the program's arguments and environment take about {total} bytes, more than the kernel's limit "
+            f"of {limit} (getconf ARG_MAX): pass large data in a file instead, or raise the limit (ulimit -s)"
+        )
+
+
+def check_launch(spec: "LaunchSpec", environ: Mapping[str, str]) -> None:
+    """Checks across options, once every single value is known to be in bounds."""
+    if spec.num_ipus > MAX_COUNT:
+        raise UsageError(
+            f"--num-replicas {spec.num_replicas} x --ipus-per-replica {spec.ipus_per_replica} is "
+            f"{_short(spec.num_ipus)} IPUs; at most {MAX_COUNT} can be asked for"
+        )
+    if spec.num_ipus % spec.num_ilds:
+        raise UsageError(
+            f"--num-ilds {spec.num_ilds} does not divide the {spec.num_ipus} IPUs of the launch "
+            "(--num-replicas x --ipus-per-replica); use a number of IPU-Link domains that divides it"
+        )
+    check_host_names(spec.hosts)
+    for args in (spec.global_args, spec.local_args):
+        if args.output_filename == "":
+            raise UsageError("--output-filename: the directory is empty; name the directory for the output files")
+    settings = [*spec.global_args.env, *spec.local_args.env]
+    for args in spec.instance_args.values():
+        settings.extend(args.env)
+    extra = {setting.name: setting.value for setting in settings if setting.value is not None}
+    check_exec_size(spec.program, extra, environ)

@@ -1,0 +1,113 @@
+"""Writing to one file descriptor that may fail: a full disk is counted, a closed reader is said.
+
+``OutputRouter`` (``output.py``) gives every console stream and every
+``--output-filename`` file one ``FdWriter``; what they could not write ends
+in the job's summary as ``OutputLoss`` records.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("poprun.output")
+
+
+@dataclass(frozen=True)
+class OutputLoss:
+    """Bytes meant for one destination that never reached it, and why (for the summary)."""
+
+    destination: str  # a file's path, or "poprun's stdout"
+    lost_bytes: int
+    reason: str
+    console: bool = False  # poprun's own stdout/stderr, not an --output-filename file
+
+
+class FdWriter:
+    """Writes whole batches to one fd; after its first error it writes nothing more, but counts.
+
+    A full disk must not stop the job nor raise into the supervisor loop on
+    every later line; it is reported at once (in poprun's log format) and
+    every byte that does not arrive is counted for the summary. A file is cut
+    back to the end of its last whole batch (a line boundary), so it never
+    ends mid-line. A closed reader (EPIPE: ``| head``) is not a loss: the
+    writer calls ``on_closed`` and the job stops.
+    """
+
+    def __init__(self, fd: int, name: str, owned: bool = False,
+                 on_closed: Callable[[], None] | None = None) -> None:
+        self.fd = fd
+        self.name = name
+        self.owned = owned  # close the fd with the writer (files, not the console)
+        self.working = True
+        self.closed_by_reader = False
+        self.lost_bytes = 0
+        self.failure: str | None = None
+        self._on_closed = on_closed
+        self._written = 0  # bytes of whole batches written (files: where to cut back to)
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self.working:
+            if not self.closed_by_reader:
+                self.lost_bytes += len(data)
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                try:
+                    written = os.write(self.fd, view)
+                except BlockingIOError:  # a console someone left non-blocking
+                    select.select([], [self.fd], [])
+                    continue
+                view = view[written:]
+        except OSError as exc:
+            self._failed(exc, len(data), len(data) - len(view))
+            return
+        self._written += len(data)
+
+    def reader_closed(self) -> None:
+        """The reader went away (a console pipe's EPIPE, or its poll said so): stop writing."""
+        if self.closed_by_reader:
+            return
+        self.working = False
+        self.closed_by_reader = True
+        if self._on_closed is not None:
+            self._on_closed()
+
+    def _failed(self, exc: OSError, size: int, partial: int) -> None:
+        if not self.owned and exc.errno in (errno.EPIPE, errno.ECONNRESET):
+            self.reader_closed()
+            return
+        self.working = False
+        self.failure = exc.strerror or str(exc)
+        if partial and self.owned:
+            try:  # cut the file back to the last whole batch: no torn line at its end
+                os.ftruncate(self.fd, self._written)
+                partial = 0
+            except OSError:
+                pass
+        self.lost_bytes += size - partial
+        log.error("cannot write %s (%s): what follows is not written there and is counted as lost%s",
+                  self.name, self.failure, "; the console is not affected" if self.owned else "")
+
+    def loss(self) -> OutputLoss | None:
+        if self.failure is None:
+            return None
+        return OutputLoss(self.name, self.lost_bytes, self.failure, console=not self.owned)
+
+    def close(self) -> None:
+        was_working, self.working = self.working, False
+        if self.owned and self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            try:
+                os.close(fd)
+            except OSError as exc:
+                if was_working:  # e.g. NFS reports a full disk at close: the file may be short
+                    self.failure = exc.strerror or str(exc)
+                    log.error("cannot close %s (%s): it may lack its last bytes", self.name, self.failure)

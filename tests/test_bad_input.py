@@ -1,0 +1,187 @@
+"""A table of user mistakes: each is exit 2, one line on stderr, no traceback, nothing on stdout.
+
+Every row runs the real ``poprun`` (``python -m poprun_py``); they fail while
+the command line is read, before anything starts. The first rows are the
+mistakes that used to exit 70 ("internal error"), crash every instance, or run
+a job that could not work; ``tests/test_cli.py`` holds more rows of the same
+kind (its ``BAD_INPUT``), none repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from poprun_py.errors import EXIT_USAGE
+from poprun_py.spec import CONFIG_FORMAT
+
+from support import run_poprun
+
+O = "--offline-mode=1"
+HUGE = str(2**70)
+#: Saved launches (written to {d}/<name>.json): wrong JSON types, and programs too big to exec.
+CONFIGS = {
+    "list_as_string": ({"mpi_global_args": "--tag-output", "offline_mode": "yes"}, ["true"]),
+    "hosts_as_string": ({"host": "a,b", "offline_mode": "yes"}, ["true"]),
+    "options_as_list": ([], ["true"]),
+    "verbose_as_text": ({"verbose": "x", "offline_mode": "yes"}, ["true"]),
+    "program_as_string": ({"offline_mode": "yes"}, "true"),
+    "program_of_numbers": ({"offline_mode": "yes"}, [1, 2]),
+    "host_file_as_number": ({"host_file": 5, "offline_mode": "yes"}, ["true"]),
+    "vv_as_text": ({"vv": "no", "offline_mode": "yes"}, ["true"]),
+    "replicas_as_bool": ({"num_replicas": True, "offline_mode": "yes"}, ["true"]),
+    "replicas_as_fraction": ({"num_replicas": 2.5, "offline_mode": "yes"}, ["true"]),
+    "grace_as_text": ({"stop_grace": "inf", "offline_mode": "yes"}, ["true"]),
+    "offline_as_object": ({"offline_mode": {"a": 1}}, ["true"]),
+    "list_of_numbers": ({"mpi_local_args": [1], "offline_mode": "yes"}, ["true"]),
+    "long_argument": ({"offline_mode": "yes"}, ["true", "x" * 200_000]),
+    "over_arg_max": ({"offline_mode": "yes"}, ["true"] + ["x" * 100_000] * 25),
+    "long_variable": ({"offline_mode": "yes", "mpi_local_args": ["-x A=" + "y" * 140_000]}, ["true"]),
+    "huge_count": ({"num_instances": 2**70, "offline_mode": "yes"}, ["true"]),
+}
+
+BAD_INPUT = [
+    # -- used to exit 70, crash instances, or start a job that cannot work -------------------------
+    ("--stop-grace inf", [O, "--stop-grace", "inf", "true"], b"--stop-grace: must be from 0 to 1000000 seconds"),
+    ("--stop-grace 1e308", [O, "--stop-grace", "1e308", "true"], b"1000000 seconds"),
+    ("--fabric-timeout inf", [O, "--fabric-timeout", "inf", "true"], b"--fabric-timeout: must be from 3"),
+    ("--fabric-timeout 1e308", [O, "--fabric-timeout", "1e308", "true"], b"1000000 seconds"),
+    ("--fabric-timeout 1e9", [O, "--fabric-timeout", "1e9", "true"], b"1000000 seconds"),
+    ("--fabric-timeout below heartbeat", [O, "--fabric-timeout", "0.5", "true"], b"heartbeat"),
+    ("--startup-timeout inf", [O, "--startup-timeout", "inf", "true"], b"--startup-timeout: must be more than 0"),
+    ("--startup-timeout 1e308", [O, "--startup-timeout", "1e308", "true"], b"1000000 seconds"),
+    ("--startup-timeout 1e10", [O, "--startup-timeout", "1e10", "true"], b"1000000 seconds"),
+    ("--ssh-timeout inf", [O, "--ssh-timeout", "inf", "true"], b"--ssh-timeout"),
+    ("--num-replicas 2**70", [O, "--num-replicas", HUGE, "true"], b"--num-replicas: must be at most 1048576"),
+    ("--num-instances 2**70", [O, "--num-instances", HUGE, "--num-replicas", "2", "true"], b"--num-instances: must be at most"),
+    ("--ipus-per-replica 2**70", [O, "--ipus-per-replica", HUGE, "true"], b"--ipus-per-replica: must be at most"),
+    ("--num-ilds 2**70", [O, "--num-ilds", HUGE, "true"], b"--num-ilds: must be at most"),
+    ("--vipu-server-timeout 2**70", [O, "--vipu-server-timeout", HUGE, "true"], b"--vipu-server-timeout: must be at most"),
+    ("--vipu-partition-attempts 2**70", ["--vipu-partition-attempts", HUGE, "true"], b"must be at most"),
+    ("replicas x IPUs too many", [O, "--num-replicas", "1048576", "--ipus-per-replica", "1048576", "true"], b"IPUs; at most"),
+    ("--num-ilds not dividing the IPUs", [O, "--num-ilds", "3", "--num-replicas", "4", "true"], b"does not divide"),
+    ("--output-filename under a file", [O, "--mpi-global-args", "--output-filename {d}/a_file/out", "true"], b"cannot create"),
+    ("--output-filename in /proc", [O, "--mpi-local-args", "--output-filename /proc/poprun-out", "true"], b"--output-filename"),
+    ("--output-filename empty", [O, "--mpi-global-args=--output-filename=", "true"], b"the directory is empty"),
+    ("-H 120 KB", [O, "-H", "a" * 120_000, "true"], b"not a valid DNS name"),
+    ("-H label of 64", [O, "-H", "a" * 64, "true"], b"not a valid DNS name"),
+    ("-H name of 329", [O, "-H", ".".join(["abcdefghij"] * 30), "true"], b"at most 253 characters"),
+    ("-H empty label", [O, "-H", "a..b", "true"], b"not a valid DNS name"),
+    ("config: list as a string", ["--import-config", "{d}/list_as_string.json"], b"must be a list of strings"),
+    ("config: hosts as a string", ["--import-config", "{d}/hosts_as_string.json"], b"'host' must be a list"),
+    ("config: options as a list", ["--import-config", "{d}/options_as_list.json"], b"must be an object"),
+    ("config: verbose as text", ["--import-config", "{d}/verbose_as_text.json"], b"'verbose' must be a whole number"),
+    ("config: program as a string", ["--import-config", "{d}/program_as_string.json"], b"\"program\" must be a list"),
+    ("config: program of numbers", ["--import-config", "{d}/program_of_numbers.json"], b"\"program\" must be a list"),
+    ("config: host_file as a number", ["--import-config", "{d}/host_file_as_number.json"], b"'host_file' must be a string"),
+    ("config: vv as text", ["--import-config", "{d}/vv_as_text.json"], b"'vv' must be true or false"),
+    ("config: replicas as a bool", ["--import-config", "{d}/replicas_as_bool.json"], b"must be a whole number"),
+    ("config: replicas as a fraction", ["--import-config", "{d}/replicas_as_fraction.json"], b"must be a whole number"),
+    ("config: grace as text", ["--import-config", "{d}/grace_as_text.json"], b"'stop_grace' must be a number"),
+    ("config: offline as an object", ["--import-config", "{d}/offline_as_object.json"], b"'offline_mode' must be"),
+    ("config: list of numbers", ["--import-config", "{d}/list_of_numbers.json"], b"list of strings"),
+    ("config: count 2**70", ["--import-config", "{d}/huge_count.json"], b"--num-instances: must be at most"),
+    ("argument over MAX_ARG_STRLEN", ["--import-config", "{d}/long_argument.json"], b"pass large data in a file"),
+    ("arguments over ARG_MAX", ["--import-config", "{d}/over_arg_max.json"], b"ARG_MAX"),
+    ("-x over MAX_ARG_STRLEN", ["--import-config", "{d}/long_variable.json"], b"environment variable A"),
+    # -- counts and numbers ------------------------------------------------------------------------
+    ("--num-ilds 0", [O, "--num-ilds", "0", "true"], b"--num-ilds: must be at least 1"),
+    ("--ipus-per-replica -3", [O, "--ipus-per-replica", "-3", "true"], b"at least 1"),
+    ("--num-instances 0", [O, "--num-instances", "0", "true"], b"at least 1"),
+    ("--num-instances 1.5", [O, "--num-instances", "1.5", "true"], b"not a valid int"),
+    ("--num-replicas 1e3", [O, "--num-replicas", "1e3", "true"], b"not a valid int"),
+    ("--num-replicas 5 of 2 instances", [O, "--num-instances", "2", "--num-replicas", "5", "true"], b"divided evenly"),
+    ("--only-output-from-instance -1", [O, "--only-output-from-instance", "-1", "true"], b"at least 0"),
+    ("--vipu-server-port 0", ["--vipu-server-port", "0", "true"], b"TCP port"),
+    ("--vipu-server-timeout 0", ["--vipu-server-timeout", "0", "true"], b"at least 1"),
+    ("--vipu-partition-attempts 0", ["--vipu-partition-attempts", "0", "true"], b"at least 1"),
+    ("--stop-grace -1", [O, "--stop-grace", "-1", "true"], b"--stop-grace"),
+    ("--stop-grace nan", [O, "--stop-grace", "nan", "true"], b"got nan"),
+    ("--stop-grace abc", [O, "--stop-grace", "abc", "true"], b"not a valid float"),
+    ("--startup-timeout -5", [O, "--startup-timeout", "-5", "true"], b"--startup-timeout"),
+    ("--ssh-timeout 0", [O, "--ssh-timeout", "0", "true"], b"--ssh-timeout"),
+    # -- booleans and choices ----------------------------------------------------------------------
+    ("--update-partition maybe", ["--update-partition=maybe", "true"], b"not a boolean"),
+    ("--print-topology perhaps", [O, "--print-topology=perhaps", "true"], b"not a boolean"),
+    ("--remove-partition 2", ["--remove-partition=2", "true"], b"not a boolean"),
+    ("--reset-partition x", ["--reset-partition=x", "true"], b"not a boolean"),
+    ("--allow-run-as-root sure", [O, "--allow-run-as-root=sure", "true"], b"not a boolean"),
+    ("--overwrite-config maybe", [O, "--export-config", "{d}/saved.json", "--overwrite-config=maybe", "true"], b"not a boolean"),
+    ("--fabric-transport udp", [O, "--fabric-transport", "udp", "true"], b"auto, tcp"),
+    ("--process-placement numa", [O, "--process-placement", "numa", "true"], b"spreadnuma"),
+    ("--vv=3", [O, "--vv=3", "true"], b"does not take a value"),
+    ("misspelt option", [O, "--num-replica", "2", "true"], b"No such option"),
+    # -- mpirun arguments --------------------------------------------------------------------------
+    ("-x without a value", [O, "--mpi-local-args", "-x", "true"], b"-x needs a value"),
+    ("-x =VALUE", [O, "--mpi-local-args", "-x =1", "true"], b"valid variable name"),
+    ("-x A-B=1", [O, "--mpi-global-args", "-x A-B=1", "true"], b"valid variable name"),
+    ("program inside --mpi-global-args", [O, "--mpi-global-args", "python3", "true"], b"is not an option"),
+    ("instance args without an index", [O, "--instance-mpi-local-args", "-x A=1", "true"], b"<instance index>:<args>"),
+    ("instance args with index -1", [O, "--instance-mpi-local-args=-1:-x A=1", "true"], b"<instance index>:<args>"),
+    ("-wdir that does not exist", [O, "--mpi-global-args", "-wdir {d}/nowhere", "true"], b"no such directory"),
+    # -- hosts and host files ----------------------------------------------------------------------
+    ("-H empty", [O, "-H", "", "true"], b"empty host list"),
+    ("-H trailing comma", [O, "-H", "a,", "true"], b"extra comma"),
+    ("-H port 99999", [O, "-H", "a:99999", "true"], b"bad port"),
+    ("-H unclosed range", [O, "-H", "node[1-3", "true"], b"unclosed"),
+    ("-H slash", [O, "-H", "no/de", "true"], b"bad host name"),
+    ("-H same host twice", [O, "-H", "a,A", "true"], b"appears twice"),
+    ("-H range of 10**8", [O, "-H", "n[0-99999999]", "true"], b"more than 65536 hosts"),
+    ("--host-file missing", [O, "--host-file", "{d}/nowhere", "true"], b"cannot read host file"),
+    ("--host-file a directory", [O, "--host-file", "{d}", "true"], b"Is a directory"),
+    ("--host-file slots=0", [O, "--host-file", "{d}/hosts_slots0", "true"], b"bad slots value"),
+    ("--host-file without hosts", [O, "--host-file", "{d}/hosts_none", "true"], b"lists no hosts"),
+    ("--host-file not UTF-8", [O, "--host-file", "{d}/hosts_binary", "true"], b"not UTF-8"),
+    # -- paths and strings -------------------------------------------------------------------------
+    ("--executable-cache-path under a file", [O, "--executable-cache-path", "{d}/a_file/cache", "true"], b"cannot create"),
+    ("--vipu-partition blank", ["--vipu-partition", " ", "true"], b"the value is empty"),
+    ("--remote-python empty", [O, "--remote-python", "", "true"], b"the value is empty"),
+    ("--export-config in a missing directory", [O, "--export-config", "{d}/nowhere/x.json", "true"], b"cannot write"),
+    ("--import-config a directory", ["--import-config", "{d}"], b"cannot read"),
+    ("--import-config not JSON", ["--import-config", "{d}/a_file"], b"cannot read"),
+    ("--import-config without format", ["--import-config", "{d}/no_format.json"], b"not a poprun-py config"),
+]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files the rows name: configs, host files, a plain file where a directory belongs."""
+    d = tmp_path_factory.mktemp("bad-input")
+    (d / "a_file").write_text("not a directory\n")
+    (d / "saved.json").write_text("{}\n")  # a row that would overwrite it must not touch the others' files
+    (d / "hosts_slots0").write_text("node1 slots=0\n")
+    (d / "hosts_none").write_text("# nothing but a comment\n")
+    (d / "hosts_binary").write_bytes(b"\xff\xfe\x00")
+    (d / "no_format.json").write_text(json.dumps({"options": {}, "program": ["true"]}))
+    for name, (options, program) in CONFIGS.items():
+        (d / f"{name}.json").write_text(json.dumps({"format": CONFIG_FORMAT, "options": options, "program": program}))
+    return d
+
+
+def test_the_table_is_large_and_its_rows_distinct() -> None:
+    from test_cli import BAD_INPUT as CLI_ROWS
+
+    assert len(BAD_INPUT) >= 60
+    assert len({name for name, _, _ in BAD_INPUT}) == len(BAD_INPUT)
+    assert not {tuple(args) for _, args, _ in BAD_INPUT} & {tuple(args) for args, _ in CLI_ROWS}
+
+
+@pytest.mark.parametrize("args, needle", [row[1:] for row in BAD_INPUT], ids=[row[0] for row in BAD_INPUT])
+def test_a_mistake_is_one_line_exit_2_and_no_traceback(inputs: Path, args: list[str], needle: bytes) -> None:
+    result = run_poprun(*(arg.replace("{d}", str(inputs)) for arg in args), cwd=inputs)
+    lines = result.stderr.decode(errors="replace").splitlines()
+    assert result.returncode == EXIT_USAGE, result.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("poprun: error: "), lines
+    assert needle in result.stderr, lines[0]
+    assert b"Traceback" not in result.stderr and result.stdout == b""
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e308", "0", "-1"])
+def test_an_instance_refuses_timeouts_the_command_line_would_have(value: str) -> None:
+    """Set by hand, not by poprun: still a clear contract error naming the variable, not an OverflowError later."""
+    from popdist.env import FABRIC_TIMEOUT, EnvContractError, FabricSettings
+
+    with pytest.raises(EnvContractError, match=FABRIC_TIMEOUT):
+        FabricSettings.from_environ({FABRIC_TIMEOUT: value})

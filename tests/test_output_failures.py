@@ -1,0 +1,191 @@
+"""When poprun's own output fails: a closed console stops the job (141); a full disk is reported (80).
+
+Real poprun processes, real pipes, a real ``head``, and a real full file
+system (a 64 KiB tmpfs, mounted as root).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from poprun_py.errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST
+from poprun_py.job import Failure, JobReport
+from poprun_py.output import OutputLoss
+
+from support import RUN_TIMEOUT, poprun_command, program, read_line
+
+OFFLINE = "--offline-mode=1"
+TWO = ("--num-instances", "2", "--num-replicas", "2")
+#: poprun's log format (src/poprun_py/logs.py): HH:MM:SS.mmm <pid> POPRUN [E] message
+LOG_LINE = rb"\d\d:\d\d:\d\d\.\d{3} \d+ POPRUN \[E\] "
+SPIN = "import itertools\nfor k in itertools.count(): print(k, flush=True)"
+#: Says it is ready on one stream, then says nothing more until killed.
+QUIET_AFTER_READY = "import sys, time\nprint('ready', file=sys.{}, flush=True)\ntime.sleep(600)"
+
+
+def start(*args: str, **streams) -> subprocess.Popen:
+    return subprocess.Popen(poprun_command(OFFLINE, *TWO, *args), stdin=subprocess.DEVNULL, **streams)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """A test that failed must not leave poprun running (its guardian then stops the instances)."""
+    if process.poll() is None:
+        process.kill()
+        process.wait(RUN_TIMEOUT)
+
+
+def test_head_closing_the_pipe_stops_a_chatty_job_with_141() -> None:
+    """``poprun ... | head -1`` while the instances print as fast as they can."""
+    poprun = start(sys.executable, "-c", SPIN, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.Popen(["head", "-1"], stdin=poprun.stdout, stdout=subprocess.PIPE)
+    assert poprun.stdout is not None
+    poprun.stdout.close()  # only head reads it now
+    poprun.stdout = None
+    try:
+        first, _ = head.communicate(timeout=RUN_TIMEOUT)
+        _, stderr = poprun.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        stop(head)
+        stop(poprun)
+    assert first == b"0\n"
+    assert poprun.returncode == EXIT_BROKEN_PIPE, stderr
+    assert re.search(LOG_LINE + rb"poprun's stdout was closed", stderr), stderr
+    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr
+
+
+@pytest.mark.parametrize("closed, still_open", [("stdout", "stderr"), ("stderr", "stdout")])
+def test_a_console_closed_while_the_instances_print_nothing_stops_the_job(closed: str, still_open: str) -> None:
+    """No write ever fails (the instances are silent): only watching the console can notice."""
+    poprun = start(sys.executable, "-c", QUIET_AFTER_READY.format(still_open),
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        open_pipe, closed_pipe = getattr(poprun, still_open), getattr(poprun, closed)
+        assert [read_line(open_pipe), read_line(open_pipe)] == [b"ready\n"] * 2
+        closed_pipe.close()
+        setattr(poprun, closed, None)  # communicate() reads only the pipe still open
+        out, err = poprun.communicate(timeout=RUN_TIMEOUT)
+        said = out if still_open == "stdout" else err
+    finally:
+        stop(poprun)
+    assert poprun.returncode == EXIT_BROKEN_PIPE, said
+    assert re.search(LOG_LINE + f"poprun's {closed} was closed".encode(), said), said
+    assert re.search(LOG_LINE + rb"instances stopped by poprun as a consequence: 0, 1", said), said
+
+
+def test_both_consoles_closed_still_ends_with_141() -> None:
+    """``2>&1 | head``: nowhere is left to say it, but the job still ends, as a pipeline expects."""
+    read_end, write_end = os.pipe()
+    poprun = start(sys.executable, "-c", QUIET_AFTER_READY.format("stdout"), stdout=write_end, stderr=write_end)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as reader:
+            assert [read_line(reader), read_line(reader)] == [b"ready\n"] * 2
+        code = poprun.wait(RUN_TIMEOUT)
+    finally:
+        stop(poprun)
+    assert code == EXIT_BROKEN_PIPE
+
+
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_poprun_s_own_output_into_a_closed_pipe_is_141(option: str) -> None:
+    """``poprun --help | head -1`` once head has gone: as a pipeline expects, not exit 1."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(poprun_command(option), stdout=write_end, stderr=subprocess.PIPE, timeout=RUN_TIMEOUT)
+    finally:
+        os.close(write_end)
+    assert result.returncode == EXIT_BROKEN_PIPE, result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+def emitted(instance: int, count: int) -> bytes:
+    """What ``emit.py lines COUNT`` writes in one instance."""
+    return b"".join(b"%d %d\n" % (instance, k) for k in range(count))
+
+
+def test_a_console_that_cannot_be_written_is_lost_output_exit_80() -> None:
+    """stdout on /dev/full (ENOSPC on every write): not a closed reader, but bytes lost and said so."""
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(poprun_command(OFFLINE, *TWO, sys.executable, program("emit.py"), "lines", "50"),
+                                stdout=full, stderr=subprocess.PIPE, timeout=RUN_TIMEOUT)
+    lost = len(emitted(0, 50)) + len(emitted(1, 50))
+    assert result.returncode == EXIT_OUTPUT_LOST, result.stderr
+    assert re.search(LOG_LINE + rb"cannot write poprun's stdout \(No space left on device\)", result.stderr)
+    assert re.search(LOG_LINE + b"output lost: %d bytes were not written to poprun's stdout" % lost, result.stderr)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: the output files fill it long before the job ends."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command to make a small tmpfs with")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp_path)],
+                             capture_output=True, timeout=30)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield tmp_path
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True, timeout=30)
+
+
+LINES = 20_000  # about 170 KB per instance: much more than the 64 KiB disk holds
+
+
+@pytest.mark.parametrize("instances, instance_code", [(2, 0), (1, 3)])
+def test_output_files_on_a_full_disk_are_reported_and_the_console_is_complete(full_disk: Path, instances: int,
+                                                                             instance_code: int) -> None:
+    """Exit 80 when every instance succeeded; an instance's failure code wins over lost output.
+
+    (The failing case runs one instance: a first failure would stop the other before it has written all.)
+    """
+    script = f"import runpy, sys\nsys.argv = ['emit.py', 'lines', '{LINES}']\n" \
+             f"runpy.run_path({program('emit.py')!r}, run_name='__main__')\nsys.exit({instance_code})"
+    result = subprocess.run(
+        poprun_command(OFFLINE, "--num-instances", str(instances), "--num-replicas", str(instances),
+                       "--mpi-global-args", f"--output-filename {full_disk / 'out'}",
+                       sys.executable, "-c", script),
+        capture_output=True, timeout=RUN_TIMEOUT)
+    assert result.returncode == (EXIT_OUTPUT_LOST if instance_code == 0 else instance_code), result.stderr
+    console = result.stdout.splitlines(keepends=True)
+    found = re.findall(LOG_LINE + rb"output lost: (\d+) bytes were not written to (\S+) ", result.stderr)
+    reported = {path.decode(): int(count) for count, path in found}
+    assert reported, result.stderr
+    for instance in range(instances):
+        expected = emitted(instance, LINES)
+        assert b"".join(line for line in console if line.startswith(b"%d " % instance)) == expected
+        path = full_disk / "out" / "1" / f"rank.{instance}" / "stdout"  # width: digits of the instance count
+        kept = path.read_bytes()
+        assert expected.startswith(kept) and (not kept or kept.endswith(b"\n"))  # cut at a line, never mid-line
+        lost = reported.get(str(path), 0)
+        assert len(kept) + lost == len(expected), (instance, len(kept), lost)  # every byte written or counted
+    assert sum(reported.values()) > 0
+    if instance_code == 0:
+        assert re.search(LOG_LINE + rb"every instance succeeded, but \d output files are incomplete \(exit 80\)",
+                         result.stderr)
+    assert re.search(LOG_LINE + rb"cannot write \S+/stdout \(No space left on device\)", result.stderr)
+
+
+LOSS = (OutputLoss("out/1/rank.0/stdout", 10, "No space left on device"),)
+
+
+@pytest.mark.parametrize("report, code", [
+    (JobReport(2, None, (), None, frozenset(), output_lost=LOSS), EXIT_OUTPUT_LOST),
+    (JobReport(2, Failure(1, "localhost", 7, 3, None, ()), (), None, frozenset(), output_lost=LOSS), 3),
+    (JobReport(2, None, (), 15, frozenset(), output_lost=LOSS), 128 + 15),
+    (JobReport(2, None, (), None, frozenset(), console_closed="stdout", output_lost=LOSS), EXIT_BROKEN_PIPE),
+    (JobReport(2, None, (), None, frozenset()), 0),
+], ids=["lost output alone", "an instance failure wins", "a signal wins", "a closed console wins", "success"])
+def test_exit_code_precedence(report: JobReport, code: int) -> None:
+    assert report.exit_code == code
