@@ -46,10 +46,10 @@ BAD_INPUT = [
     # -- used to exit 70, crash instances, or start a job that cannot work -------------------------
     ("--stop-grace inf", [O, "--stop-grace", "inf", "true"], b"--stop-grace: must be from 0 to 1000000 seconds"),
     ("--stop-grace 1e308", [O, "--stop-grace", "1e308", "true"], b"1000000 seconds"),
-    ("--fabric-timeout inf", [O, "--fabric-timeout", "inf", "true"], b"--fabric-timeout: must be from 3"),
+    ("--fabric-timeout inf", [O, "--fabric-timeout", "inf", "true"], b"--fabric-timeout: must be from 1 "),
     ("--fabric-timeout 1e308", [O, "--fabric-timeout", "1e308", "true"], b"1000000 seconds"),
     ("--fabric-timeout 1e9", [O, "--fabric-timeout", "1e9", "true"], b"1000000 seconds"),
-    ("--fabric-timeout below heartbeat", [O, "--fabric-timeout", "0.5", "true"], b"heartbeat"),
+    ("--fabric-timeout below heartbeat", [O, "--fabric-timeout", "0.5", "true"], b"four heartbeats"),
     ("--startup-timeout inf", [O, "--startup-timeout", "inf", "true"], b"--startup-timeout: must be more than 0"),
     ("--startup-timeout 1e308", [O, "--startup-timeout", "1e308", "true"], b"1000000 seconds"),
     ("--startup-timeout 1e10", [O, "--startup-timeout", "1e10", "true"], b"1000000 seconds"),
