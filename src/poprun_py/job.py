@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
 from .errors import EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
-from .events import EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut
+from .events import EventQueue, Exited, HostLost, Output, SignalReceived, StartInterrupted, Started, StartupTimedOut
 from .output import OutputRouter
 from .plan import InstancePlan
 from .ranges import format_indices
@@ -94,6 +94,7 @@ class Executor(Protocol):
     """What the supervisor needs of an executor (local now; ssh and srun later)."""
 
     def start(self, plans: Sequence[InstancePlan]) -> None: ...
+    def stop_starting(self) -> None: ...
     def signal_all(self, signum: int) -> list[int]: ...
     def kill_all(self) -> list[int]: ...
     def cleanup(self) -> None: ...
@@ -140,10 +141,7 @@ class Job:
         if self._time_limit is not None:
             self._time_deadline = time.monotonic() + self._time_limit.seconds
         try:
-            self._executor.start(instances)
-            if self._on_started is not None:
-                self._on_started()
-            self._loop()
+            self._start(instances)
         finally:
             self._restore_signal_handlers(previous)
             self._executor.join(2.0)
@@ -161,6 +159,27 @@ class Job:
             self._startup_timeout,
             self._timed_out,
         )
+
+    def _start(self, instances: Sequence[InstancePlan]) -> None:
+        try:
+            self._executor.start(instances)
+        except StartInterrupted as interrupted:
+            # The executor stopped and reaped what it had started; the signal is the job's end.
+            signum = self._first_signal()
+            self._stop_signal = signum
+            self._remaining.clear()
+            log.warning("received %s while starting instances: %s", signal.Signals(signum).name, interrupted)
+            return
+        if self._on_started is not None:
+            self._on_started()
+        self._loop()
+
+    def _first_signal(self) -> int:
+        """The signal that interrupted the start (its handler queued it); other events are dropped."""
+        while (event := self._events.get(0)) is not None:
+            if isinstance(event, SignalReceived):
+                return event.signum
+        return signal.SIGINT
 
     # -- the loop ------------------------------------------------------------------
     def _loop(self) -> None:
@@ -271,8 +290,13 @@ class Job:
             return {}
         previous = {}
         for signum in STOP_SIGNALS:
-            previous[signum] = signal.signal(signum, lambda s, _f: self._events.put(SignalReceived(s)))
+            previous[signum] = signal.signal(signum, self._on_signal_received)
         return previous
+
+    def _on_signal_received(self, signum: int, _frame: object) -> None:
+        """A signal handler: queue the signal; a start in progress stops spawning at once."""
+        self._events.put(SignalReceived(signum))
+        self._executor.stop_starting()
 
     @staticmethod
     def _restore_signal_handlers(previous: dict[int, object]) -> None:
