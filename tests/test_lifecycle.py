@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from conftest import MARKER, marked_processes
-from support import RUN_TIMEOUT, Launch, assert_all_gone, poprun_command, program, read_line, run_poprun
+from support import RUN_TIMEOUT, Launch, assert_all_gone, poprun_command, program, python_program, read_line, run_poprun
 
 OFFLINE = "--offline-mode=1"
 SLEEP = ("/bin/sleep", "1000")
@@ -348,3 +348,30 @@ def test_a_daemon_a_function_instance_starts_dies_with_the_launch() -> None:
         for pid in daemons:
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
+
+
+def test_function_instances_die_with_their_caller_even_without_the_guardian() -> None:
+    """A forked instance dies with the process that forked it (``PR_SET_PDEATHSIG``), guardian or not.
+
+    That closes the window between a fork and the guardian receiving its pidfd,
+    where a forked instance (no token in the environment the kernel shows) could
+    not be found. Here the guardian is held stopped, so only the kernel can stop
+    the instances; before, they ran until the guardian was let go.
+    """
+    caller = subprocess.Popen(python_program("launch_and_wait.py", "3"), stdout=subprocess.PIPE)
+    guardian = None
+    try:
+        pids = [int(read_line(caller.stdout).split()[2]) for _ in range(3)]
+        [guardian] = guardians_of(caller.pid)
+        os.kill(guardian, signal.SIGSTOP)  # the caller's child, alive: the pid is its own
+        caller.kill()
+        caller.wait(RUN_TIMEOUT)
+        wait_until(lambda: all(is_zombie_or_gone(pid) for pid in pids), "the instances died", timeout=15)
+    finally:
+        if guardian is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(guardian, signal.SIGCONT)  # it finds nothing left, and exits
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+        caller.stdout.close()

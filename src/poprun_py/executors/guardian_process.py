@@ -6,8 +6,9 @@ stdin one end of a SOCK_SEQPACKET socket pair. Over it the launcher sends
 ``?MARKER`` first (not in argv, which anyone can read) and its own start
 time, command line and environment (``T``, ``C``, ``E``), then a pidfd for every
 instance (``+PID,PID,...`` with the descriptors attached, SCM_RIGHTS) as soon
-as the instance exists; ``=`` means a normal end: nothing to do. End of stream without ``=``, or the launcher's own pidfd turning
-readable, means the launcher died (even by SIGKILL).
+as the instance exists; ``=`` means a normal end: nothing to do. End of
+stream without ``=``, or the launcher's own pidfd turning readable, means
+the launcher died (even by SIGKILL).
 
 Why pidfds and never ``kill(pid)``/``killpg(pgid)``: this process is not the
 parent of the instances, so it cannot hold their PIDs. Once the launcher is
