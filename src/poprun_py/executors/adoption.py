@@ -51,8 +51,13 @@ def become_subreaper() -> bool:
 
 def child_pids() -> set[int]:
     """This process's children, all threads' (an orphan is adopted by any live thread)."""
+    paths = glob.glob("/proc/self/task/*/children")
+    if not paths:  # a kernel without CONFIG_PROC_CHILDREN: the slower scan of every process
+        import psutil
+
+        return {child.pid for child in psutil.Process().children()}
     found: set[int] = set()
-    for path in glob.glob("/proc/self/task/*/children"):
+    for path in paths:
         try:
             with open(path) as children:
                 found.update(int(pid) for pid in children.read().split())
