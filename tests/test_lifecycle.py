@@ -307,9 +307,9 @@ def test_ctrl_c_during_the_start_of_1000_instances_stops_it(no_leaked_processes:
     assert_nothing_marked_survives(no_leaked_processes)
 
 
-def _limit_open_files(limit: int) -> Callable[[], None]:
+def _limit_open_files(limit: int, hard: int | None = None) -> Callable[[], None]:
     def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard or resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     return apply
 
 
@@ -325,6 +325,14 @@ def test_a_launch_that_cannot_fit_the_open_file_limit_is_refused_up_front() -> N
     assert result.stdout == b""  # nothing started
     assert len(lines) == 1 and lines[0].startswith("poprun: error: "), lines
     assert "limit of 128" in lines[0] and "RLIMIT_NOFILE" in lines[0] and "ulimit -n" in lines[0]
+
+
+def test_past_the_hard_open_file_limit_the_refusal_says_ulimit_cannot_help() -> None:
+    result = subprocess.run(poprun_command(*instances(100, "echo", "started")), capture_output=True,
+                            timeout=RUN_TIMEOUT, preexec_fn=_limit_open_files(128, 128))
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, lines
+    assert "only up to the hard limit of 128" in lines[0] and "run fewer instances per host" in lines[0]
 
 
 def test_a_launch_that_fits_the_open_file_limit_runs() -> None:

@@ -35,7 +35,10 @@ def check_descriptor_limit(local_instances: int, connected_instances: int = 0) -
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or need <= soft:
         return
-    hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
-    raise UsageError(
-        f"{local_instances} instances on this host need about {need} open files, more than the limit of {soft} "
-        f"(RLIMIT_NOFILE, hard limit {hard_text}); raise it with 'ulimit -n {need}' or run fewer instances per host")
+    if hard == resource.RLIM_INFINITY or need <= hard:
+        how = f"raise it with 'ulimit -n {need}'"
+    else:
+        how = (f"'ulimit -n' raises it only up to the hard limit of {hard}: run fewer instances per host, "
+               f"or have the hard limit raised (e.g. in /etc/security/limits.conf)")
+    raise UsageError(f"{local_instances} instances on this host need about {need} open files, more than the "
+                     f"limit of {soft} (RLIMIT_NOFILE); {how}")
