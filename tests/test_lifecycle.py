@@ -144,6 +144,7 @@ def test_a_stranger_on_an_exited_instances_pid_survives_the_end_of_the_job(tmp_p
     wait_until(lambda: is_zombie_or_gone(first), "instance 0 has exited")
     stranger = spawn_on_pid(first)
     try:
+        assert stranger.pid != first, "instance 0's PID was free while the job ran"
         os.close(os.open(fifo, os.O_WRONLY))  # instance 1 may end: the job ends
         assert launch.finish() == 0, launch.stderr
         assert stranger.poll() is None, "the stranger was killed"
