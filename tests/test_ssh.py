@@ -9,6 +9,7 @@ honoured. After every test no agent or instance may be left on any "host".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -182,6 +183,20 @@ def test_sigkill_of_poprun_leaves_nothing_on_any_host(home: Path) -> None:
     launch.process.kill()
     launch.finish()
     assert_all_gone(pids)  # the grandchildren and agents: the leak checks after the test
+
+
+def test_a_daemon_a_remote_instance_starts_dies_with_the_job(home: Path) -> None:
+    """Each agent adopts what its instances daemonise (fork, setsid, fork, empty environment) and kills it."""
+    result = run_poprun(*launch_args("--num-instances", "2", "--num-replicas", "2",
+                                     *python_program("daemonize.py", "--clean-env")))
+    daemons = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith(b"daemon ")]
+    try:
+        assert result.returncode == 0 and len(daemons) == 2, result.stderr
+        assert_all_gone(daemons)
+    finally:
+        for pid in daemons:  # no marker reaches them: the leak checks cannot see them
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # -- pre-flight verdicts ---------------------------------------------------------------------

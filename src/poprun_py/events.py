@@ -91,6 +91,15 @@ class ConsoleClosed:
     stream: Stream
 
 
+class StartInterrupted(Exception):
+    """A signal reached the launcher while it was starting instances: it stopped what it had started."""
+
+    def __init__(self, started: int, planned: int) -> None:
+        super().__init__(f"stopped after starting {started} of {planned} instances")
+        self.started = started
+        self.planned = planned
+
+
 Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived, ConsoleClosed]
 
 

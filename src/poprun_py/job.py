@@ -18,7 +18,8 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from .console import log_to_open_stream
 from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
-from .events import ConsoleClosed, EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut, Stream
+from .events import (ConsoleClosed, EventQueue, Exited, HostLost, Output, SignalReceived, StartInterrupted, Started,
+                     StartupTimedOut, Stream)
 from .output import OutputLoss, OutputRouter
 from .plan import InstancePlan
 from .ranges import format_indices
@@ -105,6 +106,7 @@ class Executor(Protocol):
     """What the supervisor needs of an executor (local now; ssh and srun later)."""
 
     def start(self, plans: Sequence[InstancePlan]) -> None: ...
+    def stop_starting(self) -> None: ...
     def signal_all(self, signum: int) -> list[int]: ...
     def kill_all(self) -> list[int]: ...
     def cleanup(self) -> None: ...
@@ -154,10 +156,7 @@ class Job:
         if self._time_limit is not None:
             self._time_deadline = time.monotonic() + self._time_limit.seconds
         try:
-            self._executor.start(instances)
-            if self._on_started is not None:
-                self._on_started()
-            self._loop()
+            self._start(instances)
         finally:
             self._restore_signal_handlers(previous)
             self._executor.join(2.0)
@@ -177,6 +176,27 @@ class Job:
             self._console_closed,
             self._router.losses(),
         )
+
+    def _start(self, instances: Sequence[InstancePlan]) -> None:
+        try:
+            self._executor.start(instances)
+        except StartInterrupted as interrupted:
+            # The executor stopped and reaped what it had started; the signal is the job's end.
+            signum = self._first_signal()
+            self._stop_signal = signum
+            self._remaining.clear()
+            log.warning("received %s while starting instances: %s", signal.Signals(signum).name, interrupted)
+            return
+        if self._on_started is not None:
+            self._on_started()
+        self._loop()
+
+    def _first_signal(self) -> int:
+        """The signal that interrupted the start (its handler queued it); other events are dropped."""
+        while (event := self._events.get(0)) is not None:
+            if isinstance(event, SignalReceived):
+                return event.signum
+        return signal.SIGINT
 
     # -- the loop ------------------------------------------------------------------
     def _loop(self) -> None:
@@ -322,8 +342,13 @@ class Job:
             return {}
         previous = {}
         for signum in STOP_SIGNALS:
-            previous[signum] = signal.signal(signum, lambda s, _f: self._events.put(SignalReceived(s)))
+            previous[signum] = signal.signal(signum, self._on_signal_received)
         return previous
+
+    def _on_signal_received(self, signum: int, _frame: object) -> None:
+        """A signal handler: queue the signal; a start in progress stops spawning at once."""
+        self._events.put(SignalReceived(signum))
+        self._executor.stop_starting()
 
     @staticmethod
     def _restore_signal_handlers(previous: dict[int, object]) -> None:

@@ -23,6 +23,7 @@ from simipu.fabric.rendezvous import RendezvousServer
 from .errors import UsageError
 from .console import ConsoleWatch
 from .events import ConsoleClosed, EventQueue, StartupTimedOut, Stream
+from .executors.descriptors import check_descriptor_limit
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner, exec_program
 from .job import Job, JobReport, TimeLimit
@@ -170,6 +171,8 @@ def run_job(spec: LaunchSpec, options: JobOptions, cwd: str | None = None, via_s
     cwd = cwd or os.getcwd()
     reach = reach_hosts(spec, cwd, via_srun)
     try:
+        here = [host for host in _instance_hosts(spec) if str(host) not in reach.agents]
+        check_descriptor_limit(len(here), spec.num_instances)  # before a partition or an instance
         launch = _Launch(spec, options, os.urandom(8).hex(), cwd, reach)  # the job id is an id, not a secret
         if spec.offline_mode:
             return _run_on(launch, offline_allocation(spec))
@@ -222,7 +225,9 @@ def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, "Devi
 def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[str, str],
               guardian: Guardian) -> LocalExecutor | FanOutExecutor:
     console = {CONSOLE_IS_TERMINAL: "1" if sys.stdout.isatty() else "0"}  # instances' stdout is a pipe
-    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian, launch.options.spawn)
+    # Only poprun itself adopts orphans: a function launch runs in the caller's own process.
+    adopt = launch.options.spawn is exec_program
+    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian, launch.options.spawn, adopt)
     if not launch.reach.agents:
         return local
     spec = launch.spec

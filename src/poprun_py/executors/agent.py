@@ -25,11 +25,12 @@ from typing import Any, Mapping
 
 from .. import __version__
 from ..errors import EXIT_INTERNAL, PoprunError
-from ..events import EventQueue, Exited, HostLost, Output, Started
+from ..events import EventQueue, Exited, HostLost, Output, StartInterrupted, Started
 from ..hosts import HostSpec
 from ..plan import OMP_NUM_THREADS, InstancePlan, omp_threads
 from ..programs import resolve_program
 from . import wire
+from .descriptors import check_descriptor_limit
 from .guardian import Guardian
 from .local import LocalExecutor
 
@@ -178,6 +179,7 @@ def _read_signals(channel: _Channel, executor: LocalExecutor, stopper: _Stopper)
     while True:
         frame = channel.receive()
         if frame is None:
+            executor.stop_starting()  # the launcher gave up while this host was still starting
             stopper.stop(channel.ended)
             return
         if frame.kind == wire.Kind.SIGNAL:
@@ -192,22 +194,34 @@ def serve() -> int:
     if frame is None or frame.kind != wire.Kind.START:
         return 0  # a pre-flight check only, or the launcher gave up
     start = frame.json()
+    try:
+        check_descriptor_limit(len(start["instances"]))
+    except PoprunError as exc:
+        channel.send(wire.encode_json(wire.Kind.FAILED, {"exit_code": exc.exit_code, "message": str(exc)}))
+        return 1
     events = EventQueue()
     guardian = Guardian(float(start["grace"]))
-    executor = LocalExecutor(events, {**os.environ, **start["base_env"]}, guardian)
+    executor = LocalExecutor(events, {**os.environ, **start["base_env"]}, guardian, adopt_orphans=True)
     stopper = _Stopper(executor, float(start["grace"]))
+
+    def on_signal(signum: int, _frame: object) -> None:
+        executor.stop_starting()
+        stopper.stop(f"received {signal.Signals(signum).name}")
+
     for signum in _STOP_SIGNALS:
-        signal.signal(signum, lambda s, _f: stopper.stop(f"received {signal.Signals(s).name}"))
+        signal.signal(signum, on_signal)
+    # Read from the start: a launcher stopped during start-up closes the channel, and the start stops.
+    threading.Thread(target=_read_signals, args=(channel, executor, stopper), daemon=True).start()
     try:
         plans = _plans(start)
         executor.start(plans)
-    except PoprunError as exc:
-        channel.send(wire.encode_json(wire.Kind.FAILED, {"exit_code": exc.exit_code, "message": str(exc)}))
+    except (PoprunError, StartInterrupted) as exc:
+        code = exc.exit_code if isinstance(exc, PoprunError) else EXIT_INTERNAL
+        channel.send(wire.encode_json(wire.Kind.FAILED, {"exit_code": code, "message": str(exc)}))
         guardian.close()
         return 1
     try:
         channel.send(wire.encode(wire.Kind.READY))
-        threading.Thread(target=_read_signals, args=(channel, executor, stopper), daemon=True).start()
         _forward(events, channel, plans, stopper)
     finally:
         executor.join(2.0)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import select
 import subprocess
 import threading
 from typing import TYPE_CHECKING, Protocol
+
+from .polling import readable
 
 if TYPE_CHECKING:
     import paramiko
@@ -108,7 +109,7 @@ class SshChannel:
                     if self._lost is not None:
                         raise HostUnresponsive(self._lost)
                 return data
-            if not select.select([self._fileno], [], [], timeout)[0]:
+            if not readable([self._fileno], timeout):
                 raise TimeoutError
             # paramiko's pipe stays readable until the buffers are drained; the checks above drain them
 
@@ -148,7 +149,7 @@ class PipeChannel:
     def read(self, timeout: float | None = None) -> bytes:
         while True:
             fds = [self._out] + ([self._err] if self._err is not None else [])
-            ready = select.select(fds, [], [], timeout)[0]
+            ready = readable(fds, timeout)
             if not ready:
                 raise TimeoutError
             if self._err in ready:
@@ -165,7 +166,7 @@ class PipeChannel:
                 return data
 
     def _drain_stderr(self) -> None:
-        while self._err is not None and select.select([self._err], [], [], 1.0)[0]:
+        while self._err is not None and readable([self._err], 1.0):
             data = os.read(self._err, READ_SIZE)
             if not data:
                 break

@@ -46,6 +46,10 @@ class FanOutExecutor:
         for agent in self._agents.values():
             agent.begin_pumping()
 
+    def stop_starting(self) -> None:
+        for executor in self._all():
+            executor.stop_starting()
+
     def signal_all(self, signum: int) -> list[int]:
         return [index for executor in self._all() for index in executor.signal_all(signum)]
 

@@ -17,6 +17,7 @@ inherited from the caller runs twice.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import logging
 import os
@@ -38,6 +39,7 @@ _DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR
                     signal.SIGALRM, signal.SIGCHLD)
 
 Target = Callable[[InstancePlan], int]
+PR_SET_PDEATHSIG = 1
 
 
 class ForkedProcess:
@@ -60,11 +62,13 @@ class ForkSpawner:
 
     def __init__(self, target: Target) -> None:
         self._target = target
+        self._prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, never in a child
 
     def __call__(
         self, plan: InstancePlan, env: Mapping[str, str], stdout: int, stderr: int, foreign_fds: Collection[int]
     ) -> ForkedProcess:
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        parent = os.getpid()
         with warnings.catch_warnings():
             # Python 3.12+ warns about forking with threads running; the launcher starts its own
             # only after the last fork, and the child touches nothing another thread may hold.
@@ -72,6 +76,7 @@ class ForkSpawner:
             pid = os.fork()
         if pid == 0:
             os.close(ready_r)
+            _die_with(parent, self._prctl)
             _run_child(self._target, plan, env, stdout, stderr, foreign_fds, ready_w)
         os.close(ready_w)
         try:
@@ -79,6 +84,20 @@ class ForkSpawner:
         finally:
             os.close(ready_r)
         return ForkedProcess(pid)
+
+
+def _die_with(parent: int, prctl: Callable[..., int]) -> None:
+    """SIGKILL this child if the launcher dies (``PR_SET_PDEATHSIG``).
+
+    A fork does not carry the guardian's token in its environment as the
+    kernel shows it (that is its parent's, from exec), so if the launcher died
+    between this fork and handing its pidfd to the guardian, nothing could
+    find it. The kernel closes that window. If the launcher is already gone,
+    the child is now someone else's: it exits at once.
+    """
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(EXIT_SETUP_FAILED)
 
 
 def _run_child(

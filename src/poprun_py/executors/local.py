@@ -6,6 +6,16 @@ One pump thread per executor multiplexes every pipe and every process-exit
 notification (pidfd) with a selector; it only reads and enqueues events.
 An instance's ``Exited`` is posted after its last ``Output``.
 
+No signal ever reaches a process that may not be ours: an exited instance's
+status is read with ``WNOWAIT`` and its zombie kept until ``cleanup``, so its
+PID (its group's and session's ID too) cannot go to another process while
+any ``killpg`` of its group, the last included, may still come.
+
+The instances' pidfds go to the guardian as they start; with
+``adopt_orphans`` the launcher is a child subreaper (``adoption.py``) and
+kills what the instances daemonised at the end. ``stop_starting`` (from a
+signal handler) makes a start in progress stop spawning and undo itself.
+
 How a process comes to be is the one thing that varies: ``exec_program``
 (the default) runs the plan's argv; ``executors.forked.ForkSpawner`` forks
 this process to run a Python function. Pumping, signalling and reaping are
@@ -27,9 +37,11 @@ from dataclasses import dataclass, field
 from typing import Collection, Iterator, Mapping, Protocol, Sequence
 
 from ..errors import ProgramNotExecutable, ProgramNotFound
-from ..events import EventQueue, Exited, HostLost, Output, Started, Stream
+from ..events import EventQueue, Exited, HostLost, Output, StartInterrupted, Started, Stream
 from ..plan import InstancePlan
+from .adoption import Adopter, become_subreaper, child_pids
 from .guardian import Guardian
+from .polling import readable
 
 log = logging.getLogger("poprun.local")
 
@@ -37,6 +49,10 @@ READ_SIZE = 1 << 18
 PIPE_SIZE = 1 << 20
 #: After an instance exits, how long a child it left behind may hold its pipes open.
 DRAIN_SECONDS = 2.0
+#: How often the pump reaps adopted orphans that have exited (only with ``adopt_orphans``).
+REAP_ADOPTED_SECONDS = 1.0
+#: How long ``cleanup`` waits for killed instances to exit before it gives up on reaping them.
+REAP_SECONDS = 10.0
 
 
 class Process(Protocol):
@@ -87,10 +103,22 @@ def exec_program(
 class _Instance:
     plan: InstancePlan
     process: Process
+    pidfd: int
     open_streams: set[Stream] = field(default_factory=lambda: {"stdout", "stderr"})
+    exited: bool = False  # its status is known; it stays a zombie until reaped
     reaped: bool = False
+    returncode: int | None = None
     drain_deadline: float | None = None
     exited_posted: bool = False
+
+
+def _exit_status(pid: int) -> int:
+    """The exit status of an exited child, left unreaped (``WNOWAIT``): -N when signal N killed it."""
+    result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    assert result is not None  # no WNOHANG: it has exited
+    if result.si_code == os.CLD_EXITED:
+        return result.si_status
+    return -result.si_status
 
 
 def _pipe() -> tuple[int, int]:
@@ -129,36 +157,60 @@ class LocalExecutor:
         base_env: Mapping[str, str],
         guardian: Guardian | None = None,
         spawn: Spawner = exec_program,
+        adopt_orphans: bool = False,
     ) -> None:
+        """``adopt_orphans`` makes this process a child subreaper: only for a process that is
+        the launcher and nothing else (poprun, the agent), never a user's own process."""
         self._events = events
-        self._base_env = dict(base_env)
+        self._base_env = {**base_env, **(guardian.environment if guardian is not None else {})}
         self._guardian = guardian
         self._spawn_process = spawn
+        self._adopt_orphans = adopt_orphans
+        self._adopter: Adopter | None = None
         self._instances: dict[int, _Instance] = {}
         self._selector = selectors.DefaultSelector()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stop_starting = False
+        self._cleaned = False
+        self._next_adopted_reap = 0.0
 
     # -- starting -----------------------------------------------------------
+    def stop_starting(self) -> None:
+        """Called from a signal handler: a start in progress spawns no more and raises ``StartInterrupted``."""
+        self._stop_starting = True
+
     def start(self, plans: Sequence[InstancePlan]) -> None:
         """Spawn every instance, then start pumping; a half-failed start stops what it began."""
+        if self._adopt_orphans and become_subreaper():
+            spared = child_pids()  # the launcher's own children (agents' channels): not the job's
+            guardian = self._guardian
+            self._adopter = Adopter(lambda: spared | ({guardian.pid} if guardian is not None else set()))
         device_fds = {fd for plan in plans for fd in plan.pass_fds}
         try:
             for plan in plans:
+                if self._stop_starting:
+                    raise StartInterrupted(len(self._instances), len(plans))
                 self._spawn(plan, device_fds - set(plan.pass_fds))
         except BaseException:
             self.kill_all()
-            self._reap_all_now()
+            self.cleanup()
             raise
+        if self._guardian is not None:
+            guardian_fd = self._guardian.process_fd()
+            self._selector.register(guardian_fd, selectors.EVENT_READ, (None, "guardian"))
         self._thread = threading.Thread(target=self._pump_safely, name="poprun-pump", daemon=True)
         self._thread.start()
 
     def _spawn(self, plan: InstancePlan, others_devices: set[int]) -> None:
         out_r, out_w = _pipe()
         err_r, err_w = _pipe()
-        foreign = others_devices | set(self._selector.get_map()) | {out_r, err_r}
-        if self._guardian is not None:
-            foreign.add(self._guardian.fileno())
+        foreign: set[int] = set()
+        if self._spawn_process is not exec_program:  # exec closes them all; a fork must close each
+            foreign = others_devices | {key.fd for key in self._selector.get_map().values()} | {out_r, err_r}
+            foreign.update(instance.pidfd for instance in self._instances.values())
+            if self._guardian is not None:
+                foreign.add(self._guardian.fileno())
         try:
             with _bound_to(plan.cpus):  # inherited at fork: bound before its first instruction
                 process = self._spawn_process(plan, {**self._base_env, **plan.env}, out_w, err_w, foreign)
@@ -167,23 +219,28 @@ class LocalExecutor:
             raise
         finally:
             os.close(out_w), os.close(err_w)
+        pidfd = os.pidfd_open(process.pid)  # our unreaped child: the pid names it
+        instance = _Instance(plan, process, pidfd)
+        with self._lock:  # signal_all may run in another thread (the agent's channel reader)
+            self._instances[plan.index] = instance
         if self._guardian is not None:
-            self._guardian.watch(process.pid)
-        instance = _Instance(plan, process)
-        self._instances[plan.index] = instance
+            self._guardian.watch(process.pid, pidfd)
         self._selector.register(out_r, selectors.EVENT_READ, (instance, "stdout"))
         self._selector.register(err_r, selectors.EVENT_READ, (instance, "stderr"))
-        pidfd = os.pidfd_open(process.pid)
         self._selector.register(pidfd, selectors.EVENT_READ, (instance, "exit"))
         self._events.put(Started(plan.index, process.pid, str(plan.host)))
         log.debug("Started instance %d (pid %d): %s", plan.index, process.pid, " ".join(plan.argv))
 
     # -- stopping ------------------------------------------------------------
     def signal_all(self, signum: int) -> list[int]:
-        """Send ``signum`` to the process group of every instance not yet reaped."""
+        """Send ``signum`` to the process group of every instance still running.
+
+        Safe by construction: an instance is reaped only in ``cleanup``, so each
+        group's leader still holds the group's number when it is signalled.
+        """
         sent = []
         with self._lock:
-            live = [i for i in self._instances.values() if not i.reaped]
+            live = [i for i in self._instances.values() if not i.exited and not i.reaped]
         for instance in live:
             try:
                 os.killpg(instance.process.pid, signum)
@@ -196,26 +253,56 @@ class LocalExecutor:
         return self.signal_all(signal.SIGKILL)
 
     def cleanup(self) -> None:
-        """Kill whatever is left in the instances' groups (children they left behind)."""
-        for instance in self._instances.values():
+        """Kill whatever is left of the job on this host, then reap the instances (once).
+
+        Each group gets SIGKILL before its leader is reaped, while the leader's
+        zombie still holds the number; then what the instances daemonised is
+        killed: adopted by this process (``Adopter.kill_adopted``), or, in a
+        caller's process, found by the guardian's token (``kill_marked``).
+        """
+        with self._lock:
+            if self._cleaned:
+                return
+            self._cleaned = True
+        instances = [i for i in self._instances.values() if not i.reaped]
+        for instance in instances:
             try:
                 os.killpg(instance.process.pid, signal.SIGKILL)
-                log.debug("killed processes left in the group of instance %d", instance.plan.index)
             except ProcessLookupError:
                 pass
+        self._reap(instances)
+        if self._adopter is not None:
+            self._adopter.kill_adopted([i.process.pid for i in self._instances.values() if not i.reaped])
+        elif self._guardian is not None and self._instances:  # in a caller's process: no subreaper
+            if killed := self._guardian.kill_marked():
+                log.debug("killed %d processes the instances left behind (daemons)", killed)
+        if self._thread is not None and self._thread.is_alive():
+            return  # the pump still reads (it gave up on nothing yet): its descriptors stay open
+        for key in list(self._selector.get_map().values()):
+            self._selector.unregister(key.fd)
+            if key.data[1] == "exit" and self._guardian is not None:
+                self._guardian.release(key.fd)
+            os.close(key.fd)
+
+    def _reap(self, instances: list[_Instance]) -> None:
+        """Reap each instance once it has died (bounded: one in uninterruptible sleep is left)."""
+        deadline = time.monotonic() + REAP_SECONDS
+        for instance in instances:
+            if not readable([instance.pidfd], deadline - time.monotonic()):
+                log.warning("instance %d (pid %d) did not die after SIGKILL; not reaping it",
+                            instance.plan.index, instance.process.pid)
+                continue
+            instance.process.wait()
+            with self._lock:
+                instance.reaped = True
             if self._guardian is not None:
-                self._guardian.release(instance.process.pid)
+                self._guardian.release(instance.pidfd)
+            if instance.pidfd not in self._selector.get_map():
+                os.close(instance.pidfd)
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
-
-    def _reap_all_now(self) -> None:
-        for instance in self._instances.values():
-            instance.process.wait()
-        for key in list(self._selector.get_map().values()):
-            self._selector.unregister(key.fd)
-            os.close(key.fd)
 
     # -- the pump --------------------------------------------------------------
     def _pump_safely(self) -> None:
@@ -227,18 +314,37 @@ class LocalExecutor:
             self._events.put(HostLost("localhost", lost, f"the output pump failed: {type(exc).__name__}: {exc}"))
 
     def _pump(self) -> None:
-        while self._selector.get_map():
+        while any(not i.exited_posted for i in self._instances.values()):
             for key, _ in self._selector.select(self._next_timeout()):
                 instance, what = key.data
                 if what == "exit":
                     self._on_exit(key.fd, instance)
+                elif what == "guardian":
+                    self._on_guardian_died(key.fd)
                 else:
                     self._on_readable(key.fd, instance, what)
             self._expire_drains()
+            self._reap_adopted()
 
     def _next_timeout(self) -> float | None:
         deadlines = [i.drain_deadline for i in self._instances.values() if i.drain_deadline and not i.exited_posted]
+        if self._adopter is not None:
+            deadlines.append(self._next_adopted_reap)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _reap_adopted(self) -> None:
+        if self._adopter is None or time.monotonic() < self._next_adopted_reap:
+            return
+        self._next_adopted_reap = time.monotonic() + REAP_ADOPTED_SECONDS
+        self._adopter.reap_exited([i.process.pid for i in self._instances.values()])
+
+    def _on_guardian_died(self, fd: int) -> None:
+        self._selector.unregister(fd)
+        os.close(fd)
+        assert self._guardian is not None
+        replacement = self._guardian.replace()
+        if replacement is not None:
+            self._selector.register(replacement, selectors.EVENT_READ, (None, "guardian"))
 
     def _on_readable(self, fd: int, instance: _Instance, stream: Stream) -> None:
         data = os.read(fd, READ_SIZE)
@@ -251,11 +357,11 @@ class LocalExecutor:
         self._maybe_post_exit(instance)
 
     def _on_exit(self, pidfd: int, instance: _Instance) -> None:
+        """Its status, not its zombie: that is reaped in ``cleanup``, after its group's last signal."""
         self._selector.unregister(pidfd)
-        os.close(pidfd)
-        instance.process.wait()
+        instance.returncode = _exit_status(instance.process.pid)
         with self._lock:
-            instance.reaped = True
+            instance.exited = True
         instance.drain_deadline = time.monotonic() + DRAIN_SECONDS
         self._maybe_post_exit(instance)
 
@@ -276,10 +382,11 @@ class LocalExecutor:
             self._maybe_post_exit(instance)
 
     def _maybe_post_exit(self, instance: _Instance) -> None:
-        if instance.exited_posted or not instance.reaped or instance.open_streams:
+        if instance.exited_posted or not instance.exited or instance.open_streams:
             return
         instance.exited_posted = True
-        code = instance.process.returncode
+        code = instance.returncode
+        assert code is not None
         self._events.put(
             Exited(
                 instance.plan.index,
@@ -290,3 +397,4 @@ class LocalExecutor:
                 time=time.monotonic(),
             )
         )
+

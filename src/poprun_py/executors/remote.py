@@ -16,8 +16,8 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
-from ..errors import PoprunError, ProgramNotExecutable, ProgramNotFound
-from ..events import EventQueue, Exited, HostLost, Output, Started
+from ..errors import EXIT_USAGE, PoprunError, ProgramNotExecutable, ProgramNotFound, UsageError
+from ..events import EventQueue, Exited, HostLost, Output, StartInterrupted, Started
 from ..plan import InstancePlan
 from ..ranges import format_cpus
 from . import wire
@@ -26,7 +26,8 @@ from .channels import AgentChannel, HostUnresponsive
 log = logging.getLogger("poprun.remote")
 
 #: Start failures the agent reports, by exit code, as the launcher's own error types.
-_START_ERRORS: Mapping[int, type[PoprunError]] = {127: ProgramNotFound, 126: ProgramNotExecutable}
+_START_ERRORS: Mapping[int, type[PoprunError]] = {127: ProgramNotFound, 126: ProgramNotExecutable,
+                                                  EXIT_USAGE: UsageError}
 
 
 class AgentStartFailed(PoprunError):
@@ -62,6 +63,7 @@ class AgentExecutor:
         self._live: set[int] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stop_starting = False
 
     # -- starting ----------------------------------------------------------------
     def start(self, plans: Sequence[InstancePlan]) -> None:
@@ -87,13 +89,21 @@ class AgentExecutor:
         except OSError as exc:
             raise AgentStartFailed(f"{self.host}: the agent's channel closed before the start ({exc})") from None
 
+    def stop_starting(self) -> None:
+        """Called from a signal handler: ``await_ready`` gives up (closing the channel stops the agent)."""
+        self._stop_starting = True
+
     def await_ready(self) -> None:
         """Block until the agent has spawned every instance; its start errors become ours."""
         deadline = time.monotonic() + self._start_timeout
         while True:
-            try:
-                frame = read_frame(self._channel, self._decoder, self._pending, deadline)
+            if self._stop_starting:
+                raise StartInterrupted(0, len(self._live))
+            try:  # in short steps, so that a signal stops the wait
+                frame = read_frame(self._channel, self._decoder, self._pending, min(deadline, time.monotonic() + 0.2))
             except TimeoutError:
+                if time.monotonic() < deadline:
+                    continue
                 raise AgentStartFailed(
                     f"{self.host}: the agent did not start its instances within {self._start_timeout:g}s") from None
             if frame is None:
