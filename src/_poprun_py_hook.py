@@ -83,7 +83,7 @@ class RealMPIGuard:
         if fullname != "mpi4py.MPI" and not (fullname.startswith("horovod.") and fullname.count(".") == 1):
             return None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if finder is self or not hasattr(finder, "find_spec"):  # type: ignore[comparison-overlap]  # (duck-typed)
                 continue
             spec = finder.find_spec(fullname, path, target)  # type: ignore[arg-type]  # (as we were given them)
             if spec is not None:
@@ -143,7 +143,7 @@ def install(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> str | 
     if LAUNCH not in environ:
         return None
     wanted = CompatFinder if environ.get(SWITCH, "1").strip() != "0" else RealMPIGuard
-    if not any(type(finder) is wanted for finder in sys.meta_path):
+    if not any(type(finder) is wanted for finder in sys.meta_path):  # type: ignore[comparison-overlap]  # (duck-typed)
         sys.meta_path.insert(0, wanted())  # type: ignore[arg-type]  # (a finder: duck-typed, no typing import)
     return "aliases" if wanted is CompatFinder else "guard"
 

@@ -317,15 +317,15 @@ class Job:
         self._reap_deadline = time.monotonic() + REAP_AFTER_KILL_SECONDS
 
     # -- signals ------------------------------------------------------------------------
-    def _install_signal_handlers(self) -> dict[int, object]:
+    def _install_signal_handlers(self) -> dict[int, signal._HANDLER]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[int, signal._HANDLER] = {}
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, lambda s, _f: self._events.put(SignalReceived(s)))
         return previous
 
     @staticmethod
-    def _restore_signal_handlers(previous: dict[int, object]) -> None:
+    def _restore_signal_handlers(previous: dict[int, signal._HANDLER]) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -141,7 +141,8 @@ def make_plan(
     blocks = distribute_instances(len(hosts), spec.num_instances)
     local_replicas = spec.replicas_per_instance
     ipus_per_instance = local_replicas * spec.ipus_per_replica
-    target_options = target_options_for(spec.num_ipus, spec.num_ilds, ipus_per_instance, allocation.gateway_mode)
+    target_options = tuple(
+        target_options_for(spec.num_ipus, spec.num_ilds, ipus_per_instance, allocation.gateway_mode).items())
     master_addr = addresses.get(str(hosts[0]), "127.0.0.1" if hosts[0].is_local else hosts[0].name)
     warned: set[str] = set()
     shared = _resolve_env_settings(spec.global_args.env + spec.local_args.env, launcher_environ, warned)

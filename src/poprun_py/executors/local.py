@@ -156,17 +156,17 @@ class LocalExecutor:
     def _spawn(self, plan: InstancePlan, others_devices: set[int]) -> None:
         out_r, out_w = _pipe()
         err_r, err_w = _pipe()
-        foreign = others_devices | set(self._selector.get_map()) | {out_r, err_r}
+        foreign: set[int] = others_devices | set(self._selector.get_map()) | {out_r, err_r}  # type: ignore[assignment]  # (keys: the fds registered)
         if self._guardian is not None:
             foreign.add(self._guardian.fileno())
         try:
             with _bound_to(plan.cpus):  # inherited at fork: bound before its first instruction
                 process = self._spawn_process(plan, {**self._base_env, **plan.env}, out_w, err_w, foreign)
         except BaseException:
-            os.close(out_r), os.close(err_r)
+            os.close(out_r), os.close(err_r)  # type: ignore[func-returns-value]
             raise
         finally:
-            os.close(out_w), os.close(err_w)
+            os.close(out_w), os.close(err_w)  # type: ignore[func-returns-value]
         if self._guardian is not None:
             self._guardian.watch(process.pid)
         instance = _Instance(plan, process)
@@ -279,7 +279,7 @@ class LocalExecutor:
         if instance.exited_posted or not instance.reaped or instance.open_streams:
             return
         instance.exited_posted = True
-        code = instance.process.returncode
+        code: int = instance.process.returncode  # type: ignore[assignment]  # (reaped: set)
         self._events.put(
             Exited(
                 instance.plan.index,

@@ -103,5 +103,5 @@ def _distribute(fabric: Fabric, local: Call, x: np.ndarray, total: np.ndarray | 
     received = bytearray(ANNOUNCEMENT_BYTES)
     fabric.run(local, 23, {}, {0: memoryview(received)})
     arena.adopt(lg.links[0], received)  # type: ignore[arg-type]
-    to_bytes(result)[:] = arena.peer(lg.members[0], x.nbytes)
+    to_bytes(result)[:] = arena.peer(lg.members[0], x.nbytes).data
     return result
