@@ -74,9 +74,25 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch import (  # noqa: E402  (the launch benchmark's helpers: same anchors, same conventions)
-    CORES, RESULTS_DIR, ROOT, Anchor, _install_log, command_output, ensure_mpirun, ensure_torchrun,
-    find_poprun, format_table, git_state, machine_info, mpirun_argv, note, poprun_argv, python_env,
-    run_command, say)
+    CORES,
+    RESULTS_DIR,
+    ROOT,
+    Anchor,
+    _install_log,
+    command_output,
+    ensure_mpirun,
+    ensure_torchrun,
+    find_poprun,
+    format_table,
+    git_state,
+    machine_info,
+    mpirun_argv,
+    note,
+    poprun_argv,
+    python_env,
+    run_command,
+    say,
+)
 
 WORKERS = Path(__file__).resolve().parent / "allreduce_workers"
 NS = (2, 4)
@@ -243,7 +259,7 @@ def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool) -> tuple[di
                     launches.append(launch)
                     if code != 0 or not out.exists():
                         last = [line for line in tail.strip().splitlines() if line.strip()][-3:]
-                        launch.error = ("hung: killed after %.0f s" % RUN_TIMEOUT if code is None
+                        launch.error = (f"hung: killed after {RUN_TIMEOUT:.0f} s" if code is None
                                         else f"exit {code}") + (": " + " | ".join(last) if last else "")
                         note(f"  {tool} N={n} failed: {launch.error[:300]}")
                         for nbytes in plan:

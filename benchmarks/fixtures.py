@@ -42,11 +42,26 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from launch import (  # noqa: E402  (the launch benchmark's helpers: same anchors, same conventions)
-    CORES, RESULTS_DIR, Anchor, ensure_torchrun, fmt_ratio, fmt_s, format_table, git_state, machine_info,
-    median, note, python_env, ratio, run_command, say, targets_table, _install_log,
+    CORES,
+    RESULTS_DIR,
+    Anchor,
+    _install_log,
+    ensure_torchrun,
+    fmt_ratio,
+    fmt_s,
+    format_table,
+    git_state,
+    machine_info,
+    median,
+    note,
+    python_env,
+    ratio,
+    run_command,
+    say,
+    targets_table,
 )
 
 INSTANCES = 4

@@ -599,7 +599,8 @@ def bench_throughput(anchors: dict[str, Anchor], quick: bool) -> tuple[dict[str,
         writer = WRITER_SOURCES[fastest](TP_LINES)
         commands: dict[str, list[str]] = {}
         if anchors["poprun"].path:
-            commands["poprun --tag-output"] = poprun_argv(anchors["poprun"], TP_INSTANCES, ["--mpi-global-args=--tag-output"]) + writer
+            commands["poprun --tag-output"] = poprun_argv(anchors["poprun"], TP_INSTANCES,
+                                                          ["--mpi-global-args=--tag-output"]) + writer
         if anchors["mpirun"].path:
             commands["mpirun --tag-output"] = mpirun_argv(anchors["mpirun"], TP_INSTANCES, ["--tag-output"]) + writer
         for name, argv in commands.items():

@@ -3,13 +3,13 @@
 
 Python runs the one line of ``poprun_py_hook.pth`` in site-packages at every start (the ``site`` module
 executes ``.pth`` lines that begin with ``import``). That line imports this module only when
-``POPDIST_NUM_TOTAL_REPLICAS`` is set: outside poprun a start costs one dictionary lookup, no import. In an instance of a poprun job (``POPDIST_NUM_TOTAL_REPLICAS``
-is set) it puts a finder first on ``sys.meta_path`` that maps those two names, unless poprun was given
-``--compat-imports=no`` (``POPRUN_COMPAT_IMPORTS=0``). Then it installs a guard instead: if the real
-``mpi4py.MPI`` is imported and its ``COMM_WORLD`` is not the job's instances (a real MPI started without
-``mpirun`` is a world of one), the import fails with a message saying why, rather than every instance
-running alone and "reducing" its own values; likewise a real Horovod's ``init()`` whose ``size()`` is not
-the number of instances.
+``POPDIST_NUM_TOTAL_REPLICAS`` is set: outside poprun a start costs one dictionary lookup, no import. In an
+instance of a poprun job (``POPDIST_NUM_TOTAL_REPLICAS`` is set) it puts a finder first on ``sys.meta_path``
+that maps those two names, unless poprun was given ``--compat-imports=no`` (``POPRUN_COMPAT_IMPORTS=0``). Then
+it installs a guard instead: if the real ``mpi4py.MPI`` is imported and its ``COMM_WORLD`` is not the job's
+instances (a real MPI started without ``mpirun`` is a world of one), the import fails with a message saying
+why, rather than every instance running alone and "reducing" its own values; likewise a real Horovod's
+``init()`` whose ``size()`` is not the number of instances.
 
 The variable names are spelled here rather than imported from ``popdist.env_names``: importing ``popdist``
 at every interpreter start would cost every Python program on the machine (a test holds them equal).

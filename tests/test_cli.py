@@ -10,7 +10,6 @@ import pytest
 from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
 from poprun_py.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_USAGE
 from poprun_py.mpiargs import EnvSetting
-
 from support import run_poprun
 
 
@@ -64,7 +63,8 @@ def test_defaults_are_the_guides() -> None:
     assert not spec.offline_mode and not spec.print_topology and spec.numa_aware is None
 
 
-@pytest.mark.parametrize("value,expected", [("yes", True), ("no", False), ("true", True), ("False", False), ("1", True), ("0", False)])
+@pytest.mark.parametrize("value,expected",
+                         [("yes", True), ("no", False), ("true", True), ("False", False), ("1", True), ("0", False)])
 def test_booleans_as_users_write_them(value: str, expected: bool) -> None:
     assert spec_of(f"poprun --offline-mode={value} prog").offline_mode is expected
     assert spec_of(f"poprun --offline-mode {value} prog").offline_mode is expected

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
-from poprun_py.errors import EXIT_TIMEOUT, EXIT_USAGE, _MEANINGS, exit_code_meanings, exit_codes
+from poprun_py.errors import _MEANINGS, EXIT_TIMEOUT, EXIT_USAGE, exit_code_meanings, exit_codes
 from poprun_py.plan import OMP_NUM_THREADS, make_plan, offline_allocation
 from poprun_py.spec import build_spec
-
 from support import program, run_poprun
 
 #: Every yes/no option of poprun (the guide's and ours).

@@ -16,18 +16,47 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from simipu.hardware import device_id as _device_id
-from simipu.hardware import parent_device_id as _parent_device_id
-
 from popdist.env_names import *  # noqa: F401,F403 - the names are part of this module's API
 from popdist.env_names import (
-    CONTRACT_NAMES, EXECUTABLE_CACHE_PATH, FABRIC_TIMEOUT, FABRIC_TRANSPORT, IPUOF_LOG_LEVEL, IPUS_PER_REPLICA,
-    DEVICE_FDS, FABRIC_ADDR, HOST_LABEL, JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
-    OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK, OMPI_RANK, OMPI_SIZE, RENDEZVOUS_ADDR, RENDEZVOUS_PORT,
-    REPLICA_INDEX_OFFSET, SOFT_DEFAULTS, STARTUP_TIMEOUT, TARGET_OPTIONS, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
-    TORCH_RANK, TORCH_WORLD_SIZE, TOTAL_REPLICAS, UNIFORM_REPLICAS, VIPU_GCD_ID, VIPU_HOST, VIPU_PARTITION,
-    VIPU_PORT, VIPU_TIMEOUT,
+    DEVICE_FDS,
+    EXECUTABLE_CACHE_PATH,
+    FABRIC_ADDR,
+    FABRIC_TIMEOUT,
+    FABRIC_TRANSPORT,
+    HOST_LABEL,
+    IPUS_PER_REPLICA,
+    JOB_ID,
+    JOB_TOKEN,
+    LOCAL_INSTANCE_INDEX,
+    LOCAL_REPLICAS,
+    MASTER_ADDR,
+    MASTER_PORT,
+    NODE_DEVICE_ID,
+    OFFLINE,
+    OMPI_LOCAL_RANK,
+    OMPI_LOCAL_SIZE,
+    OMPI_NODE_RANK,
+    OMPI_RANK,
+    OMPI_SIZE,
+    RENDEZVOUS_ADDR,
+    RENDEZVOUS_PORT,
+    REPLICA_INDEX_OFFSET,
+    STARTUP_TIMEOUT,
+    TARGET_OPTIONS,
+    TORCH_LOCAL_RANK,
+    TORCH_LOCAL_WORLD_SIZE,
+    TORCH_RANK,
+    TORCH_WORLD_SIZE,
+    TOTAL_REPLICAS,
+    UNIFORM_REPLICAS,
+    VIPU_GCD_ID,
+    VIPU_HOST,
+    VIPU_PARTITION,
+    VIPU_PORT,
+    VIPU_TIMEOUT,
 )
+from simipu.hardware import device_id as _device_id
+from simipu.hardware import parent_device_id as _parent_device_id
 
 DEFAULT_VIPU_HOST = "localhost"
 DEFAULT_VIPU_PORT = 8090
@@ -62,10 +91,11 @@ class FabricSettings:
         }
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> "FabricSettings":
+    def from_environ(cls, environ: Mapping[str, str]) -> FabricSettings:
         transport = environ.get(FABRIC_TRANSPORT, "auto")
         if transport not in FABRIC_TRANSPORTS:
-            raise EnvContractError(f"{FABRIC_TRANSPORT}={transport!r} is not one of {FABRIC_TRANSPORTS}", "transport", FABRIC_TRANSPORT)
+            raise EnvContractError(f"{FABRIC_TRANSPORT}={transport!r} is not one of {FABRIC_TRANSPORTS}",
+                                   "transport", FABRIC_TRANSPORT)
         return cls(environ.get(JOB_TOKEN, ""), transport, _read_seconds(environ, FABRIC_TIMEOUT, 10.0),
                    _read_seconds(environ, STARTUP_TIMEOUT, 60.0))
 

@@ -18,7 +18,17 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from .console import log_to_open_stream
 from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
-from .events import ConsoleClosed, EventQueue, Exited, HostLost, Output, SignalReceived, Started, StartupTimedOut, Stream
+from .events import (
+    ConsoleClosed,
+    EventQueue,
+    Exited,
+    HostLost,
+    Output,
+    SignalReceived,
+    Started,
+    StartupTimedOut,
+    Stream,
+)
 from .output import OutputLoss, OutputRouter
 from .plan import InstancePlan
 from .ranges import format_indices

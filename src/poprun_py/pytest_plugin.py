@@ -68,7 +68,7 @@ def _default_timeout(config: pytest.Config) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def _marker_settings(item: pytest.Item) -> "FunctionLaunch":
+def _marker_settings(item: pytest.Item) -> FunctionLaunch:
     from .functions import FunctionLaunch
 
     marker = item.get_closest_marker(MARKER)

@@ -282,7 +282,8 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
     for index, args in instance_args.items():
         warn_ignored(args, f"--instance-mpi-local-args={index}")
         if args.tag_output or args.timestamp_output or args.output_filename:
-            log.warning("--instance-mpi-local-args=%d: only -x applies per instance; output options go in --mpi-global-args", index)
+            log.warning("--instance-mpi-local-args=%d: only -x applies per instance; "
+                        "output options go in --mpi-global-args", index)
     vipu = VipuSettings(
         server_host=_optional_str(o, "vipu_server_host"),
         server_port=_positive("vipu_server_port", o["vipu_server_port"]),

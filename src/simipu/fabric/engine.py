@@ -65,8 +65,7 @@ from .membership import Membership
 from .shm import SHARED_BYTES, SharedArena, allreduce_shared
 from .transport import Link
 from .watch import Control, LossWatch
-from .wire import (ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, abort_notice,
-                   mismatch_notice)
+from .wire import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, abort_notice, mismatch_notice
 
 #: Up to this many bytes, allreduce and broadcast over sockets use the one-round algorithms.
 SMALL_BYTES = 256 * 1024
