@@ -159,7 +159,7 @@ def _option_kinds(command: Any) -> tuple[list[str], list[str]]:
     return booleans, valued
 
 
-def resolve_launch(line: CommandLine) -> tuple[LaunchSpec | None, dict[str, Any], list[str]]:
+def resolve_launch(line: CommandLine) -> LaunchSpec | None:
     """Merge a config file under the command line and validate; save the launch if asked.
 
     Returns no spec when there is nothing to run (only ``--export-config``).
@@ -174,14 +174,14 @@ def resolve_launch(line: CommandLine) -> tuple[LaunchSpec | None, dict[str, Any]
     if line.export_config:
         save_config(line.export_config, options, program, parse_bool("overwrite_config", line.overwrite_config or "no"))
         if not program:
-            return None, options, program
+            return None
     if not program:
         raise UsageError("no program given; usage: poprun [options] program [program args]")
-    return spec, options, program
+    return spec
 
 
 def _launch(line: CommandLine) -> int:
-    spec, _, _ = resolve_launch(line)
+    spec = resolve_launch(line)
     if spec is None:
         return 0
     if line.dry_run is not None and parse_bool("dry_run", line.dry_run):

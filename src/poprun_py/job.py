@@ -112,7 +112,7 @@ class JobReport:
 
 
 class Executor(Protocol):
-    """What the supervisor needs of an executor (local now; ssh and srun later)."""
+    """What the supervisor needs of an executor: local, on a host through its agent (ssh or srun), or both."""
 
     def start(self, plans: Sequence[InstancePlan]) -> None: ...
     def signal_all(self, signum: int) -> list[int]: ...

@@ -59,7 +59,6 @@ class InstancePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    spec: LaunchSpec
     job_id: str
     hosts: tuple[HostSpec, ...]
     instances: tuple[InstancePlan, ...]
@@ -186,4 +185,4 @@ def make_plan(
                 InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd,
                              device_fds.get(index, ()), cpus.get(index))
             )
-    return Plan(spec, job_id, tuple(hosts), tuple(instances))
+    return Plan(job_id, tuple(hosts), tuple(instances))

@@ -13,8 +13,8 @@ import shlex
 import time
 from typing import Any, Mapping
 
-from .. import __version__
 from ..errors import PreflightFailed
+from ..version import __version__
 from . import wire
 from .channels import AgentChannel
 from .remote import read_frame

@@ -20,7 +20,7 @@ import time
 from typing import Any, Optional
 from urllib.parse import quote
 
-from simipu.vipu.api import DEFAULT_PORT, DEFAULT_TIMEOUT
+from simipu.vipu.defaults import DEFAULT_PORT, DEFAULT_TIMEOUT
 from simipu.vipu.errors import VipuProtocolError, VipuUnreachable, error_from_kind
 from simipu.vipu.lease import Lease
 from simipu.vipu.models import Cluster, Partition, PartitionRequest, check_partition_name

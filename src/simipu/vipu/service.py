@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 from simipu import hardware
 from simipu.private_files import UnsafePath, private_dir
 from simipu.vipu.allocation import choose_ipus
-from simipu.vipu.api import default_state_dir, default_state_path
+from simipu.vipu.defaults import default_state_dir, default_state_path
 from simipu.vipu.errors import (
     ClusterMismatch,
     ClusterNotFound,
