@@ -1,5 +1,5 @@
-"""The shape of src/, read from its syntax trees: no import circles, so each module can be read (and loaded)
-after the ones it needs.
+"""The shape of the code, read from its syntax trees: no import circles in src/, so each module can be read
+(and loaded) after the ones it needs; and no function longer than a screen, so each can be read at once.
 
 An import inside a function counts: it runs as surely as one at the top, only later, and a circle through it
 still means neither module can be understood without the other. An import under ``if TYPE_CHECKING:`` does
@@ -11,7 +11,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+#: Lines a function may span, from its ``def`` to its last line: past this, split it where a step has a name.
+MAX_FUNCTION_LINES = 60
 
 
 def modules(root: Path = SRC) -> dict[str, tuple[Path, bool]]:
@@ -132,3 +135,30 @@ def test_the_reader_finds_circles_through_functions_and_relative_imports(tmp_pat
     graph = import_graph(tmp_path)
     assert graph["pkg.d"] == {"pkg.c"} and graph["pkg.c"] == set()
     assert circles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def long_functions(roots: tuple[Path, ...], limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``path:line name (N lines)`` for each function or method under ``roots`` longer than ``limit`` lines."""
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > limit:
+                        found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen() -> None:
+    found = long_functions((SRC, ROOT / "benchmarks"))
+    assert not found, f"functions over {MAX_FUNCTION_LINES} lines (split them where a step has a name): " + "; ".join(
+        found)
+
+
+def test_the_length_check_counts_from_def_to_the_last_line(tmp_path: Path) -> None:
+    """The checker itself: 60 lines pass, 61 fail, methods included."""
+    fits = "def fits():\n" + "".join(f"    x{i} = {i}\n" for i in range(59))
+    over = "class C:\n    def over(self):\n" + "".join(f"        x{i} = {i}\n" for i in range(60))
+    (tmp_path / "m.py").write_text(fits + "\n\n" + over)
+    assert [f.split(" ", 1)[1] for f in long_functions((tmp_path,))] == ["over (61 lines)"]
