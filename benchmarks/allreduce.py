@@ -74,9 +74,25 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launch import (  # noqa: E402  (the launch benchmark's helpers: same anchors, same conventions)
-    CORES, RESULTS_DIR, ROOT, Anchor, _install_log, command_output, ensure_mpirun, ensure_torchrun,
-    find_poprun, format_table, git_state, machine_info, mpirun_argv, note, poprun_argv, python_env,
-    run_command, say)
+    CORES,
+    RESULTS_DIR,
+    ROOT,
+    Anchor,
+    _install_log,
+    command_output,
+    ensure_mpirun,
+    ensure_torchrun,
+    find_poprun,
+    format_table,
+    git_state,
+    machine_info,
+    mpirun_argv,
+    note,
+    poprun_argv,
+    python_env,
+    run_command,
+    say,
+)
 
 WORKERS = Path(__file__).resolve().parent / "allreduce_workers"
 NS = (2, 4)
@@ -243,7 +259,7 @@ def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool) -> tuple[di
                     launches.append(launch)
                     if code != 0 or not out.exists():
                         last = [line for line in tail.strip().splitlines() if line.strip()][-3:]
-                        launch.error = ("hung: killed after %.0f s" % RUN_TIMEOUT if code is None
+                        launch.error = (f"hung: killed after {RUN_TIMEOUT:.0f} s" if code is None
                                         else f"exit {code}") + (": " + " | ".join(last) if last else "")
                         note(f"  {tool} N={n} failed: {launch.error[:300]}")
                         for nbytes in plan:
@@ -386,6 +402,67 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def print_results(cells: dict[tuple, Cell], tools: list[str], launches: list[Launch]) -> None:
+    """The four tables, then the N=4 commands, start-up times and the first problems of each cell."""
+    say("1. Median latency per allreduce, us (each iteration: the slowest process)")
+    say(metric_table(cells, tools, "median_us"))
+    say()
+    say("2. Bus bandwidth, GB/s (algbw x 2(N-1)/N)")
+    say(metric_table(cells, tools, "busbw"))
+    say()
+    say("3. Algorithm bandwidth, GB/s (bytes / latency)")
+    say(metric_table(cells, tools, "algbw"))
+    say("   ratios: poprun (default transport) over the anchor; latency below 1x and bandwidth above 1x favour poprun")
+    say()
+    say("4. Spread: median of each round, instance 0's own median, fastest iteration (us)")
+    say(spread_table(cells, tools))
+    say()
+    say("Commands (N=4)")
+    seen: set[str] = set()
+    for launch in launches:
+        if launch.n == 4 and launch.tool not in seen:
+            seen.add(launch.tool)
+            say(f"  {launch.tool}: {launch.command}")
+    inits = {}
+    for launch in launches:
+        if launch.init_s is not None:
+            inits.setdefault((launch.tool, launch.n), []).append(launch.init_s)
+    say("  start-up to first barrier (init, s): " + ", ".join(
+        f"{t} N={n} {statistics.median(v):.2f}" for (t, n), v in sorted(inits.items())))
+    for cell in cells.values():
+        for problem in cell.problems[:2]:
+            say(f"  {cell.tool} N={cell.n} {fmt_size(cell.nbytes)}: {problem[:300]}")
+    say()
+
+
+def json_report(anchors: dict[str, Anchor], fabric: str, quick: bool, plan: dict[int, tuple[int, int]], rounds: int,
+                cells: dict[tuple, Cell], launches: list[Launch], target_rows: list[tuple[str, bool | None, str]],
+                timing: tuple[float, tuple[float, float, float], tuple[float, float, float]]) -> dict[str, Any]:
+    """What benchmarks/results/allreduce.json holds: the machine, the plan, every cell's figures and samples.
+    ``timing``: the run's seconds, and the load averages before and after it."""
+    elapsed, load, load_after = timing
+    return {
+        "machine": machine_info(anchors),
+        "fabric_sources_sha256_12": fabric,
+        "mode": "quick" if quick else "full",
+        "elapsed_s": elapsed,
+        "loadavg_before": load,
+        "loadavg_after": load_after,
+        "plan": {str(b): {"warmup": w, "iters": k} for b, (w, k) in plan.items()},
+        "rounds": rounds,
+        "summary": [
+            {"tool": c.tool, "n": c.n, "bytes": c.nbytes, "median_us": c.median_us, "algbw_gbs": c.algbw,
+             "busbw_gbs": c.busbw, "rank0_median_us": statistics.median(c.rank0_us) if c.rank0_us else None,
+             "round_medians_us": c.round_medians_us, "problems": c.problems}
+            for c in cells.values()
+        ],
+        "targets": [{"target": t, "pass": ok, "measured": m} for t, ok, m in target_rows],
+        "launches": [asdict(launch) for launch in launches],
+        "samples": [{"tool": c.tool, "n": c.n, "bytes": c.nbytes, "max_us": c.max_us, "rank0_us": c.rank0_us}
+                    for c in cells.values()],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -418,35 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cells, launches = bench(anchors, tools, args.quick)
 
-    say("1. Median latency per allreduce, us (each iteration: the slowest process)")
-    say(metric_table(cells, tools, "median_us"))
-    say()
-    say("2. Bus bandwidth, GB/s (algbw x 2(N-1)/N)")
-    say(metric_table(cells, tools, "busbw"))
-    say()
-    say("3. Algorithm bandwidth, GB/s (bytes / latency)")
-    say(metric_table(cells, tools, "algbw"))
-    say("   ratios: poprun (default transport) over the anchor; latency below 1x and bandwidth above 1x favour poprun")
-    say()
-    say("4. Spread: median of each round, instance 0's own median, fastest iteration (us)")
-    say(spread_table(cells, tools))
-    say()
-    say("Commands (N=4)")
-    seen: set[str] = set()
-    for launch in launches:
-        if launch.n == 4 and launch.tool not in seen:
-            seen.add(launch.tool)
-            say(f"  {launch.tool}: {launch.command}")
-    inits = {}
-    for launch in launches:
-        if launch.init_s is not None:
-            inits.setdefault((launch.tool, launch.n), []).append(launch.init_s)
-    say("  start-up to first barrier (init, s): " + ", ".join(
-        f"{t} N={n} {statistics.median(v):.2f}" for (t, n), v in sorted(inits.items())))
-    for cell in cells.values():
-        for problem in cell.problems[:2]:
-            say(f"  {cell.tool} N={cell.n} {fmt_size(cell.nbytes)}: {problem[:300]}")
-    say()
+    print_results(cells, tools, launches)
 
     target_rows = targets(cells)
     say("Targets")
@@ -455,26 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_after = os.getloadavg()
     say(f"\n(benchmark took {elapsed:.0f} s; load average after: {load_after[0]:.2f}, 1 min)")
 
-    report: dict[str, Any] = {
-        "machine": machine_info(anchors),
-        "fabric_sources_sha256_12": fabric,
-        "mode": "quick" if args.quick else "full",
-        "elapsed_s": elapsed,
-        "loadavg_before": load,
-        "loadavg_after": load_after,
-        "plan": {str(b): {"warmup": w, "iters": k} for b, (w, k) in plan.items()},
-        "rounds": rounds,
-        "summary": [
-            {"tool": c.tool, "n": c.n, "bytes": c.nbytes, "median_us": c.median_us, "algbw_gbs": c.algbw,
-             "busbw_gbs": c.busbw, "rank0_median_us": statistics.median(c.rank0_us) if c.rank0_us else None,
-             "round_medians_us": c.round_medians_us, "problems": c.problems}
-            for c in cells.values()
-        ],
-        "targets": [{"target": t, "pass": ok, "measured": m} for t, ok, m in target_rows],
-        "launches": [asdict(launch) for launch in launches],
-        "samples": [{"tool": c.tool, "n": c.n, "bytes": c.nbytes, "max_us": c.max_us, "rank0_us": c.rank0_us}
-                    for c in cells.values()],
-    }
+    report = json_report(anchors, fabric, args.quick, plan, rounds, cells, launches, target_rows,
+                         (elapsed, load, load_after))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     say(f"JSON: {args.output}")

@@ -42,11 +42,26 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from launch import (  # noqa: E402  (the launch benchmark's helpers: same anchors, same conventions)
-    CORES, RESULTS_DIR, Anchor, ensure_torchrun, fmt_ratio, fmt_s, format_table, git_state, machine_info,
-    median, note, python_env, ratio, run_command, say, targets_table, _install_log,
+    CORES,
+    RESULTS_DIR,
+    Anchor,
+    _install_log,
+    ensure_torchrun,
+    fmt_ratio,
+    fmt_s,
+    format_table,
+    git_state,
+    machine_info,
+    median,
+    note,
+    python_env,
+    ratio,
+    run_command,
+    say,
+    targets_table,
 )
 
 INSTANCES = 4
@@ -197,6 +212,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def print_suites(suites: list[Suite], alone: Suite) -> None:
+    """The table of suites (wall time, per test, overhead over pytest alone), then each one's command and problems."""
+    rows = []
+    for suite in suites:
+        overhead = suite.per_test - alone.per_test if suite.per_test is not None and alone.per_test is not None else None
+        rows.append([suite.name, suite.tests, fmt_s(suite.wall), f"{suite.per_test * 1000:.0f} ms" if suite.per_test else "n/a",
+                     f"{overhead * 1000:.0f} ms" if overhead is not None and suite is not alone else "",
+                     len(suite.walls)])
+    say(format_table(["tests written for", "tests", "wall (median)", "per test", "overhead/test", "runs"], rows))
+    for suite in suites:
+        say(f"   {suite.name}: {suite.command}")
+        for problem in suite.problems:
+            say(f"   {suite.name} FAILED: {problem}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -229,17 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_suite(harness, files["torch"])
     load_after = os.getloadavg()
     suites = [alone, plugin, xdist] + ([harness] if torch.path else [])
-    rows = []
-    for suite in suites:
-        overhead = suite.per_test - alone.per_test if suite.per_test is not None and alone.per_test is not None else None
-        rows.append([suite.name, suite.tests, fmt_s(suite.wall), f"{suite.per_test * 1000:.0f} ms" if suite.per_test else "n/a",
-                     f"{overhead * 1000:.0f} ms" if overhead is not None and suite is not alone else "",
-                     len(suite.walls)])
-    say(format_table(["tests written for", "tests", "wall (median)", "per test", "overhead/test", "runs"], rows))
-    for suite in suites:
-        say(f"   {suite.name}: {suite.command}")
-        for problem in suite.problems:
-            say(f"   {suite.name} FAILED: {problem}")
+    print_suites(suites, alone)
     speedup = ratio(harness.per_test, plugin.per_test)
     say()
     say(f"torch harness per test / poprun plugin per test: {fmt_ratio(speedup)}")

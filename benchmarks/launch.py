@@ -599,7 +599,8 @@ def bench_throughput(anchors: dict[str, Anchor], quick: bool) -> tuple[dict[str,
         writer = WRITER_SOURCES[fastest](TP_LINES)
         commands: dict[str, list[str]] = {}
         if anchors["poprun"].path:
-            commands["poprun --tag-output"] = poprun_argv(anchors["poprun"], TP_INSTANCES, ["--mpi-global-args=--tag-output"]) + writer
+            commands["poprun --tag-output"] = poprun_argv(anchors["poprun"], TP_INSTANCES,
+                                                          ["--mpi-global-args=--tag-output"]) + writer
         if anchors["mpirun"].path:
             commands["mpirun --tag-output"] = mpirun_argv(anchors["mpirun"], TP_INSTANCES, ["--tag-output"]) + writer
         for name, argv in commands.items():
@@ -711,6 +712,48 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def launch_section(anchors: dict[str, Anchor], quick: bool) -> tuple[list[LaunchResult], list[dict[str, Any]]]:
+    """1: each launcher's wall time for `true`, measured and printed, with the commands and any failures."""
+    launch_results = bench_launch(anchors, quick)
+    table, launch_summary = launch_table(launch_results)
+    say("1. Launch wall time of `true`, median of interleaved runs")
+    say(table)
+    for r in launch_results:
+        if r.n == LAUNCH_SIZES[-1]:
+            say(f"   {r.tool}: {r.command}")
+    for r in launch_results:
+        if r.failures:
+            say(f"   {r.tool} N={r.n}: {len(r.failures)} failed runs, e.g. {r.failures[0]}")
+        if r.hung:
+            say(f"   {r.tool} N={r.n}: {r.hung} of {r.hung + len(r.samples) + len(r.failures)} runs hung "
+                f"(killed after {TORCHRUN_TIMEOUT if r.tool == 'torchrun' else LAUNCH_TIMEOUT:.0f} s; "
+                "the median is of the runs that finished)")
+    say()
+    return launch_results, launch_summary
+
+
+def throughput_section(anchors: dict[str, Anchor], quick: bool) -> tuple[dict[str, ThroughputResult], str]:
+    """2: tagged output through each launcher, measured and printed, with Open MPI's losses explained."""
+    tp_results, writer = bench_throughput(anchors, quick)
+    say(f"2. Tagged output, {TP_INSTANCES} instances x {TP_LINES:,} lines, stdout to a file "
+        f"(launchers use the cheapest writer: {writer})")
+    say(throughput_table(tp_results))
+    for name in ("poprun --tag-output", "mpirun --tag-output"):
+        if name in tp_results:
+            say(f"   {tp_results[name].command}")
+    for r in tp_results.values():
+        for run in r.runs:
+            if run.exit_code:
+                say(f"   {r.name}: exit {run.exit_code}: {run.stderr_tail.strip()[-200:]}")
+    mpi = tp_results.get("mpirun --tag-output")
+    if mpi is not None and (mpi.total("lost") or mpi.total("torn")):
+        say("   mpirun's losses are Open MPI 4.1's own: it tags each read of up to 4 KiB into an 8 KiB buffer\n"
+            "   and drops the rest of the read once that is full (ORTE_IOF_BASE_TAGGED_OUT_MAX in\n"
+            "   orte/mca/iof/base/iof_base_output.c); the cut also tears the tag it stops in.")
+    say()
+    return tp_results, writer
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -733,40 +776,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"  (PYTHONDONTWRITEBYTECODE is set here: poprun runs cache bytecode in {PYCACHE_DIR.relative_to(ROOT)}/)")
     say()
 
-    launch_results = bench_launch(anchors, args.quick)
-    table, launch_summary = launch_table(launch_results)
-    say("1. Launch wall time of `true`, median of interleaved runs")
-    say(table)
-    for r in launch_results:
-        if r.n == LAUNCH_SIZES[-1]:
-            say(f"   {r.tool}: {r.command}")
-    for r in launch_results:
-        if r.failures:
-            say(f"   {r.tool} N={r.n}: {len(r.failures)} failed runs, e.g. {r.failures[0]}")
-        if r.hung:
-            say(f"   {r.tool} N={r.n}: {r.hung} of {r.hung + len(r.samples) + len(r.failures)} runs hung "
-                f"(killed after {TORCHRUN_TIMEOUT if r.tool == 'torchrun' else LAUNCH_TIMEOUT:.0f} s; "
-                "the median is of the runs that finished)")
-    say()
-
-    tp_results, writer = bench_throughput(anchors, args.quick)
-    say(f"2. Tagged output, {TP_INSTANCES} instances x {TP_LINES:,} lines, stdout to a file "
-        f"(launchers use the cheapest writer: {writer})")
-    say(throughput_table(tp_results))
-    for name in ("poprun --tag-output", "mpirun --tag-output"):
-        if name in tp_results:
-            say(f"   {tp_results[name].command}")
-    for r in tp_results.values():
-        for run in r.runs:
-            if run.exit_code:
-                say(f"   {r.name}: exit {run.exit_code}: {run.stderr_tail.strip()[-200:]}")
-    mpi = tp_results.get("mpirun --tag-output")
-    if mpi is not None and (mpi.total("lost") or mpi.total("torn")):
-        say("   mpirun's losses are Open MPI 4.1's own: it tags each read of up to 4 KiB into an 8 KiB buffer\n"
-            "   and drops the rest of the read once that is full (ORTE_IOF_BASE_TAGGED_OUT_MAX in\n"
-            "   orte/mca/iof/base/iof_base_output.c); the cut also tears the tag it stops in.")
-    say()
-
+    launch_results, launch_summary = launch_section(anchors, args.quick)
+    tp_results, writer = throughput_section(anchors, args.quick)
     breakdown_table, breakdown = bench_breakdown(anchors, args.quick)
     say("3. Where poprun's N=2 launch time goes (medians)")
     say(breakdown_table)

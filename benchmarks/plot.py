@@ -78,7 +78,8 @@ def plot_allreduce(report: dict[str, Any], path: Path, out: Path) -> Path:
     counts = sorted({row["n"] for row in rows})
     fig, axes = plt.subplots(1, len(counts), figsize=(5.2 * len(counts), 4.2), sharey=True, squeeze=False)
     for ax, n in zip(axes[0], counts):
-        tools = sorted({row["tool"] for row in rows if row["n"] == n}, key=lambda t: (t not in STYLE, list(STYLE).index(t) if t in STYLE else 0, t))
+        tools = sorted({row["tool"] for row in rows if row["n"] == n},
+                       key=lambda t: (t not in STYLE, list(STYLE).index(t) if t in STYLE else 0, t))
         for tool in tools:
             mine = sorted((row for row in rows if row["n"] == n and row["tool"] == tool), key=lambda r: r["bytes"])
             ax.plot([r["bytes"] for r in mine], [r["busbw_gbs"] for r in mine], label=tool, **STYLE.get(tool, {}))

@@ -168,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"load average after {load_after[0]:.2f})")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({
-        "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()), "cores": CORES, "python": sys.version.split()[0], "rounds": rounds,
+        "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()), "cores": CORES,
+        "python": sys.version.split()[0], "rounds": rounds,
         "loadavg_before": load, "loadavg_after": load_after, "networks": [asdict(n) for n in NETWORKS],
         "summary": summary, "runs": [asdict(r) for r in runs],
     }, indent=2) + "\n")

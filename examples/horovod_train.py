@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 
+import horovod.torch as hvd
 import torch
 
-import horovod.torch as hvd
 import popdist
 import popdist.poptorch
 

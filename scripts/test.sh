@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Install everything the tests need and run them: the whole suite on the main Python (3.11), then a fast
-# subset on each other supported Python (3.10, 3.12, 3.13) that pyenv has, each in its own venv.
+# Install everything the tests need and run them: mypy and ruff, the whole suite on the main Python (3.11),
+# then a fast subset on each other supported Python (3.10, 3.12, 3.13) that pyenv has, each in its own venv.
 #
 # Usage: bash scripts/test.sh                      everything (what CI runs)
 #        bash scripts/test.sh --main-python-only   the whole suite on the main Python only
-#        bash scripts/test.sh [pytest args]        pytest with these arguments, on the main Python only
+#        bash scripts/test.sh [pytest args]        mypy, ruff, then pytest with these arguments, on the main Python only
 #
 # As root on Debian/Ubuntu it apt-installs what the multi-host tests start: openssh-server (a real sshd),
 # slurm-wlm and munge (a real single-node Slurm) and iproute2 (network namespaces). PYTHON=... picks the
@@ -111,8 +111,12 @@ PYTHON=${PYTHON:-python3}
 make_venv "$PYTHON" .venv test,bench  # bench: matplotlib, for the test that draws the benchmarks' pictures
 install_torch .venv/bin/python
 status=0
+# The static checks first, a few seconds: types on src/ and lint everywhere (pyproject.toml configures both).
+# A failure fails the run, but the tests still run, so one report shows everything.
+.venv/bin/python -m mypy || { status=$?; echo "mypy found errors (above)" >&2; }
+.venv/bin/python -m ruff check src tests benchmarks examples scripts || { status=$?; echo "ruff found errors (above)" >&2; }
 # Two workers: the machine has two cores; every test bounds its own time.
-.venv/bin/python -m pytest -n 2 "$@" || status=$?
+.venv/bin/python -m pytest -n 2 "$@" || { code=$?; [ "$status" != 0 ] || status=$code; }
 [ -z "$main_only" ] || exit "$status"
 
 for version in "${OTHER_VERSIONS[@]}"; do

@@ -3,13 +3,13 @@
 
 Python runs the one line of ``poprun_py_hook.pth`` in site-packages at every start (the ``site`` module
 executes ``.pth`` lines that begin with ``import``). That line imports this module only when
-``POPDIST_NUM_TOTAL_REPLICAS`` is set: outside poprun a start costs one dictionary lookup, no import. In an instance of a poprun job (``POPDIST_NUM_TOTAL_REPLICAS``
-is set) it puts a finder first on ``sys.meta_path`` that maps those two names, unless poprun was given
-``--compat-imports=no`` (``POPRUN_COMPAT_IMPORTS=0``). Then it installs a guard instead: if the real
-``mpi4py.MPI`` is imported and its ``COMM_WORLD`` is not the job's instances (a real MPI started without
-``mpirun`` is a world of one), the import fails with a message saying why, rather than every instance
-running alone and "reducing" its own values; likewise a real Horovod's ``init()`` whose ``size()`` is not
-the number of instances.
+``POPDIST_NUM_TOTAL_REPLICAS`` is set: outside poprun a start costs one dictionary lookup, no import. In an
+instance of a poprun job (``POPDIST_NUM_TOTAL_REPLICAS`` is set) it puts a finder first on ``sys.meta_path``
+that maps those two names, unless poprun was given ``--compat-imports=no`` (``POPRUN_COMPAT_IMPORTS=0``). Then
+it installs a guard instead: if the real ``mpi4py.MPI`` is imported and its ``COMM_WORLD`` is not the job's
+instances (a real MPI started without ``mpirun`` is a world of one), the import fails with a message saying
+why, rather than every instance running alone and "reducing" its own values; likewise a real Horovod's
+``init()`` whose ``size()`` is not the number of instances.
 
 The variable names are spelled here rather than imported from ``popdist.env_names``: importing ``popdist``
 at every interpreter start would cost every Python program on the machine (a test holds them equal).
@@ -83,7 +83,7 @@ class RealMPIGuard:
         if fullname != "mpi4py.MPI" and not (fullname.startswith("horovod.") and fullname.count(".") == 1):
             return None
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if finder is self or not hasattr(finder, "find_spec"):  # type: ignore[comparison-overlap]  # (duck-typed)
                 continue
             spec = finder.find_spec(fullname, path, target)  # type: ignore[arg-type]  # (as we were given them)
             if spec is not None:
@@ -143,7 +143,7 @@ def install(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> str | 
     if LAUNCH not in environ:
         return None
     wanted = CompatFinder if environ.get(SWITCH, "1").strip() != "0" else RealMPIGuard
-    if not any(type(finder) is wanted for finder in sys.meta_path):
+    if not any(type(finder) is wanted for finder in sys.meta_path):  # type: ignore[comparison-overlap]  # (duck-typed)
         sys.meta_path.insert(0, wanted())  # type: ignore[arg-type]  # (a finder: duck-typed, no typing import)
     return "aliases" if wanted is CompatFinder else "guard"
 

@@ -23,7 +23,7 @@ class Screen:
         """The visible text, one string per row, trailing blanks dropped."""
         return ["".join(cells).rstrip() for cells in self.rows]
 
-    def feed(self, data: bytes, after_each: Callable[["Screen"], None] | None = None) -> None:
+    def feed(self, data: bytes, after_each: Callable[[Screen], None] | None = None) -> None:
         """Interpret ``data``; ``after_each`` sees the screen after every character or sequence."""
         i = 0
         while i < len(data):

@@ -16,10 +16,9 @@ import pytest
 
 from poprun_py.errors import EXIT_USAGE
 from poprun_py.spec import CONFIG_FORMAT
-
 from support import run_poprun
 
-O = "--offline-mode=1"
+O = "--offline-mode=1"  # noqa: E741  (one letter: the table below reads as command lines)
 HUGE = str(2**70)
 #: Saved launches (written to {d}/<name>.json): wrong JSON types, and programs too big to exec.
 CONFIGS = {

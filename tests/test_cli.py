@@ -10,14 +10,13 @@ import pytest
 from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
 from poprun_py.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_USAGE
 from poprun_py.mpiargs import EnvSetting
-
 from support import run_poprun
 
 
 def spec_of(command: str):
     line = parse_command_line(shlex.split(command)[1:])
     assert isinstance(line, CommandLine)
-    spec, _, _ = resolve_launch(line)
+    spec = resolve_launch(line)
     return spec
 
 
@@ -64,7 +63,8 @@ def test_defaults_are_the_guides() -> None:
     assert not spec.offline_mode and not spec.print_topology and spec.numa_aware is None
 
 
-@pytest.mark.parametrize("value,expected", [("yes", True), ("no", False), ("true", True), ("False", False), ("1", True), ("0", False)])
+@pytest.mark.parametrize("value,expected",
+                         [("yes", True), ("no", False), ("true", True), ("False", False), ("1", True), ("0", False)])
 def test_booleans_as_users_write_them(value: str, expected: bool) -> None:
     assert spec_of(f"poprun --offline-mode={value} prog").offline_mode is expected
     assert spec_of(f"poprun --offline-mode {value} prog").offline_mode is expected
@@ -111,11 +111,11 @@ def test_config_export_then_import_with_override(tmp_path) -> None:
         ["--export-config", str(config), "--num-replicas", "4", "--num-instances", "2",
          "--mpi-global-args=--tag-output", "--offline-mode=yes", "prog", "arg"]
     )
-    spec, _, _ = resolve_launch(line)
+    resolve_launch(line)
     saved = json.loads(config.read_text())
     assert saved["program"] == ["prog", "arg"] and saved["options"]["num_replicas"] == 4
     replay = parse_command_line(["--import-config", str(config), "--num-replicas", "8", "--mpi-global-args=--timestamp-output"])
-    again, _, _ = resolve_launch(replay)
+    again = resolve_launch(replay)
     assert again.num_replicas == 8 and again.num_instances == 2 and again.offline_mode
     assert again.tag_output and again.timestamp_output
     assert again.program == ("prog", "arg")

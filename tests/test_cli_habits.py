@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
-from poprun_py.errors import EXIT_TIMEOUT, EXIT_USAGE, _MEANINGS, exit_code_meanings, exit_codes
+from poprun_py.errors import _MEANINGS, EXIT_TIMEOUT, EXIT_USAGE, exit_code_meanings, exit_codes
 from poprun_py.plan import OMP_NUM_THREADS, make_plan, offline_allocation
 from poprun_py.spec import build_spec
-
 from support import program, run_poprun
 
 #: Every yes/no option of poprun (the guide's and ours).
@@ -79,7 +78,7 @@ def test_a_value_that_looks_like_a_boolean_stays_with_its_own_option() -> None:
 def test_bare_flags_become_the_launch_they_say() -> None:
     line = given(["--offline-mode", "--print-topology", "--tag-output", "--numa-aware", "--update-partition",
                   "--remove-partition", "no", "--allow-run-as-root", "python3", "x.py"])
-    spec, _, _ = resolve_launch(line)
+    spec = resolve_launch(line)
     assert spec.offline_mode and spec.print_topology and spec.tag_output and spec.numa_aware
     assert spec.vipu.update_partition and not spec.vipu.remove_partition
     assert spec.program == ("python3", "x.py")
@@ -131,7 +130,7 @@ def test_tag_output_no_leaves_lines_alone_and_is_saved_with_the_launch(tmp_path:
     assert result.returncode == 0 and result.stdout == b"out\nout\n"
     saved = tmp_path / "launch.json"
     assert run_poprun("--tag-output", "--export-config", str(saved)).returncode == 0
-    spec, _, _ = resolve_launch(given(["--import-config", str(saved), "prog"]))
+    spec = resolve_launch(given(["--import-config", str(saved), "prog"]))
     assert spec.tag_output
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from poprun_py.errors import EXIT_STARTUP_TIMEOUT
 
+from poprun_py.errors import EXIT_STARTUP_TIMEOUT
 from support import python_program, run_poprun
 
 OFFLINE = "--offline-mode=1"
@@ -45,7 +45,7 @@ def test_results_are_bit_identical_across_runs() -> None:
     assert run_checks(3, 6, "auto") == run_checks(3, 6, "auto")
 
 
-def run_failing(mode: str, *extra: str) -> "subprocess.CompletedProcess[bytes]":
+def run_failing(mode: str, *extra: str) -> subprocess.CompletedProcess[bytes]:
     return run_poprun(OFFLINE, "--num-instances", "3", "--num-replicas", "3", *extra,
                       *python_program("fabric_fail.py", mode))
 

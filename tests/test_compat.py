@@ -96,9 +96,8 @@ def test_horovod_in_launch_instances(spawn_instances) -> None:
 
 @pytest.mark.poprun(num_instances=2)
 def test_horovod_under_the_pytest_marker() -> None:
-    from mpi4py import MPI
-
     import horovod.torch as hvd
+    from mpi4py import MPI
 
     hvd.init()
     assert hvd.allreduce(torch.tensor(hvd.rank() + 1), op=hvd.Sum).item() == 3
@@ -212,7 +211,6 @@ def test_verbose_output_says_what_python_programs_get() -> None:
 
 def test_the_hook_spells_the_contract_names_as_popdist_does() -> None:
     import _poprun_py_hook as hook
-
     from popdist import env_names
 
     assert (hook.LAUNCH, hook.LOCAL_REPLICAS, hook.SWITCH) == (
@@ -233,7 +231,8 @@ def test_a_wheel_installs_the_pth_into_site_packages(tmp_path: Path) -> None:
                           capture_output=True, check=True, timeout=RUN_TIMEOUT).stdout.decode().strip()
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, str(wheel)],
                    check=True, timeout=300, capture_output=True)
-    assert (Path(site) / "poprun_py_hook.pth").read_text() == (Path(__file__).resolve().parent.parent / "src" / "poprun_py_hook.pth").read_text()
+    source = Path(__file__).resolve().parent.parent / "src" / "poprun_py_hook.pth"
+    assert (Path(site) / "poprun_py_hook.pth").read_text() == source.read_text()
     code = "import horovod, popdist; print(horovod.__name__, popdist.__file__)"
     launched = outside_poprun(POPDIST_NUM_TOTAL_REPLICAS="1")
     result = subprocess.run([python, "-c", code], capture_output=True, timeout=RUN_TIMEOUT, env=launched,

@@ -11,12 +11,18 @@ import pytest
 
 from simipu import hardware
 from simipu.devices import (
-    DeviceBusy, NoSuchDevice, PartitionNotActive, attach, attach_ipus, device_info, ipu_holder, listing_lines,
+    DeviceBusy,
+    NoSuchDevice,
+    PartitionNotActive,
+    attach,
+    attach_ipus,
+    device_info,
+    ipu_holder,
+    listing_lines,
     partition_devices,
 )
 from simipu.vipu import Lease, Partition, PartitionRequest, VipuService
 from simipu.vipu.testing import start_holder, stop_process
-
 
 # -- hardware ---------------------------------------------------------------
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
+import subprocess
 
 import pytest
 
 from popdist import env
-from support import program, python_program, run_on_terminal, run_poprun
+from support import python_program, run_on_terminal, run_poprun
 
 OFFLINE = "--offline-mode=1"
 
@@ -107,7 +107,7 @@ def test_print_topology() -> None:
     assert "| instances |       0       |       1       |" in result.stderr.decode()
 
 
-def emit(*args: str, instances: int = 1, extra: tuple[str, ...] = ()) -> "subprocess.CompletedProcess[bytes]":
+def emit(*args: str, instances: int = 1, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[bytes]:
     n = str(instances)
     return run_poprun(OFFLINE, "--num-instances", n, "--num-replicas", n, *extra, *python_program("emit.py", *args))
 

@@ -15,9 +15,8 @@ import pytest
 import popdist
 import popdist.collectives as C
 import poprun_py
-from poprun_py import InstancesFailed
 from popdist.env import OMPI_RANK, OMPI_SIZE, TORCH_RANK, TORCH_WORLD_SIZE
-
+from poprun_py import InstancesFailed
 from support import RUN_TIMEOUT, python_program, read_line
 
 

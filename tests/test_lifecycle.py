@@ -208,7 +208,8 @@ def test_sigkill_of_poprun_during_start_up_leaves_nothing(no_leaked_processes: s
         launch = subprocess.Popen(poprun_command(*instances(64, *SLEEP)), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         started = 2 * trial + 1
-        wait_until(lambda: len(children(launch.pid)) > started or launch.poll() is not None,
+        wait_until(lambda launch=launch, started=started: len(children(launch.pid)) > started
+                   or launch.poll() is not None,
                    f"{started} instances have started")
         launch.kill()
         launch.wait(RUN_TIMEOUT)

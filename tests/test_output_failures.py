@@ -19,7 +19,6 @@ import pytest
 from poprun_py.errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST
 from poprun_py.job import Failure, JobReport
 from poprun_py.output import OutputLoss
-
 from support import RUN_TIMEOUT, poprun_command, program, read_line
 
 OFFLINE = "--offline-mode=1"

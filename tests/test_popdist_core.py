@@ -17,7 +17,6 @@ import popdist.popdist_core
 from popdist import env
 from popdist.env import CONTRACT_NAMES, InstanceEnv, target_options_for
 from simipu.hardware import parent_device_id
-
 from support import python_program, run_poprun
 
 API = popdist.core.__all__

@@ -90,7 +90,8 @@ def test_the_token_never_crosses_the_wire(server_factory) -> None:
         reader = FrameReader()
         hello = reader.feed(sock.recv(65536))[0]
         nonce = bytes.fromhex(hello["nonce"])
-        sent = encode_frame({"auth": challenge_answer(TOKEN, nonce), "peer": vars(peer(0)) | {"tcp_addr": ["127.0.0.1", 1]}, "num_instances": 1})
+        sent = encode_frame({"auth": challenge_answer(TOKEN, nonce), "peer": vars(peer(0)) | {"tcp_addr": ["127.0.0.1", 1]},
+                             "num_instances": 1})
         assert TOKEN not in sent and TOKEN.hex().encode() not in sent
         sock.sendall(sent)
         answer = reader.feed(sock.recv(65536))[0]

@@ -15,7 +15,12 @@ import pytest
 from simipu.cli import EXIT_CODES
 from simipu.devices import DeviceBusy
 from simipu.vipu import (
-    ClusterMismatch, InvalidPartitionRequest, NotEnoughIpus, PartitionExists, PartitionNotFound, PartitionTooLarge,
+    ClusterMismatch,
+    InvalidPartitionRequest,
+    NotEnoughIpus,
+    PartitionExists,
+    PartitionNotFound,
+    PartitionTooLarge,
     VipuUnreachable,
 )
 from simipu.vipu.testing import server_process, start_server_process, stop_process

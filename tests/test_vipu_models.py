@@ -7,7 +7,12 @@ import json
 import pytest
 
 from simipu.vipu import (
-    Cluster, InvalidPartitionRequest, NotEnoughIpus, Partition, PartitionRequest, PartitionTooLarge,
+    Cluster,
+    InvalidPartitionRequest,
+    NotEnoughIpus,
+    Partition,
+    PartitionRequest,
+    PartitionTooLarge,
     VipuProtocolError,
 )
 from simipu.vipu.allocation import choose_ipus

@@ -14,7 +14,12 @@ from typing import Iterator
 import pytest
 
 from simipu.vipu import (
-    NotEnoughIpus, PartitionRequest, VipuClient, VipuProtocolError, VipuService, VipuUnreachable,
+    NotEnoughIpus,
+    PartitionRequest,
+    VipuClient,
+    VipuProtocolError,
+    VipuService,
+    VipuUnreachable,
 )
 from simipu.vipu.server import VipuServer
 from simipu.vipu.testing import concurrent_allocations, server_process, start_server_process, stop_process

@@ -18,9 +18,24 @@ from typing import Iterator
 import pytest
 
 from simipu.vipu import (
-    PS_ACTIVE, PS_FAILED, ClusterMismatch, ClusterNotFound, InvalidPartitionRequest, Lease, NotEnoughIpus,
-    PartitionExists, PartitionInUse, PartitionNotFound, PartitionRequest, PartitionTooLarge, VipuApi, VipuClient, VipuService, VipuStateError,
-    default_state_path, open_vipu,
+    PS_ACTIVE,
+    PS_FAILED,
+    ClusterMismatch,
+    ClusterNotFound,
+    InvalidPartitionRequest,
+    Lease,
+    NotEnoughIpus,
+    PartitionExists,
+    PartitionInUse,
+    PartitionNotFound,
+    PartitionRequest,
+    PartitionTooLarge,
+    VipuApi,
+    VipuClient,
+    VipuService,
+    VipuStateError,
+    default_state_path,
+    open_vipu,
 )
 from simipu.vipu.lease import boot_id, pid_namespace, process_start
 from simipu.vipu.server import VipuServer

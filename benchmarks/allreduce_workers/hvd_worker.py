@@ -9,15 +9,15 @@ is Horovod's path alone: tensor in, new tensor out.
 import time
 
 start = time.perf_counter()
-import torch  # noqa: E402
-
 import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
 
 hvd.init()
 hvd.allreduce(torch.zeros(1))  # the fabric is connected on every instance (as the poprun worker's barrier)
 init_s = time.perf_counter() - start
 
 import _common  # noqa: E402
+
 import popdist.collectives as C  # noqa: E402  (the barrier)
 
 _common.run(

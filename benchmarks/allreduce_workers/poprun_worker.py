@@ -7,6 +7,7 @@ import time
 
 start = time.perf_counter()
 import numpy as np  # noqa: E402
+
 import popdist  # noqa: E402
 import popdist.collectives as C  # noqa: E402
 

@@ -4,6 +4,8 @@
 Kept light: no numpy or framework imports at package import time.
 """
 
+from popdist.collectives import execute_on_instances, synchronize
+from popdist.core import __all__ as _core_all
 from popdist.core import (
     checkNumIpusPerReplica,
     finalizeBackend,
@@ -20,8 +22,6 @@ from popdist.core import (
     isPopdistEnvSet,
     isUniformReplicasPerInstance,
 )
-from popdist.collectives import execute_on_instances, synchronize
-from popdist.core import __all__ as _core_all
 from popdist.options import LaunchConflict, Options
 
 __all__ = [*_core_all, "LaunchConflict", "Options", "execute_on_instances", "synchronize"]

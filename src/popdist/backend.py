@@ -146,16 +146,34 @@ def held_device(launch: InstanceEnv | None) -> object | None:
         return _backend.device
 
 
+def initialise() -> None:
+    """``popdist.init()``: adopt this instance's device and connect the fabric, for the launch in
+    ``os.environ`` (here, beside the state it sets, so that the first collective can call it too)."""
+    with _backend.lock:
+        if _backend.initialised:
+            raise RuntimeError(
+                "popdist is already initialised; call popdist.finalizeBackend() "
+                "first to initialise it again"
+            )
+        launch = InstanceEnv.from_environ(os.environ)
+        _backend.device = _backend.device or adopt_device(launch)  # popdist.popart.getDevice may have
+        _backend.fabric = connect(launch)
+        _backend.initialised = True
+    if launch is None:
+        logger.debug("popdist initialised outside poprun (single instance)")
+    else:
+        logger.debug("popdist initialised: instance %d of %d",
+                     launch.instance_index, launch.num_instances)
+
+
 def current_fabric() -> Collectives:
     """The initialised fabric; the first collective initialises PopDist if nobody has."""
     fabric = _backend.fabric
     if fabric is None:
-        from popdist.core import init
-
         with _backend.lock:
             already = _backend.initialised
         if not already:
-            init()
+            initialise()
         fabric = _backend.fabric
         assert fabric is not None
     return fabric

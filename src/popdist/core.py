@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from popdist.backend import _backend, adopt_device, connect
+from popdist.backend import _backend, initialise
 from popdist.env import InstanceEnv, is_uniform_replicas
 from simipu.hardware import parent_device_id
 
@@ -132,21 +132,7 @@ def init() -> None:
     The environment is parsed first, so a broken launch fails here with a
     message naming the variable rather than later in a collective.
     """
-    with _backend.lock:
-        if _backend.initialised:
-            raise RuntimeError(
-                "popdist is already initialised; call popdist.finalizeBackend() "
-                "first to initialise it again"
-            )
-        launch = _launch()
-        _backend.device = _backend.device or adopt_device(launch)  # popdist.popart.getDevice may have
-        _backend.fabric = connect(launch)
-        _backend.initialised = True
-    if launch is None:
-        logger.debug("popdist initialised outside poprun (single instance)")
-    else:
-        logger.debug("popdist initialised: instance %d of %d",
-                     launch.instance_index, launch.num_instances)
+    initialise()
 
 
 def isBackendInitialized() -> bool:

@@ -14,19 +14,49 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-
-from simipu.hardware import device_id as _device_id
-from simipu.hardware import parent_device_id as _parent_device_id
+from typing import Any
 
 from popdist.env_names import *  # noqa: F401,F403 - the names are part of this module's API
 from popdist.env_names import (
-    CONTRACT_NAMES, EXECUTABLE_CACHE_PATH, FABRIC_TIMEOUT, FABRIC_TRANSPORT, IPUOF_LOG_LEVEL, IPUS_PER_REPLICA,
-    DEVICE_FDS, FABRIC_ADDR, HOST_LABEL, JOB_ID, JOB_TOKEN, LOCAL_INSTANCE_INDEX, LOCAL_REPLICAS, MASTER_ADDR, MASTER_PORT, NODE_DEVICE_ID, OFFLINE,
-    OMPI_LOCAL_RANK, OMPI_LOCAL_SIZE, OMPI_NODE_RANK, OMPI_RANK, OMPI_SIZE, RENDEZVOUS_ADDR, RENDEZVOUS_PORT,
-    REPLICA_INDEX_OFFSET, SOFT_DEFAULTS, STARTUP_TIMEOUT, TARGET_OPTIONS, TORCH_LOCAL_RANK, TORCH_LOCAL_WORLD_SIZE,
-    TORCH_RANK, TORCH_WORLD_SIZE, TOTAL_REPLICAS, UNIFORM_REPLICAS, VIPU_GCD_ID, VIPU_HOST, VIPU_PARTITION,
-    VIPU_PORT, VIPU_TIMEOUT,
+    DEVICE_FDS,
+    EXECUTABLE_CACHE_PATH,
+    FABRIC_ADDR,
+    FABRIC_TIMEOUT,
+    FABRIC_TRANSPORT,
+    HOST_LABEL,
+    IPUS_PER_REPLICA,
+    JOB_ID,
+    JOB_TOKEN,
+    LOCAL_INSTANCE_INDEX,
+    LOCAL_REPLICAS,
+    MASTER_ADDR,
+    MASTER_PORT,
+    NODE_DEVICE_ID,
+    OFFLINE,
+    OMPI_LOCAL_RANK,
+    OMPI_LOCAL_SIZE,
+    OMPI_NODE_RANK,
+    OMPI_RANK,
+    OMPI_SIZE,
+    RENDEZVOUS_ADDR,
+    RENDEZVOUS_PORT,
+    REPLICA_INDEX_OFFSET,
+    STARTUP_TIMEOUT,
+    TARGET_OPTIONS,
+    TORCH_LOCAL_RANK,
+    TORCH_LOCAL_WORLD_SIZE,
+    TORCH_RANK,
+    TORCH_WORLD_SIZE,
+    TOTAL_REPLICAS,
+    UNIFORM_REPLICAS,
+    VIPU_GCD_ID,
+    VIPU_HOST,
+    VIPU_PARTITION,
+    VIPU_PORT,
+    VIPU_TIMEOUT,
 )
+from simipu.hardware import device_id as _device_id
+from simipu.hardware import parent_device_id as _parent_device_id
 
 DEFAULT_VIPU_HOST = "localhost"
 DEFAULT_VIPU_PORT = 8090
@@ -61,10 +91,11 @@ class FabricSettings:
         }
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> "FabricSettings":
+    def from_environ(cls, environ: Mapping[str, str]) -> FabricSettings:
         transport = environ.get(FABRIC_TRANSPORT, "auto")
         if transport not in FABRIC_TRANSPORTS:
-            raise EnvContractError(f"{FABRIC_TRANSPORT}={transport!r} is not one of {FABRIC_TRANSPORTS}", "transport", FABRIC_TRANSPORT)
+            raise EnvContractError(f"{FABRIC_TRANSPORT}={transport!r} is not one of {FABRIC_TRANSPORTS}",
+                                   "transport", FABRIC_TRANSPORT)
         return cls(environ.get(JOB_TOKEN, ""), transport, _read_seconds(environ, FABRIC_TIMEOUT, 10.0),
                    _read_seconds(environ, STARTUP_TIMEOUT, 60.0))
 
@@ -230,56 +261,8 @@ class InstanceEnv:
         """
         if TOTAL_REPLICAS not in environ:
             return None
-        uniform = environ.get(UNIFORM_REPLICAS, "1").strip()
-        if uniform == "0":
-            raise EnvContractError(
-                f"{UNIFORM_REPLICAS}=0: a non-uniform number of replicas per "
-                "instance is not supported; launch with --num-replicas a "
-                "multiple of --num-instances",
-                "num_local_replicas", UNIFORM_REPLICAS,
-            )
-        if uniform != "1":
-            raise EnvContractError(
-                f"{UNIFORM_REPLICAS}={uniform!r} is not 0 or 1", "num_local_replicas", UNIFORM_REPLICAS
-            )
-        total = read_int(environ, TOTAL_REPLICAS, 1)
-        ipus = read_int(environ, IPUS_PER_REPLICA, 1)
-        local_index = read_int(environ, LOCAL_INSTANCE_INDEX, 0)
-        if OMPI_LOCAL_SIZE in environ:
-            local_count = read_int(environ, OMPI_LOCAL_SIZE, 1)
-        else:  # unknown: the least count consistent with the index
-            local_count = read_int(environ, TORCH_LOCAL_WORLD_SIZE, max(local_index, 0) + 1)
-        if NODE_DEVICE_ID in environ or total < 1 or ipus < 1:
-            node_device_id = read_int(environ, NODE_DEVICE_ID, 0)
-        else:
-            node_device_id = _parent_device_id(total * ipus)
-        cache_path = environ.get(EXECUTABLE_CACHE_PATH) or None
-        values = dict(
-            num_total_replicas=total,
-            num_ipus_per_replica=ipus,
-            num_local_replicas=read_int(environ, LOCAL_REPLICAS, 1),
-            replica_index_offset=read_int(environ, REPLICA_INDEX_OFFSET, 0),
-            local_instance_index=local_index,
-            num_local_instances=local_count,
-            node_device_id=node_device_id,
-            vipu_host=environ.get(VIPU_HOST, DEFAULT_VIPU_HOST),
-            vipu_port=read_int(environ, VIPU_PORT, DEFAULT_VIPU_PORT),
-            vipu_partition=environ.get(VIPU_PARTITION, ""),
-            vipu_timeout=read_int(environ, VIPU_TIMEOUT, DEFAULT_VIPU_TIMEOUT),
-            gcd_id=read_int(environ, VIPU_GCD_ID, 0),
-            target_options=_read_target_options(environ),
-            executable_cache_path=cache_path,
-            master_addr=environ.get(MASTER_ADDR, "127.0.0.1"),
-            master_port=read_int(environ, MASTER_PORT, 0),
-            rendezvous_addr=environ.get(RENDEZVOUS_ADDR, "127.0.0.1"),
-            rendezvous_port=read_int(environ, RENDEZVOUS_PORT, 0),
-            job_id=environ.get(JOB_ID, ""),
-            offline=_read_flag(environ, OFFLINE),
-            host_label=environ.get(HOST_LABEL, ""),
-            fabric_addr=environ.get(FABRIC_ADDR, "127.0.0.1"),
-            device_fds=_read_fds(environ),
-            fabric=FabricSettings.from_environ(environ),
-        )
+        _check_uniform_replicas(environ)
+        values = _read_fields(environ)
         try:
             return cls(**values)
         except EnvContractError as exc:
@@ -365,6 +348,64 @@ _FIELD_VARIABLES = {
     "rendezvous_port": RENDEZVOUS_PORT,
     "job_id": JOB_ID,
 }
+
+
+def _check_uniform_replicas(environ: Mapping[str, str]) -> None:
+    """Only a uniform number of replicas per instance is supported (PopDist's default, "1")."""
+    uniform = environ.get(UNIFORM_REPLICAS, "1").strip()
+    if uniform == "0":
+        raise EnvContractError(
+            f"{UNIFORM_REPLICAS}=0: a non-uniform number of replicas per "
+            "instance is not supported; launch with --num-replicas a "
+            "multiple of --num-instances",
+            "num_local_replicas", UNIFORM_REPLICAS,
+        )
+    if uniform != "1":
+        raise EnvContractError(
+            f"{UNIFORM_REPLICAS}={uniform!r} is not 0 or 1", "num_local_replicas", UNIFORM_REPLICAS
+        )
+
+
+def _read_fields(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``InstanceEnv``'s fields as the environment gives them (absent: PopDist's defaults), keyword by
+    keyword; a malformed variable raises here, naming itself, before the fields are checked together."""
+    total = read_int(environ, TOTAL_REPLICAS, 1)
+    ipus = read_int(environ, IPUS_PER_REPLICA, 1)
+    local_index = read_int(environ, LOCAL_INSTANCE_INDEX, 0)
+    if OMPI_LOCAL_SIZE in environ:
+        local_count = read_int(environ, OMPI_LOCAL_SIZE, 1)
+    else:  # unknown: the least count consistent with the index
+        local_count = read_int(environ, TORCH_LOCAL_WORLD_SIZE, max(local_index, 0) + 1)
+    if NODE_DEVICE_ID in environ or total < 1 or ipus < 1:
+        node_device_id = read_int(environ, NODE_DEVICE_ID, 0)
+    else:
+        node_device_id = _parent_device_id(total * ipus)
+    return dict(
+        num_total_replicas=total,
+        num_ipus_per_replica=ipus,
+        num_local_replicas=read_int(environ, LOCAL_REPLICAS, 1),
+        replica_index_offset=read_int(environ, REPLICA_INDEX_OFFSET, 0),
+        local_instance_index=local_index,
+        num_local_instances=local_count,
+        node_device_id=node_device_id,
+        vipu_host=environ.get(VIPU_HOST, DEFAULT_VIPU_HOST),
+        vipu_port=read_int(environ, VIPU_PORT, DEFAULT_VIPU_PORT),
+        vipu_partition=environ.get(VIPU_PARTITION, ""),
+        vipu_timeout=read_int(environ, VIPU_TIMEOUT, DEFAULT_VIPU_TIMEOUT),
+        gcd_id=read_int(environ, VIPU_GCD_ID, 0),
+        target_options=_read_target_options(environ),
+        executable_cache_path=environ.get(EXECUTABLE_CACHE_PATH) or None,
+        master_addr=environ.get(MASTER_ADDR, "127.0.0.1"),
+        master_port=read_int(environ, MASTER_PORT, 0),
+        rendezvous_addr=environ.get(RENDEZVOUS_ADDR, "127.0.0.1"),
+        rendezvous_port=read_int(environ, RENDEZVOUS_PORT, 0),
+        job_id=environ.get(JOB_ID, ""),
+        offline=_read_flag(environ, OFFLINE),
+        host_label=environ.get(HOST_LABEL, ""),
+        fabric_addr=environ.get(FABRIC_ADDR, "127.0.0.1"),
+        device_fds=_read_fds(environ),
+        fabric=FabricSettings.from_environ(environ),
+    )
 
 
 def _read_flag(environ: Mapping[str, str], name: str) -> bool:

@@ -57,10 +57,10 @@ class _LaunchedDistributed(_DistributedOptions):
         self._launched = launched
         self._process_id, self._num_processes = launched or (0, 1)  # Open MPI's variables are not read here
 
-    def configureProcessId(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+    def configureProcessId(self, *args: Any, **kwargs: Any) -> NoReturn:
         _blocked("Distributed.configureProcessId")
 
-    def setEnvVarNames(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+    def setEnvVarNames(self, *args: Any, **kwargs: Any) -> NoReturn:
         _blocked("Distributed.setEnvVarNames")
 
     def disable(self) -> NoReturn:
@@ -85,7 +85,7 @@ class _OwnOptions(_PopdistOptions):
     def useIpuId(self, *args: Any, **kwargs: Any) -> NoReturn:
         _blocked("useIpuId")
 
-    def replicationFactor(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+    def replicationFactor(self, *args: Any, **kwargs: Any) -> NoReturn:
         _blocked("replicationFactor")
 
     def randomSeed(self, random_seed: int) -> _OwnOptions:
@@ -97,7 +97,7 @@ class _OwnOptions(_PopdistOptions):
 def _poptorch_options(base: Any) -> type:
     """A subclass of the real ``poptorch.Options`` configured from the launch."""
 
-    class Options(base):  # type: ignore[valid-type,misc]
+    class Options(base):
         def __init__(self, ipus_per_replica: int | None = None, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             launch = InstanceEnv.from_environ(os.environ)

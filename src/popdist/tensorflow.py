@@ -31,7 +31,7 @@ def set_ipu_config(config: Any, ipus_per_replica: int | None = None, configure_d
 def _set_ipu_options(config: Any, device_id: int | None) -> Any:
     """TensorFlow 1's ``IpuOptions`` protobuf, through TensorFlow's helpers (which return the config)."""
     try:
-        from tensorflow.python.ipu import utils  # type: ignore[import-not-found]
+        from tensorflow.python.ipu import utils
     except ImportError:
         raise TypeError(
             f"set_ipu_config() needs an IPUConfig (or an object with select_ipus and "

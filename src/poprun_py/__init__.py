@@ -6,7 +6,8 @@ launcher behind it loads on first use, so ``poprun --help`` stays fast.
 
 from typing import Any
 
-__version__ = "0.1.0"
+from .version import __version__
+
 __all__ = ["InstanceFailure", "InstancesFailed", "RemoteError", "launch"]
 
 

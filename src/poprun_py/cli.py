@@ -9,15 +9,22 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import typer
 
 from . import __version__
 from .argv import expand_bare_flags
 from .console import quiet_closed_streams, stdout_lost_its_reader
-from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, PoprunError, UsageError,
-                     exit_code_meanings)
+from .errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    PoprunError,
+    UsageError,
+    exit_code_meanings,
+)
 from .logs import configure_logging
 from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
 
@@ -61,8 +68,8 @@ def _version(value: bool) -> None:
                   "every poprun option; a yes/no option given bare (--offline-mode) means yes.", epilog=_epilog())
 def poprun(
     ctx: typer.Context,
-    program: Optional[List[str]] = typer.Argument(None, metavar="PROGRAM [ARGS]...", hidden=True, show_default=False),
-    host: Optional[List[str]] = typer.Option(None, "-H", "--host", metavar="HOST[,HOST...]", help="Comma-separated hosts on which to run instances; ranges like node[01-04] work. (default: this host; inside a Slurm allocation, its nodes)"),
+    program: Optional[list[str]] = typer.Argument(None, metavar="PROGRAM [ARGS]...", hidden=True, show_default=False),
+    host: Optional[list[str]] = typer.Option(None, "-H", "--host", metavar="HOST[,HOST...]", help="Comma-separated hosts on which to run instances; ranges like node[01-04] work. (default: this host; inside a Slurm allocation, its nodes)"),
     host_file: Optional[str] = typer.Option(None, metavar="FILE", help="A file with one host per line (# comments allowed)."),
     num_replicas: Optional[int] = typer.Option(None, metavar="N", help="The total number of replicas. (default: 1)"),
     ipus_per_replica: Optional[int] = typer.Option(None, metavar="N", help="The number of IPUs per replica. (default: 1)"),
@@ -82,9 +89,9 @@ def poprun(
     gw_link_routing_type: Optional[str] = typer.Option(None, metavar="TYPE", help="GW-Link routing type of the partition. (default: ring)", rich_help_panel=_V),
     sync_type: Optional[str] = typer.Option(None, metavar="TYPE", help="Sync type of the partition. (default: pod-native-default)", rich_help_panel=_V),
     executable_cache_path: Optional[str] = typer.Option(None, metavar="DIR", help="Directory for the executable cache (created if missing). (default: none)"),
-    mpi_global_args: Optional[List[str]] = typer.Option(None, metavar="ARGS", help="mpirun options for all instances, e.g. '--timestamp-output'; repeatable.", rich_help_panel=_OUT),
-    mpi_local_args: Optional[List[str]] = typer.Option(None, metavar="ARGS", help="Per-instance mpirun options, e.g. '-x VAR=VALUE -x PATH'; repeatable.", rich_help_panel=_OUT),
-    instance_mpi_local_args: Optional[List[str]] = typer.Option(None, metavar="INDEX:ARGS", help="Options for one instance, e.g. '1:-x VAR=VALUE'; repeatable.", rich_help_panel=_OUT),
+    mpi_global_args: Optional[list[str]] = typer.Option(None, metavar="ARGS", help="mpirun options for all instances, e.g. '--timestamp-output'; repeatable.", rich_help_panel=_OUT),
+    mpi_local_args: Optional[list[str]] = typer.Option(None, metavar="ARGS", help="Per-instance mpirun options, e.g. '-x VAR=VALUE -x PATH'; repeatable.", rich_help_panel=_OUT),
+    instance_mpi_local_args: Optional[list[str]] = typer.Option(None, metavar="INDEX:ARGS", help="Options for one instance, e.g. '1:-x VAR=VALUE'; repeatable.", rich_help_panel=_OUT),
     tag_output: Optional[str] = typer.Option(None, metavar=_BOOL, help="Prefix each output line with [1,<instance>]<stdout>: as mpirun does. (default: no)", rich_help_panel=_OUT),
     numa_aware: Optional[str] = typer.Option(None, metavar=_BOOL, help="Bind instances to NUMA nodes round-robin. (default: yes with several instances per host)", rich_help_panel=_PLACE),
     process_placement: Optional[str] = typer.Option(None, metavar="spreadnuma|disabled", help="How instances are placed on CPUs. (default: spreadnuma)", rich_help_panel=_PLACE),
@@ -107,7 +114,7 @@ def poprun(
     verbose: int = typer.Option(0, "-v", "--verbose", count=True, metavar="", show_default=False, help="More output; repeat for more (-vv). (default: warnings and errors only)"),
     vv: bool = typer.Option(False, "--vv", help="Very verbose output (as -vv)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
-) -> "CommandLine":
+) -> CommandLine:
     given = {
         name: value
         for name, value in ctx.params.items()
@@ -152,7 +159,7 @@ def _option_kinds(command: Any) -> tuple[list[str], list[str]]:
     return booleans, valued
 
 
-def resolve_launch(line: CommandLine) -> tuple[LaunchSpec | None, dict[str, Any], list[str]]:
+def resolve_launch(line: CommandLine) -> LaunchSpec | None:
     """Merge a config file under the command line and validate; save the launch if asked.
 
     Returns no spec when there is nothing to run (only ``--export-config``).
@@ -167,14 +174,14 @@ def resolve_launch(line: CommandLine) -> tuple[LaunchSpec | None, dict[str, Any]
     if line.export_config:
         save_config(line.export_config, options, program, parse_bool("overwrite_config", line.overwrite_config or "no"))
         if not program:
-            return None, options, program
+            return None
     if not program:
         raise UsageError("no program given; usage: poprun [options] program [program args]")
-    return spec, options, program
+    return spec
 
 
 def _launch(line: CommandLine) -> int:
-    spec, _, _ = resolve_launch(line)
+    spec = resolve_launch(line)
     if spec is None:
         return 0
     if line.dry_run is not None and parse_bool("dry_run", line.dry_run):

@@ -64,7 +64,7 @@ class ConsoleWatch:
         os.close(self._wake_read)
         os.close(self._wake_write)
 
-    def __enter__(self) -> "ConsoleWatch":
+    def __enter__(self) -> ConsoleWatch:
         return self
 
     def __exit__(self, *exc: object) -> None:

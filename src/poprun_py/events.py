@@ -112,7 +112,7 @@ class EventQueue:
     """
 
     def __init__(self, max_pending_output: int = 1024) -> None:
-        self._queue: "queue.SimpleQueue[Event]" = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._budget = threading.Semaphore(max_pending_output)
 
     def put(self, event: Event) -> None:

@@ -18,8 +18,18 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from .console import log_to_open_stream
 from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
-from .events import (ConsoleClosed, EventQueue, Exited, HostLost, Output, SignalReceived, StartInterrupted, Started,
-                     StartupTimedOut, Stream)
+from .events import (
+    ConsoleClosed,
+    EventQueue,
+    Exited,
+    HostLost,
+    Output,
+    SignalReceived,
+    Started,
+    StartInterrupted,
+    StartupTimedOut,
+    Stream,
+)
 from .output import OutputLoss, OutputRouter
 from .plan import InstancePlan
 from .ranges import format_indices
@@ -103,7 +113,7 @@ class JobReport:
 
 
 class Executor(Protocol):
-    """What the supervisor needs of an executor (local now; ssh and srun later)."""
+    """What the supervisor needs of an executor: local, on a host through its agent (ssh or srun), or both."""
 
     def start(self, plans: Sequence[InstancePlan]) -> None: ...
     def stop_starting(self) -> None: ...
@@ -337,10 +347,10 @@ class Job:
         self._reap_deadline = time.monotonic() + REAP_AFTER_KILL_SECONDS
 
     # -- signals ------------------------------------------------------------------------
-    def _install_signal_handlers(self) -> dict[int, object]:
+    def _install_signal_handlers(self) -> dict[int, signal._HANDLER]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[int, signal._HANDLER] = {}
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, self._on_signal_received)
         return previous
@@ -351,6 +361,6 @@ class Job:
         self._executor.stop_starting()
 
     @staticmethod
-    def _restore_signal_handlers(previous: dict[int, object]) -> None:
+    def _restore_signal_handlers(previous: dict[int, signal._HANDLER]) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

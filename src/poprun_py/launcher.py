@@ -20,19 +20,19 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, FabricSettings
 from simipu.fabric.rendezvous import RendezvousServer
 
-from .errors import UsageError
 from .console import ConsoleWatch
+from .errors import UsageError
 from .events import ConsoleClosed, EventQueue, StartupTimedOut, Stream
 from .executors.descriptors import check_descriptor_limit
+from .executors.fanout import FanOutExecutor
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner, exec_program
-from .job import Job, JobReport, TimeLimit
-from .output import OutputOptions, OutputRouter
-from .programs import resolve_program
-from .executors.fanout import FanOutExecutor
 from .executors.remote import AgentExecutor
 from .hosts import HostSpec, distribute_instances
+from .job import Job, JobReport, TimeLimit
+from .output import OutputOptions, OutputRouter
 from .plan import LOCALHOST, Allocation, Plan, make_plan, offline_allocation
+from .programs import resolve_program
 from .reach import Reach, check_working_dir, forwarded_environment, reach_hosts, with_allocation_hosts
 from .report import log_report
 from .spec import LaunchSpec
@@ -134,7 +134,7 @@ def numa_binding(spec: LaunchSpec) -> dict[int, tuple[int, ...]]:
     return {index: placement[index % per_host][1] for index in range(spec.num_instances)}
 
 
-def _detach_all(devices: Mapping[int, "Device"]) -> None:
+def _detach_all(devices: Mapping[int, Device]) -> None:
     """Once the instances run they hold their devices' locks; poprun lets go of its copies."""
     for device in devices.values():
         device.detach()
@@ -204,7 +204,7 @@ def _run_on_partition(launch: _Launch) -> JobReport:
         release_partition(lease)
 
 
-def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, "Device"] = {}) -> JobReport:
+def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, Device] = {}) -> JobReport:
     spec = launch.spec
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
@@ -246,7 +246,7 @@ def _run_with_rendezvous(
     rendezvous: RendezvousServer,
     token: str,
     allocation: Allocation,
-    devices: Mapping[int, "Device"],
+    devices: Mapping[int, Device],
 ) -> JobReport:
     spec, options, environ = launch.spec, launch.options, dict(os.environ)
     fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)

@@ -41,7 +41,7 @@ class MpiArgs:
     ignored: tuple[str, ...] = ()
     working_dir: str | None = None  # mpirun's -wdir: where instances start, on every host
 
-    def merged(self, other: "MpiArgs") -> "MpiArgs":
+    def merged(self, other: MpiArgs) -> MpiArgs:
         """Later arguments add to earlier ones; a later value wins."""
         return MpiArgs(
             tag_output=self.tag_output or other.tag_output,

@@ -38,12 +38,18 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(cpus)))
 
 
+def _node_number(entry: Path) -> int:
+    """``nodeN`` -> N; -1 for anything else in the directory."""
+    match = _NODE.match(entry.name)
+    return int(match.group(1)) if match else -1
+
+
 def read_numa_nodes(sysfs_root: str | os.PathLike[str] = "/sys") -> tuple[NumaNode, ...]:
     """The machine's NUMA nodes; one node with every CPU when sysfs does not say."""
     base = Path(sysfs_root) / "devices" / "system" / "node"
     nodes = []
     try:
-        entries = sorted(base.iterdir(), key=lambda p: int(_NODE.match(p.name).group(1)) if _NODE.match(p.name) else -1)
+        entries = sorted(base.iterdir(), key=_node_number)
     except OSError:
         entries = []
     for entry in entries:

@@ -317,11 +317,6 @@ class OutputRouter:
         found = (writer.loss() for writer in (*self._files, *self._consoles.values()))
         return tuple(loss for loss in found if loss is not None)
 
-    def shows_on_console(self, instance: int, stream: Stream = "stderr") -> bool:
-        """Whether this stream reached the console, so a summary need not repeat it."""
-        console = self._sinks[instance, stream].console
-        return console is not None and console.working
-
     def tail(self, instance: int, stream: Stream = "stderr", lines: int = TAIL_LINES) -> list[str]:
         """The last lines of a stream as a terminal would show them, for the summary.
 

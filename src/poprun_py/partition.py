@@ -44,8 +44,8 @@ from .errors import (
     PartitionFailed,
     PartitionMismatch,
     PartitionTooBig,
-    VipuServiceError,
     VipuServerUnreachable,
+    VipuServiceError,
 )
 from .plan import Allocation
 from .spec import LaunchSpec

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
@@ -59,7 +60,6 @@ class InstancePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    spec: LaunchSpec
     job_id: str
     hosts: tuple[HostSpec, ...]
     instances: tuple[InstancePlan, ...]
@@ -112,6 +112,33 @@ def _omp_setting(host: HostSpec, instances_on_host: int, user_env: Mapping[str, 
     return {OMP_NUM_THREADS: str(threads)}
 
 
+def _job_contract(spec: LaunchSpec, allocation: Allocation, master: tuple[str, int], job_id: str,
+                  rendezvous: tuple[str, int], fabric: FabricSettings) -> partial[InstanceEnv]:
+    """``InstanceEnv`` with what every instance of the job shares bound once; each instance adds its place."""
+    ipus_per_instance = spec.replicas_per_instance * spec.ipus_per_replica
+    target_options = target_options_for(spec.num_ipus, spec.num_ilds, ipus_per_instance, allocation.gateway_mode)
+    return partial(
+        InstanceEnv,
+        num_total_replicas=spec.num_replicas,
+        num_ipus_per_replica=spec.ipus_per_replica,
+        num_local_replicas=spec.replicas_per_instance,
+        node_device_id=allocation.node_device_id,
+        vipu_host=allocation.server_host,
+        vipu_port=allocation.server_port,
+        vipu_partition=allocation.partition,
+        vipu_timeout=allocation.server_timeout,
+        target_options=tuple(target_options.items()),
+        executable_cache_path=spec.executable_cache_path,
+        master_addr=master[0],
+        master_port=master[1],
+        job_id=job_id,
+        offline=allocation.offline,
+        rendezvous_addr=rendezvous[0],
+        rendezvous_port=rendezvous[1],
+        fabric=fabric,
+    )
+
+
 def make_plan(
     spec: LaunchSpec,
     *,
@@ -139,10 +166,8 @@ def make_plan(
     """
     hosts = spec.hosts or (LOCALHOST,)
     blocks = distribute_instances(len(hosts), spec.num_instances)
-    local_replicas = spec.replicas_per_instance
-    ipus_per_instance = local_replicas * spec.ipus_per_replica
-    target_options = target_options_for(spec.num_ipus, spec.num_ilds, ipus_per_instance, allocation.gateway_mode)
     master_addr = addresses.get(str(hosts[0]), "127.0.0.1" if hosts[0].is_local else hosts[0].name)
+    job_contract = _job_contract(spec, allocation, (master_addr, master_port), job_id, rendezvous, fabric)
     warned: set[str] = set()
     shared = _resolve_env_settings(spec.global_args.env + spec.local_args.env, launcher_environ, warned)
     instances = []
@@ -154,30 +179,13 @@ def make_plan(
             overridden = sorted(set(user_env) & set(CONTRACT_NAMES))
             if overridden and index == 0:
                 log.warning("-x cannot change %s: poprun sets them for each instance", ", ".join(overridden))
-            contract = InstanceEnv(
-                num_total_replicas=spec.num_replicas,
-                num_ipus_per_replica=spec.ipus_per_replica,
-                num_local_replicas=local_replicas,
-                replica_index_offset=index * local_replicas,
+            contract = job_contract(
+                replica_index_offset=index * spec.replicas_per_instance,
                 local_instance_index=local_index,
                 num_local_instances=len(block),
-                node_device_id=allocation.node_device_id,
-                vipu_host=allocation.server_host,
-                vipu_port=allocation.server_port,
-                vipu_partition=allocation.partition,
-                vipu_timeout=allocation.server_timeout,
-                target_options=target_options,
-                executable_cache_path=spec.executable_cache_path,
-                master_addr=master_addr,
-                master_port=master_port,
-                job_id=job_id,
-                offline=allocation.offline,
-                rendezvous_addr=rendezvous[0],
-                rendezvous_port=rendezvous[1],
                 host_label=host.name,
                 fabric_addr=addresses.get(str(host), "127.0.0.1"),
                 device_fds=device_fds.get(index, ()),
-                fabric=fabric,
             )
             env = {**user_env, **_omp_setting(host, len(block), user_env, launcher_environ, host_cpus, warned),
                    **contract.render(), COMPAT_IMPORTS: "1" if spec.compat_imports else "0"}
@@ -185,4 +193,4 @@ def make_plan(
                 InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd,
                              device_fds.get(index, ()), cpus.get(index))
             )
-    return Plan(spec, job_id, tuple(hosts), tuple(instances))
+    return Plan(job_id, tuple(hosts), tuple(instances))

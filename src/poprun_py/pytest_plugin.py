@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import pytest
 
 from .failures import ERROR, SKIP, XFAIL, InstancesFailed, RemoteError, outcome_of, raised_at, type_name
 
 if TYPE_CHECKING:
+    import pluggy
+
     from .functions import FunctionLaunch
 
 MARKER = "poprun"
@@ -66,7 +68,7 @@ def _default_timeout(config: pytest.Config) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def _marker_settings(item: pytest.Item) -> "FunctionLaunch":
+def _marker_settings(item: pytest.Item) -> FunctionLaunch:
     from .functions import FunctionLaunch
 
     marker = item.get_closest_marker(MARKER)
@@ -111,7 +113,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """A skip from an instance is reported at the line in the test that skipped, not in this plugin."""
     outcome = yield
     where = item.stash.get(_SKIP_REPORT, None)
@@ -134,7 +137,7 @@ def _give_own_tmp_path(item: pytest.Function) -> None:
     funcargs = item.funcargs
     for name in ("tmp_path", "tmpdir"):
         if name in funcargs:
-            shared = funcargs[name]
+            shared: Any = funcargs[name]  # a Path or py.path.local: the same type is given back
             own = Path(str(shared)) / f"instance{popdist.getInstanceIndex()}"
             own.mkdir(exist_ok=True)
             funcargs[name] = own if isinstance(shared, Path) else type(shared)(own)

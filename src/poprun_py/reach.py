@@ -31,9 +31,12 @@ FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
 class ReachedHost(Protocol):
     """A host with a greeted agent at the end of ``channel``."""
 
-    channel: AgentChannel
-    address: str
-    local_address: str
+    @property
+    def channel(self) -> AgentChannel: ...  # read-only members: a host's channel may be a subtype
+    @property
+    def address(self) -> str: ...
+    @property
+    def local_address(self) -> str: ...
 
     def close(self) -> None: ...
 

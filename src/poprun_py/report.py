@@ -12,7 +12,7 @@ from .ranges import format_indices
 log = logging.getLogger("poprun")
 
 #: What a signal most often means when it ends an instance.
-LIKELY_CAUSES = {
+LIKELY_CAUSES: dict[int, str] = {
     signal.SIGKILL: "killed, often by the out-of-memory killer (see dmesg)",
     signal.SIGSEGV: "a segmentation fault: a crash in native code",
     signal.SIGABRT: "aborted: a failed assertion or abort() in native code",

@@ -267,39 +267,11 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
             raise UsageError(
                 f"--only-output-from-instance {only}: there are {num_instances} instances (0 to {num_instances - 1})"
             )
-    placement = str(o["process_placement"]).lower()
-    if placement not in PROCESS_PLACEMENTS:
-        raise UsageError(f"--process-placement: {o['process_placement']!r} is not one of {', '.join(PROCESS_PLACEMENTS)}")
+    placement = _one_of("process_placement", o["process_placement"], PROCESS_PLACEMENTS)
     stop_grace = _seconds("stop_grace", o["stop_grace"], allow_zero=True)
-    transport = str(o["fabric_transport"]).lower()
-    if transport not in FABRIC_TRANSPORTS:
-        raise UsageError(f"--fabric-transport: {o['fabric_transport']!r} is not one of {', '.join(FABRIC_TRANSPORTS)}")
-    global_args = parse_mpi_args(o["mpi_global_args"], "--mpi-global-args")
-    local_args = parse_mpi_args(o["mpi_local_args"], "--mpi-local-args")
-    instance_args = parse_instance_args(o["instance_mpi_local_args"], num_instances)
-    warn_ignored(global_args, "--mpi-global-args")
-    warn_ignored(local_args, "--mpi-local-args")
-    for index, args in instance_args.items():
-        warn_ignored(args, f"--instance-mpi-local-args={index}")
-        if args.tag_output or args.timestamp_output or args.output_filename:
-            log.warning("--instance-mpi-local-args=%d: only -x applies per instance; output options go in --mpi-global-args", index)
-    vipu = VipuSettings(
-        server_host=_optional_str(o, "vipu_server_host"),
-        server_port=_positive("vipu_server_port", o["vipu_server_port"]),
-        server_timeout=_positive("vipu_server_timeout", o["vipu_server_timeout"]),
-        partition=_optional_str(o, "vipu_partition"),
-        cluster=_optional_str(o, "vipu_cluster"),
-        allocation=_optional_str(o, "vipu_allocation"),
-        partition_attempts=_positive("vipu_partition_attempts", o["vipu_partition_attempts"]),
-        update_partition=parse_bool("update_partition", o["update_partition"]),
-        reset_partition=None if o["reset_partition"] is None else parse_bool("reset_partition", o["reset_partition"]),
-        remove_partition=parse_bool("remove_partition", o["remove_partition"]),
-        ipu_link_routing_type=_optional_str(o, "ipu_link_routing_type"),
-        gw_link_routing_type=_optional_str(o, "gw_link_routing_type"),
-        sync_type=_optional_str(o, "sync_type"),
-    )
-    if vipu.server_port > 65535:
-        raise UsageError(f"--vipu-server-port: {vipu.server_port} is not a TCP port (1-65535)")
+    transport = _one_of("fabric_transport", o["fabric_transport"], FABRIC_TRANSPORTS)
+    global_args, local_args, instance_args = _mpi_settings(o, num_instances)
+    vipu = _vipu_settings(o)
     parse_bool("allow_run_as_root", o["allow_run_as_root"])  # accepted; poprun-py never needs root
     return LaunchSpec(
         program=tuple(program),
@@ -329,3 +301,48 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
         tag_output_option=parse_bool("tag_output", o["tag_output"]),
         timeout=None if o["timeout"] is None else _seconds("timeout", o["timeout"]),
     )
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    """A word option's value, lower-cased, if it is one of ``allowed``."""
+    word = str(value).lower()
+    if word not in allowed:
+        raise UsageError(f"{option_flag(name)}: {value!r} is not one of {', '.join(allowed)}")
+    return word
+
+
+def _mpi_settings(o: Mapping[str, Any], num_instances: int) -> tuple[MpiArgs, MpiArgs, dict[int, MpiArgs]]:
+    """The mpirun-style options (global, local, per instance), parsed; what poprun-py ignores is said once."""
+    global_args = parse_mpi_args(o["mpi_global_args"], "--mpi-global-args")
+    local_args = parse_mpi_args(o["mpi_local_args"], "--mpi-local-args")
+    instance_args = parse_instance_args(o["instance_mpi_local_args"], num_instances)
+    warn_ignored(global_args, "--mpi-global-args")
+    warn_ignored(local_args, "--mpi-local-args")
+    for index, args in instance_args.items():
+        warn_ignored(args, f"--instance-mpi-local-args={index}")
+        if args.tag_output or args.timestamp_output or args.output_filename:
+            log.warning("--instance-mpi-local-args=%d: only -x applies per instance; "
+                        "output options go in --mpi-global-args", index)
+    return global_args, local_args, instance_args
+
+
+def _vipu_settings(o: Mapping[str, Any]) -> VipuSettings:
+    """The V-IPU options, checked."""
+    vipu = VipuSettings(
+        server_host=_optional_str(o, "vipu_server_host"),
+        server_port=_positive("vipu_server_port", o["vipu_server_port"]),
+        server_timeout=_positive("vipu_server_timeout", o["vipu_server_timeout"]),
+        partition=_optional_str(o, "vipu_partition"),
+        cluster=_optional_str(o, "vipu_cluster"),
+        allocation=_optional_str(o, "vipu_allocation"),
+        partition_attempts=_positive("vipu_partition_attempts", o["vipu_partition_attempts"]),
+        update_partition=parse_bool("update_partition", o["update_partition"]),
+        reset_partition=None if o["reset_partition"] is None else parse_bool("reset_partition", o["reset_partition"]),
+        remove_partition=parse_bool("remove_partition", o["remove_partition"]),
+        ipu_link_routing_type=_optional_str(o, "ipu_link_routing_type"),
+        gw_link_routing_type=_optional_str(o, "gw_link_routing_type"),
+        sync_type=_optional_str(o, "sync_type"),
+    )
+    if vipu.server_port > 65535:
+        raise UsageError(f"--vipu-server-port: {vipu.server_port} is not a TCP port (1-65535)")
+    return vipu

@@ -140,7 +140,7 @@ def check_config_types(path: str, options: Any, program: Any, defaults: Mapping[
 
 
 # -- the launch as a whole -----------------------------------------------------------------------------
-def check_host_names(hosts: Iterable["HostSpec"]) -> None:
+def check_host_names(hosts: Iterable[HostSpec]) -> None:
     """DNS's limits, checked before any name reaches a resolver (which fails with an internal error)."""
     for host in hosts:
         name = host.name
@@ -188,7 +188,7 @@ def check_exec_size(program: Iterable[str], extra_env: Mapping[str, str], enviro
         )
 
 
-def check_launch(spec: "LaunchSpec", environ: Mapping[str, str]) -> None:
+def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     """Checks across options, once every single value is known to be in bounds."""
     if spec.num_ipus > MAX_COUNT:
         raise UsageError(

@@ -1,4 +1,6 @@
-"""A simulated IPU system: hardware figures, device ids (and later V-IPU, fabric)."""
+"""A simulated IPU system: hardware figures and device ids (here), IPU devices and their locks
+(``simipu.devices``), a V-IPU service, server and client (``simipu.vipu``) and the fabric that connects
+instances for collectives (``simipu.fabric``)."""
 
 from simipu.hardware import (
     IPU_MEMORY_BYTES,

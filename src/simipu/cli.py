@@ -21,9 +21,26 @@ import typer
 from simipu.devices import DeviceBusy, DeviceError, default_device_dir, listing_lines
 from simipu.private_files import UnsafePath
 from simipu.vipu import (
-    DEFAULT_PORT, DEFAULT_TIMEOUT, ClusterMismatch, ClusterNotFound, InvalidPartitionRequest, NotEnoughIpus,
-    Partition, PartitionExists, PartitionInUse, PartitionNotFound, PartitionRequest, PartitionTooLarge, VipuApi,
-    VipuError, VipuProtocolError, VipuService, VipuStateError, VipuUnauthorized, VipuUnreachable, parse_server,
+    DEFAULT_PORT,
+    DEFAULT_TIMEOUT,
+    ClusterMismatch,
+    ClusterNotFound,
+    InvalidPartitionRequest,
+    NotEnoughIpus,
+    Partition,
+    PartitionExists,
+    PartitionInUse,
+    PartitionNotFound,
+    PartitionRequest,
+    PartitionTooLarge,
+    VipuApi,
+    VipuError,
+    VipuProtocolError,
+    VipuService,
+    VipuStateError,
+    VipuUnauthorized,
+    VipuUnreachable,
+    parse_server,
 )
 from simipu.vipu.api import default_token_path
 

@@ -46,7 +46,7 @@ class DeviceError(Exception):
 class DeviceBusy(DeviceError):
     """Another process holds one of the device's IPUs."""
 
-    def __init__(self, cluster: str, ipu: int, holder: Optional["IpuHolder"], device: str) -> None:
+    def __init__(self, cluster: str, ipu: int, holder: Optional[IpuHolder], device: str) -> None:
         if holder is None:
             who = "another process (it has not recorded its pid yet)"
         else:
@@ -225,7 +225,7 @@ class Device:
         if fds:
             log.debug("detached from device %d of %s", self.info.id, self.info.partition)
 
-    def __enter__(self) -> "Device":
+    def __enter__(self) -> Device:
         return self
 
     def __exit__(self, *exc: object) -> None:

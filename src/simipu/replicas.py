@@ -127,7 +127,8 @@ class ReplicaContext:
         return self._meeting.exchange(self.local_index, np.asarray(value), combine)
 
 
-def run_replicas(fn: Callable[..., Any], fabric: InstanceCollectives, layout: ReplicaLayout, *args: Any, **kwargs: Any) -> list[Any]:
+def run_replicas(fn: Callable[..., Any], fabric: InstanceCollectives, layout: ReplicaLayout, *args: Any,
+                 **kwargs: Any) -> list[Any]:
     """Run ``fn(replica, *args, **kwargs)`` once per local replica; results in local order."""
     meeting = _ReplicaMeeting(fabric, layout)
     results: list[Any] = [None] * layout.num_local_replicas

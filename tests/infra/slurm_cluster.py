@@ -138,7 +138,7 @@ class SlurmCluster:
             self._procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                                  env=env, cwd=self.dir, start_new_session=True)
 
-    def start(self, timeout: float = START_TIMEOUT) -> "SlurmCluster":
+    def start(self, timeout: float = START_TIMEOUT) -> SlurmCluster:
         """Start munged, slurmctld and slurmd; return once the node is idle, else stop and raise."""
         reason = unavailable_reason()
         if reason:
@@ -226,7 +226,7 @@ class SlurmCluster:
         psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
         self._procs.clear()
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -23,4 +23,4 @@ try:
         C.allreduce(data)
 except Exception as exc:  # noqa: BLE001 - report whatever the fabric raised
     print(json.dumps({"instance": me, "error": type(exc).__name__, "message": str(exc)}), flush=True)
-    raise SystemExit(1)
+    raise SystemExit(1) from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -40,7 +40,7 @@ def make_input(name: str, instance: int, dtype: str, shape: tuple[int, ...]) -> 
     return rng.integers(low, high, size=shape).astype(dtype)
 
 
-Hosts = Optional[Tuple[str, ...]]
+Hosts = Optional[tuple[str, ...]]
 
 
 def _fold(op: str, arrays: list[np.ndarray]) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The PopDist tutorial's hello_horovod: each instance's x and y, averaged over the instances with Horovod."""
 
+import horovod.torch as hvd
 import torch
 
-import horovod.torch as hvd
 import popdist
 
 popdist.init()

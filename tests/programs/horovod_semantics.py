@@ -3,9 +3,9 @@ tests/test_compat.py on 3 instances)."""
 
 import json
 
+import horovod.torch as hvd
 import torch
 
-import horovod.torch as hvd
 import popdist
 
 hvd.init()

@@ -1,8 +1,7 @@
 """A host benchmark's reporting, as Graphcore's: the slowest instance's time, the total sample count."""
 
-import torch
-
 import horovod.torch as hvd
+import torch
 
 hvd.init()
 seconds = torch.tensor([1.5 + hvd.rank()])           # this instance's time for its share

@@ -13,7 +13,18 @@ from typing import Any
 
 from popdist import core
 from popdist.mpi4py.comm import (
-    ANY_SOURCE, ANY_TAG, IN_PLACE, MAX, MIN, PROD, README_SECTION, SUM, Comm, Datatype, NotProvidedError, Op,
+    ANY_SOURCE,
+    ANY_TAG,
+    IN_PLACE,
+    MAX,
+    MIN,
+    PROD,
+    README_SECTION,
+    SUM,
+    Comm,
+    Datatype,
+    NotProvidedError,
+    Op,
     Status,
 )
 

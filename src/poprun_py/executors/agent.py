@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from .. import __version__
 from ..errors import EXIT_INTERNAL, PoprunError
-from ..events import EventQueue, Exited, HostLost, Output, StartInterrupted, Started
+from ..events import EventQueue, Exited, HostLost, Output, Started, StartInterrupted
 from ..hosts import HostSpec
 from ..plan import OMP_NUM_THREADS, InstancePlan, omp_threads
 from ..programs import resolve_program

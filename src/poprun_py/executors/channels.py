@@ -66,7 +66,7 @@ class AgentStderr:
 class SshChannel:
     """An agent at the other end of a Paramiko session channel."""
 
-    def __init__(self, channel: "paramiko.Channel", host: str) -> None:
+    def __init__(self, channel: paramiko.Channel, host: str) -> None:
         self._channel = channel
         self._fileno = channel.fileno()  # readable when stdout or stderr has data, or at EOF
         self._stderr = AgentStderr(host)

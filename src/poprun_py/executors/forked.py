@@ -147,9 +147,9 @@ def _adopt_streams(stdout: int, stderr: int) -> None:
     os.dup2(stderr, 2)
     os.close(stdout)
     os.close(stderr)
-    sys.stdin = sys.__stdin__ = open(0, closefd=False)
-    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)  # type: ignore[misc]  # (typeshed: Final; ours here)
+    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # type: ignore[misc]
+    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # type: ignore[misc]
     faulthandler.enable(file=sys.stderr)  # a crash shows its Python stack in the instance's stderr
 
 

@@ -13,8 +13,8 @@ import shlex
 import time
 from typing import Any, Mapping
 
-from .. import __version__
 from ..errors import PreflightFailed
+from ..version import __version__
 from . import wire
 from .channels import AgentChannel
 from .remote import read_frame
@@ -48,7 +48,8 @@ def agent_script(python: str, cwd: str) -> str:
 
 def greet(agent: AgentChannel, python: str, cwd: str, deadline: float) -> Mapping[str, Any]:
     """The agent's hello, checked; ``HostCheckFailed`` says which piece is missing or wrong."""
-    decoder, pending = wire.FrameDecoder(after_magic=True), []
+    decoder = wire.FrameDecoder(after_magic=True)
+    pending: list[wire.Frame] = []
     try:
         frame = read_frame(agent, decoder, pending, deadline)
     except TimeoutError:

@@ -234,7 +234,7 @@ def kill_marked(marker):
     For the launcher's own use at the end of a job run in a caller's process
     (not a subreaper): the daemons its instances left.
     """
-    ours = {}
+    ours: dict[int, int] = {}
     if not _discover(ours, marker):
         return 0  # the usual case: one scan of /proc
     _freeze(ours, marker)
@@ -263,7 +263,7 @@ class _Watch:
 
     def __init__(self):
         self.marker = b""
-        self.launcher = [None, None, None]  # its _image: start time, cmdline, environ
+        self.launcher: list[int | bytes | None] = [None, None, None]  # its _image: start time, cmdline, environ
         self.ours = {}
         self.normal_end = False
 

@@ -90,7 +90,7 @@ def keepalive_frame(settings: AliveSettings) -> bytes:
 class KeepAlive:
     """One host's keepalive thread; ``stop`` ends it (closing the connection ends it too)."""
 
-    def __init__(self, transport: "paramiko.Transport", channel: SshChannel, host: str,
+    def __init__(self, transport: paramiko.Transport, channel: SshChannel, host: str,
                  settings: AliveSettings) -> None:
         self._transport = transport
         self._channel = channel

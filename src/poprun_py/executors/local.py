@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Iterator, Mapping, Protocol, Sequence
 
 from ..errors import ProgramNotExecutable, ProgramNotFound
-from ..events import EventQueue, Exited, HostLost, Output, StartInterrupted, Started, Stream
+from ..events import EventQueue, Exited, HostLost, Output, Started, StartInterrupted, Stream
 from ..plan import InstancePlan
 from .adoption import Adopter, become_subreaper, child_pids
 from .guardian import Guardian
@@ -215,10 +215,11 @@ class LocalExecutor:
             with _bound_to(plan.cpus):  # inherited at fork: bound before its first instruction
                 process = self._spawn_process(plan, {**self._base_env, **plan.env}, out_w, err_w, foreign)
         except BaseException:
-            os.close(out_r), os.close(err_r)
+            os.close(out_r), os.close(err_r)  # type: ignore[func-returns-value]
             raise
         finally:
-            os.close(out_w), os.close(err_w)
+            os.close(out_w)
+            os.close(err_w)
         pidfd = os.pidfd_open(process.pid)  # our unreaped child: the pid names it
         instance = _Instance(plan, process, pidfd)
         with self._lock:  # signal_all may run in another thread (the agent's channel reader)

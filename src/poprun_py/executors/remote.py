@@ -14,10 +14,10 @@ import logging
 import signal
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from ..errors import EXIT_USAGE, PoprunError, ProgramNotExecutable, ProgramNotFound, UsageError
-from ..events import EventQueue, Exited, HostLost, Output, StartInterrupted, Started
+from ..events import EventQueue, Exited, HostLost, Output, Started, StartInterrupted
 from ..plan import InstancePlan
 from ..ranges import format_cpus
 from . import wire
@@ -169,7 +169,7 @@ class AgentExecutor:
 
     def _dispatch(self, frame: wire.Frame) -> None:
         if frame.kind in (wire.Kind.STDOUT, wire.Kind.STDERR):
-            stream = "stdout" if frame.kind == wire.Kind.STDOUT else "stderr"
+            stream: Literal["stdout", "stderr"] = "stdout" if frame.kind == wire.Kind.STDOUT else "stderr"
             self._events.put_output(Output(frame.instance, stream, frame.payload))
         elif frame.kind == wire.Kind.STARTED:
             started = frame.json()

@@ -100,8 +100,8 @@ def start_agents(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: f
             continue
         reached[str(host)] = SrunHost(str(host), channel, hello, host.name, here)
     if failed:
-        for host in reached.values():
-            host.close()
+        for started_host in reached.values():
+            started_host.close()
         raise verdict_error("Slurm nodes could not start their agents", failed, len(hosts))
     log.debug("agents started by srun on %s", ", ".join(reached))
     return reached

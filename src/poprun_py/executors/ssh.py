@@ -293,7 +293,8 @@ def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: Any, timeout
     except paramiko.BadHostKeyException as exc:
         raise HostCheckFailed("host key changed", f"the {exc.key.get_name()} key of {_key_name(target)} differs "
                               "from the one in known_hosts (someone may be intercepting the connection); if the "
-                              f"host was reinstalled, remove the old key with {target.host_keys.removal_advice(_key_name(target))}") from None
+                              f"host was reinstalled, remove the old key with "
+                              f"{target.host_keys.removal_advice(_key_name(target))}") from None
     except paramiko.PasswordRequiredException as exc:
         raise HostCheckFailed("authentication", f"the key needs a passphrase ({exc}); add it to ssh-agent") from None
     except paramiko.AuthenticationException:

@@ -29,11 +29,12 @@ from __future__ import annotations
 import os
 import struct
 import time
+from typing import cast
 
 import numpy as np
 
 from .calls import UFUNCS, Group, reduce_in_order
-from .mailbox import INDICES, LENGTH, OFFSET, PUBLICATION, SLEEPING, MailboxSegment, board_frame_at, full_fence
+from .mailbox import INDICES, LENGTH, OFFSET, PUBLICATION, SLEEPING, Mailbox, MailboxSegment, board_frame_at, full_fence
 from .placement import Spreader
 from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
 
@@ -96,9 +97,10 @@ class BoardAllreduce:
                       for at, start in frames]
         # per peer (in ``group.others`` order): its mailbox and position among the host's instances, its sleeping
         # flag, its board's words, and per parity as above, with its payload as an array to reduce from
-        self._boxes = tuple(link.mailbox for link in self._links)
-        views = [box.reader_views() for box in self._boxes]  # type: ignore[union-attr]
-        self._positions = tuple(box.position for box in self._boxes)  # type: ignore[union-attr]
+        # (a board is made only when every peer shares this host: each link has its mailbox)
+        self._boxes = cast("tuple[Mailbox, ...]", tuple(link.mailbox for link in self._links))
+        views = [box.reader_views() for box in self._boxes]
+        self._positions = tuple(box.position for box in self._boxes)
         self._flags = tuple(v[0] for v in views)
         self._me = views[0][3]
         slots = [[(at // 8, start - at, peer_board[start:start + hlen],
@@ -126,7 +128,7 @@ class BoardAllreduce:
         published = segment.publications = segment.publications + 1
         first, offset, header_bytes, payload_bytes = self._mine[published & 1]
         header_bytes[:] = header
-        payload_bytes[:] = memoryview(x).cast("B")
+        payload_bytes[:] = x.data.cast("B")
         words[first + LENGTH] = self._total
         words[first + OFFSET] = offset
         at = first + INDICES

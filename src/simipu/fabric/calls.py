@@ -100,7 +100,7 @@ def _group(membership: Membership, links: Mapping[int, Link], members: tuple[int
 
 def to_bytes(array: np.ndarray) -> memoryview:
     """A flat byte view of a C-contiguous array (zero-size and 0-d included)."""
-    return memoryview(array).cast("B") if array.size else EMPTY
+    return array.data.cast("B") if array.size else EMPTY  # (.data: the array's buffer as a memoryview)
 
 
 def chunks(count: int, parts: int) -> list[tuple[int, int]]:

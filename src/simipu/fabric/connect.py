@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from .engine import Fabric
 from .errors import FabricError, PeerLostError, RendezvousError
 from .frames import heartbeat_interval
-from .mailbox import MailboxSegment, supported as mailboxes_supported
+from .mailbox import MailboxSegment
+from .mailbox import supported as mailboxes_supported
 from .member import ControlChannel, join
 from .membership import Membership, Peer
 from .transport import Link, LinkClosed

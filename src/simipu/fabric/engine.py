@@ -65,8 +65,7 @@ from .membership import Membership
 from .shm import SHARED_BYTES, SharedArena, allreduce_shared
 from .transport import Link
 from .watch import Control, LossWatch
-from .wire import (ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, abort_notice,
-                   mismatch_notice)
+from .wire import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, abort_notice, mismatch_notice
 
 #: Up to this many bytes, allreduce and broadcast over sockets use the one-round algorithms.
 SMALL_BYTES = 256 * 1024
@@ -286,7 +285,7 @@ class Fabric:
     def run(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
             destinations: Mapping[int, memoryview | None], fds: Mapping[int, Sequence[int]] | None = None) -> None:
         """One phase: a frame to each rank in ``payloads``, one from each rank in ``destinations``."""
-        links = call.group.links
+        links: Sequence[Link] = call.group.links  # type: ignore[assignment]  # (by other ranks: never our None)
         self._exchange(call, phase, [(links[k], p, fds.get(k, ()) if fds else ()) for k, p in payloads.items()],
                        [(links[k], d) for k, d in destinations.items()])
 

@@ -23,7 +23,7 @@ import time
 from typing import Callable, Sequence
 
 from .errors import CollectiveMismatchError
-from .mailbox import EMPTY, Mailbox, MailboxSegment, full_fence
+from .mailbox import EMPTY, Mailbox, MailboxSegment, Peeked, full_fence
 from .transport import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take, take_boxed
 from .watch import LossWatch
 from .wire import NBYTES, Mismatch, Signature, mismatch_message
@@ -117,10 +117,10 @@ def exchange_all(prefix: bytes, payload: memoryview, links: Sequence[Link], dest
         raise CollectiveMismatchError(mismatch_message(me, mine(), mismatch.peer, mismatch.theirs, members)) from None
 
 
-def _await_frame(box: Mailbox, index: int, deadline: float) -> memoryview | None | bool:
+def _await_frame(box: Mailbox, index: int, deadline: float) -> Peeked:
     """``box.peek(index)`` retried, yielding the CPU between tries, until it finds something or ``deadline``
     passes: a few memory reads a try, where stepping a Receive would cost a hundred times more."""
-    frame = EMPTY
+    frame: Peeked = EMPTY
     while frame is EMPTY and time.perf_counter() < deadline:
         os.sched_yield()
         frame = box.peek(index)

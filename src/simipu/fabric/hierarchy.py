@@ -27,15 +27,25 @@ anywhere is seen somewhere and mismatch notices carry it to the rest.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .calls import UFUNCS, Call, reduce_in_order, to_bytes
+from .calls import UFUNCS, Call, Group, reduce_in_order, to_bytes
 from .shm import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena
 
-if TYPE_CHECKING:
-    from .engine import Fabric
+
+class Fabric(Protocol):
+    """What this algorithm needs of the engine (``engine.Fabric``, which calls it): phases, the flat
+    algorithm among the leaders, and the shared segments. A protocol, so this module needs no engine."""
+
+    def run(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
+            destinations: Mapping[int, memoryview | None],
+            fds: Mapping[int, Sequence[int]] | None = None) -> None: ...
+    def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
+                             like: np.ndarray) -> dict[int, np.ndarray]: ...
+    def allreduce_flat_or_chunked(self, call: Call, x: np.ndarray, op: str) -> np.ndarray: ...
+    def arena_for(self, g: Group) -> SharedArena: ...
 
 
 def allreduce_hierarchical(fabric: Fabric, call: Call, x: np.ndarray, op: str) -> np.ndarray:
@@ -103,5 +113,5 @@ def _distribute(fabric: Fabric, local: Call, x: np.ndarray, total: np.ndarray | 
     received = bytearray(ANNOUNCEMENT_BYTES)
     fabric.run(local, 23, {}, {0: memoryview(received)})
     arena.adopt(lg.links[0], received)  # type: ignore[arg-type]
-    to_bytes(result)[:] = arena.peer(lg.members[0], x.nbytes)
+    to_bytes(result)[:] = arena.peer(lg.members[0], x.nbytes).data
     return result

@@ -69,6 +69,7 @@ import mmap
 import os
 import platform
 import threading
+from typing import Final, Literal, Union
 
 #: Bytes per slot: a frame up to this size (less 16 for the slot's own header) goes through shared memory.
 SLOT_BYTES = 64 * 1024 + 1024
@@ -85,7 +86,10 @@ _BLOCK = _SLOTS + 2 * SLOT_BYTES
 _MAGIC = 0x33584F424C49414D  # "MAILBOX3"
 
 #: ``peek`` answers: the mailbox is empty / its next frame is a later one (the next is on the socket).
-EMPTY, ELSEWHERE = None, False
+EMPTY: Final = None
+ELSEWHERE: Final = False
+#: What ``peek`` returns: the frame (a truthy view: a frame is never empty), or one of the two answers above.
+Peeked = Union[memoryview, None, Literal[False]]
 
 _fence_lock = threading.Lock()
 
@@ -251,11 +255,11 @@ class Mailbox:
         """``peer_sleeping`` for a caller that has fenced already, once after several writes."""
         return bool(self._peer_header[SLEEPING])
 
-    def peek(self, index: int) -> memoryview | None | bool:
+    def peek(self, index: int) -> Peeked:
         """The peer's frame ``index`` of the link if its mailbox or its board holds it next; else EMPTY (neither
         holds anything for us) or ELSEWHERE (the next frame is on the socket)."""
         consumed = self._out_words[_CONSUMED]
-        mailbox = EMPTY
+        mailbox: Literal[False] | None = EMPTY
         if self._in_words[_SENT] != consumed:
             at = _SLOTS + (consumed & 1) * SLOT_BYTES
             words = self._in_words

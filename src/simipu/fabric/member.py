@@ -181,7 +181,7 @@ def _receive(sock: socket.socket, reader: FrameReader, deadline: float) -> dict[
         sock.settimeout(left)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise RendezvousError("timed out waiting for the job's rendezvous") from None
         if not data:
             raise RendezvousError("the job's rendezvous closed the connection")

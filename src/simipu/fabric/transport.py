@@ -167,6 +167,7 @@ class Send:
                 return True
             self.boxed = False  # both slots still unread: this frame takes the socket
         hlen = len(self.header)
+        buffers: list[bytes | memoryview]
         if self.sent < hlen:
             buffers = [self.header[self.sent:], self.payload] if len(self.payload) else [self.header[self.sent:]]
         else:
@@ -211,13 +212,13 @@ class Receive:
                 return True
             take = min(link.available(), self.nbytes)
             if take:
-                self.dest[:take] = link.staged(take)
+                self.dest[:take] = link.staged(take)  # type: ignore[index]  # (None only when nbytes is 0)
                 link.consume(take)
                 self.got = take
             if self.got == self.nbytes:
                 return True
         try:
-            n = link.sock.recv_into(self.dest[self.got:], self.nbytes - self.got)
+            n = link.sock.recv_into(self.dest[self.got:], self.nbytes - self.got)  # type: ignore[index]  # (as above)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError as exc:

@@ -1,8 +1,9 @@
-"""The one V-IPU interface the launcher codes against, and where state lives by default.
+"""The one V-IPU interface the launcher codes against, and ``open_vipu``, which builds one.
 
 ``VipuService`` (in-process, over a SQLite state file) and ``VipuClient``
 (HTTP JSON to ``simipu vipu-server``) both satisfy ``VipuApi``, so a launch
 with ``--vipu-server-host`` and one without differ only in which is built.
+Where state lives by default is ``defaults`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -11,17 +12,18 @@ import os
 from pathlib import Path
 from typing import Optional, Protocol, runtime_checkable
 
+from simipu.vipu.defaults import (  # noqa: F401  (re-exported: this module is where the launcher finds them)
+    DEFAULT_PORT,
+    DEFAULT_TIMEOUT,
+    STATE_FILE_NAME,
+    TOKEN_FILE_ENV,
+    TOKEN_FILE_NAME,
+    default_state_dir,
+    default_state_path,
+    default_token_path,
+)
 from simipu.vipu.lease import Lease
 from simipu.vipu.models import Cluster, Partition, PartitionRequest
-
-DEFAULT_PORT = 8090
-"""The V-IPU server's port, as Graphcore's (``IPUOF_VIPU_API_PORT``)."""
-DEFAULT_TIMEOUT = 10.0
-"""Seconds a client waits for one reply (PopRun's ``--vipu-server-timeout`` default)."""
-STATE_FILE_NAME = "vipu.sqlite"
-TOKEN_FILE_NAME = "vipu-server.token"
-TOKEN_FILE_ENV = "SIMIPU_VIPU_TOKEN_FILE"
-"""Names the file holding the V-IPU server's credential, for the server and its clients."""
 
 
 @runtime_checkable
@@ -82,24 +84,6 @@ class VipuApi(Protocol):
     def mark_failed(self, name: str) -> Partition:
         """Put the partition into PS_FAILED, as a hardware error would (a test and admin hook)."""
         ...
-
-
-def default_state_dir() -> Path:
-    """``$XDG_STATE_HOME/poprun-py``, or ``~/.local/state/poprun-py`` (relative XDG paths are ignored)."""
-    base = os.environ.get("XDG_STATE_HOME", "")
-    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".local" / "state"
-    return root / "poprun-py"
-
-
-def default_token_path() -> Path:
-    """The V-IPU server's credential: ``$SIMIPU_VIPU_TOKEN_FILE``, or ``<state dir>/vipu-server.token``."""
-    named = os.environ.get(TOKEN_FILE_ENV, "")
-    return Path(named) if named else default_state_dir() / TOKEN_FILE_NAME
-
-
-def default_state_path() -> Path:
-    """Where the embedded service keeps partitions unless told otherwise."""
-    return default_state_dir() / STATE_FILE_NAME
 
 
 def parse_server(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:

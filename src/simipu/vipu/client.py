@@ -20,7 +20,7 @@ import time
 from typing import Any, Optional
 from urllib.parse import quote
 
-from simipu.vipu.api import DEFAULT_PORT, DEFAULT_TIMEOUT
+from simipu.vipu.defaults import DEFAULT_PORT, DEFAULT_TIMEOUT
 from simipu.vipu.errors import VipuProtocolError, VipuUnreachable, error_from_kind
 from simipu.vipu.lease import Lease
 from simipu.vipu.models import Cluster, Partition, PartitionRequest, check_partition_name
@@ -44,7 +44,7 @@ def _complete(reply: bytearray) -> bool:
 class _Replayed(io.BytesIO):
     """The bytes of a whole reply, for ``http.client.HTTPResponse`` to parse (it reads a socket's file)."""
 
-    def makefile(self, *args: object, **kwargs: object) -> "_Replayed":
+    def makefile(self, *args: object, **kwargs: object) -> _Replayed:
         return self
 
 
@@ -83,7 +83,7 @@ class VipuClient:
             response = http.client.HTTPResponse(_Replayed(raw))  # type: ignore[arg-type]
             response.begin()
             status, payload = response.status, response.read()
-        except (TimeoutError, socket.timeout, OSError, http.client.HTTPException) as exc:
+        except (TimeoutError, OSError, http.client.HTTPException) as exc:
             raise VipuUnreachable(self.host, self.port, self._describe(exc)) from None
         if status >= 400:
             raise self._server_error(status, payload)

@@ -62,7 +62,7 @@ class Lease:
     pidns: str = ""
 
     @classmethod
-    def of_this_process(cls, job: Optional[str] = None) -> "Lease":
+    def of_this_process(cls, job: Optional[str] = None) -> Lease:
         pid = os.getpid()
         start = process_start(pid)
         assert start is not None  # this process exists
@@ -84,7 +84,7 @@ class Lease:
             return False  # written before this boot: every process of it is gone
         return process_start(self.pid) == self.start
 
-    def same_holder(self, other: Optional["Lease"]) -> bool:
+    def same_holder(self, other: Optional[Lease]) -> bool:
         """The same launch: same process and job (two launches in one process's threads are two holders)."""
         return other == self
 
@@ -97,7 +97,7 @@ class Lease:
                 "pidns": self.pidns}
 
     @classmethod
-    def from_json(cls, data: Any) -> "Lease":
+    def from_json(cls, data: Any) -> Lease:
         if not isinstance(data, Mapping):
             raise VipuProtocolError(f"a lease must be a JSON object, got {type(data).__name__}")
         try:

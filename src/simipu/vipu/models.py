@@ -107,7 +107,7 @@ class Cluster:
                 "ild_size": self.ild_size, "num_m2000s": self.num_m2000s}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | str) -> "Cluster":
+    def from_json(cls, data: Mapping[str, Any] | str) -> Cluster:
         data = _load(data, "a cluster", VipuProtocolError)
         return cls(name=_typed(data, "name", str, "a cluster", VipuProtocolError),
                    size=_typed(data, "size", int, "a cluster", VipuProtocolError))
@@ -188,7 +188,7 @@ class PartitionRequest:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | str) -> "PartitionRequest":
+    def from_json(cls, data: Mapping[str, Any] | str) -> PartitionRequest:
         what = "a partition request"
         err = InvalidPartitionRequest
         data = _load(data, what, err)
@@ -281,7 +281,7 @@ class Partition:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | str) -> "Partition":
+    def from_json(cls, data: Mapping[str, Any] | str) -> Partition:
         what = "a partition"
         err = VipuProtocolError
         data = _load(data, what, err)

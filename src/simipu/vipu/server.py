@@ -76,7 +76,7 @@ class _RequestTimeout(VipuProtocolError):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_HttpServer"
+    server: _HttpServer
     server_version = "simipu-vipu/1"
 
     def setup(self) -> None:
@@ -110,7 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
             status, reply = self._route(method, [unquote(p) for p in self.path.split("?")[0].strip("/").split("/")])
         except VipuError as exc:
             status, reply = exc.http_status, {"error": {"kind": exc.kind, "message": str(exc)}}
-        except (TimeoutError, socket.timeout, ConnectionError):
+        except (TimeoutError, ConnectionError):
             status, reply = 408, {"error": {"kind": _RequestTimeout.kind,
                                             "message": "the request did not arrive whole in time"}}
         except Exception as exc:  # the server must answer, and say what broke
@@ -328,7 +328,7 @@ class VipuServer:
         log.info("V-IPU server listening on %s:%d (state %s)", *self.address, self.service.state_path)
         self._httpd.serve_forever(poll_interval=0.05)  # how soon shutdown() is noticed
 
-    def start(self) -> "VipuServer":
+    def start(self) -> VipuServer:
         self._thread = threading.Thread(target=self.serve_forever, name="vipu-server", daemon=True)
         self._thread.start()
         return self
@@ -341,7 +341,7 @@ class VipuServer:
             self._thread = None
         self._httpd.server_close()
 
-    def __enter__(self) -> "VipuServer":
+    def __enter__(self) -> VipuServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

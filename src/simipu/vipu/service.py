@@ -29,16 +29,28 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from simipu import hardware
-from simipu.vipu.allocation import choose_ipus
 from simipu.private_files import UnsafePath, private_dir
-from simipu.vipu.api import default_state_dir, default_state_path
+from simipu.vipu.allocation import choose_ipus
+from simipu.vipu.defaults import default_state_dir, default_state_path
 from simipu.vipu.errors import (
-    ClusterMismatch, ClusterNotFound, InvalidPartitionRequest, NotEnoughIpus, PartitionExists, PartitionInUse,
-    PartitionNotFound, VipuStateError,
+    ClusterMismatch,
+    ClusterNotFound,
+    InvalidPartitionRequest,
+    NotEnoughIpus,
+    PartitionExists,
+    PartitionInUse,
+    PartitionNotFound,
+    VipuStateError,
 )
 from simipu.vipu.lease import Lease
 from simipu.vipu.models import (
-    DEFAULT_CLUSTER_NAME, PS_ACTIVE, PS_FAILED, Cluster, Partition, PartitionRequest, check_cluster_name,
+    DEFAULT_CLUSTER_NAME,
+    PS_ACTIVE,
+    PS_FAILED,
+    Cluster,
+    Partition,
+    PartitionRequest,
+    check_cluster_name,
     check_partition_name,
 )
 

@@ -37,7 +37,7 @@ class RunningServer:
 
     host: str
     port: int
-    process: "subprocess.Popen[bytes]"
+    process: subprocess.Popen[bytes]
 
     @property
     def address(self) -> str:
@@ -69,7 +69,7 @@ def read_line(stream: IO[bytes], deadline: float) -> bytes:
     return bytes(data)
 
 
-def stop_process(process: "subprocess.Popen[bytes]", grace: float = 5.0) -> Optional[int]:
+def stop_process(process: subprocess.Popen[bytes], grace: float = 5.0) -> Optional[int]:
     """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; returns the exit status."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -199,7 +199,7 @@ def _allocate(argv: Sequence[str]) -> int:
 
 def start_holder(state_path: os.PathLike[str] | str, partition: str, device_id: Optional[int] = None, *,
                  device_dir: os.PathLike[str] | str, job: Optional[str] = None,
-                 timeout: float = 30.0) -> "subprocess.Popen[bytes]":
+                 timeout: float = 30.0) -> subprocess.Popen[bytes]:
     """Start a process that attaches to a device and holds it until its stdin closes or it is killed.
 
     Returns once the device is held. If attaching fails, raises RuntimeError
