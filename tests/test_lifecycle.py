@@ -84,7 +84,10 @@ def assert_nothing_marked_survives(marker: str, name: str | None = None) -> None
         return [p for p in suspects if not is_zombie_or_gone(p.pid)]  # init reaps in its own time
 
     with contextlib.suppress(AssertionError):
-        wait_until(lambda: not running(), "the job's processes are gone", timeout=15)
+        # the guardian's stop: a wait for pending forks, SIGTERM, --stop-grace (5 s), freeze, SIGKILL, then
+        # a sweep for late execs; its scans read every process on the host, slow when a neighbouring test
+        # runs 1,100 instances on a loaded machine
+        wait_until(lambda: not running(), "the job's processes are gone", timeout=45)
     assert not running(), [(p.pid, p.cmdline()) for p in running()]
 
 

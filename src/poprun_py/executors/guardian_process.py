@@ -56,6 +56,8 @@ _MAX_MESSAGE = 1 << 20
 _IMAGE_PARTS = (b"T", b"C", b"E")
 #: How long to wait for the launcher's last forks to exec (``_await_pending_execs``).
 _PENDING_EXEC_SECONDS = 2.0
+#: How long, after the kill, to keep looking for processes of the job that exec'd late (``_sweep_late_execs``).
+_LATE_EXEC_SECONDS = 10.0
 _UNKNOWN_LAUNCHER_WAIT = 0.5
 
 
@@ -226,6 +228,26 @@ def stop_job(ours, marker, grace, launcher=None):
     for fd in ours.values():
         _signal(fd, signal.SIGKILL)
     _wait_for_exits(list(ours.values()), 5.0)
+    _sweep_late_execs(ours, marker, launcher)
+
+
+def _sweep_late_execs(ours, marker, launcher):
+    """Kill what execs after the kill: a fork of the launcher slower than every wait above.
+
+    On a loaded host a fork can take longer to reach exec than the scans that
+    look for it (each reads every process's environment); once it execs it
+    carries the marker. So for a bounded time, until no fork of the launcher
+    is left and a second look finds nothing new, look again and kill it.
+    """
+    deadline = time.monotonic() + _LATE_EXEC_SECONDS
+    quiet_looks = 0
+    while time.monotonic() < deadline and quiet_looks < 2:
+        time.sleep(0.1)
+        late = _discover(ours, marker)
+        for pid in late:
+            _signal(ours[pid], signal.SIGKILL)
+        pending = launcher is not None and _a_fork_of(launcher)
+        quiet_looks = 0 if late or pending else quiet_looks + 1
 
 
 def kill_marked(marker):
