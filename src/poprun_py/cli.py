@@ -2,9 +2,11 @@
 
 Nothing else lives here: every error a user can cause becomes one line on
 stderr and the exit code of its category (see ``errors.py``).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Typer reads the options from
+``poprun``'s annotations, and real objects spare it evaluating ~50 strings at
+every start (~1 ms).
+"""
 
 import logging
 import sys

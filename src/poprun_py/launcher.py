@@ -28,8 +28,6 @@ from .executors.local import LocalExecutor, Spawner, exec_program
 from .job import Job, JobReport, TimeLimit
 from .output import OutputOptions, OutputRouter
 from .programs import resolve_program
-from .executors.fanout import FanOutExecutor
-from .executors.remote import AgentExecutor
 from .hosts import HostSpec, distribute_instances
 from .plan import LOCALHOST, Allocation, Plan, make_plan, offline_allocation
 from .reach import Reach, check_working_dir, forwarded_environment, reach_hosts, with_allocation_hosts
@@ -39,6 +37,8 @@ from .status import StatusLine
 
 if TYPE_CHECKING:  # the V-IPU and device modules load only for launches that use IPUs
     from simipu.devices import Device
+
+    from .executors.fanout import FanOutExecutor
 
 log = logging.getLogger("poprun")
 
@@ -225,6 +225,9 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian, launch.options.spawn)
     if not launch.reach.agents:
         return local
+    from .executors.fanout import FanOutExecutor  # here: only launches with remote hosts need the agents' code
+    from .executors.remote import AgentExecutor
+
     spec = launch.spec
     base_env = {**forwarded_environment(environ, SOFT_DEFAULTS), **console}
     agents = {
