@@ -705,6 +705,25 @@ def machine_info(anchors: dict[str, Anchor]) -> dict[str, Any]:
     }
 
 
+def report_throughput(tp_results: dict[str, ThroughputResult], writer: str) -> None:
+    say(f"2. Tagged output, {TP_INSTANCES} instances x {TP_LINES:,} lines, stdout to a file "
+        f"(launchers use the cheapest writer: {writer})")
+    say(throughput_table(tp_results))
+    for name in ("poprun --tag-output", "mpirun --tag-output"):
+        if name in tp_results:
+            say(f"   {tp_results[name].command}")
+    for r in tp_results.values():
+        for run in r.runs:
+            if run.exit_code:
+                say(f"   {r.name}: exit {run.exit_code}: {run.stderr_tail.strip()[-200:]}")
+    mpi = tp_results.get("mpirun --tag-output")
+    if mpi is not None and (mpi.total("lost") or mpi.total("torn")):
+        say("   mpirun's losses are Open MPI 4.1's own: it tags each read of up to 4 KiB into an 8 KiB buffer\n"
+            "   and drops the rest of the read once that is full (ORTE_IOF_BASE_TAGGED_OUT_MAX in\n"
+            "   orte/mca/iof/base/iof_base_output.c); the cut also tears the tag it stops in.")
+    say()
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a rough look in about a minute)")
@@ -756,25 +775,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     say()
 
     tp_results: dict[str, ThroughputResult] = {}
-    writer = "skipped (--launch-only)"
-    if not args.launch_only:
+    writer = ""
+    if args.launch_only:
+        say("2. Tagged output: skipped (--launch-only)\n")
+    else:
         tp_results, writer = bench_throughput(anchors, args.quick)
-    say(f"2. Tagged output, {TP_INSTANCES} instances x {TP_LINES:,} lines, stdout to a file "
-        f"(launchers use the cheapest writer: {writer})")
-    say(throughput_table(tp_results))
-    for name in ("poprun --tag-output", "mpirun --tag-output"):
-        if name in tp_results:
-            say(f"   {tp_results[name].command}")
-    for r in tp_results.values():
-        for run in r.runs:
-            if run.exit_code:
-                say(f"   {r.name}: exit {run.exit_code}: {run.stderr_tail.strip()[-200:]}")
-    mpi = tp_results.get("mpirun --tag-output")
-    if mpi is not None and (mpi.total("lost") or mpi.total("torn")):
-        say("   mpirun's losses are Open MPI 4.1's own: it tags each read of up to 4 KiB into an 8 KiB buffer\n"
-            "   and drops the rest of the read once that is full (ORTE_IOF_BASE_TAGGED_OUT_MAX in\n"
-            "   orte/mca/iof/base/iof_base_output.c); the cut also tears the tag it stops in.")
-    say()
+        report_throughput(tp_results, writer)
 
     breakdown_table, breakdown = bench_breakdown(anchors, args.quick)
     say("3. Where poprun's N=2 launch time goes (medians)")

@@ -225,7 +225,8 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian, launch.options.spawn)
     if not launch.reach.agents:
         return local
-    from .executors.fanout import FanOutExecutor  # here: only launches with remote hosts need the agents' code
+    # imported here: only launches with remote hosts need the agents' code
+    from .executors.fanout import FanOutExecutor
     from .executors.remote import AgentExecutor
 
     spec = launch.spec
