@@ -2,9 +2,11 @@
 
 Nothing else lives here: every error a user can cause becomes one line on
 stderr and the exit code of its category (see ``errors.py``).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Typer reads the options from
+``poprun``'s annotations, and real objects spare it evaluating ~50 strings at
+every start (~1 ms).
+"""
 
 import logging
 import sys
@@ -114,7 +116,7 @@ def poprun(
     verbose: int = typer.Option(0, "-v", "--verbose", count=True, metavar="", show_default=False, help="More output; repeat for more (-vv). (default: warnings and errors only)"),
     vv: bool = typer.Option(False, "--vv", help="Very verbose output (as -vv)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
-) -> CommandLine:
+) -> "CommandLine":  # noqa: UP037 - defined below, and Typer reads real types (no __future__ import)
     given = {
         name: value
         for name, value in ctx.params.items()

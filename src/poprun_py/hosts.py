@@ -79,13 +79,17 @@ class HostSpec:
         try:
             return ipaddress.ip_address(self.name.split("%", 1)[0]) in _LOCAL_ADDRESSES
         except ValueError:
-            return self.name.lower() in _local_names()
+            name = self.name.lower()
+            return name in _LOOPBACK_NAMES or name in _local_names()  # the first spares a DNS query
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
 
 
 @functools.lru_cache(maxsize=1)
 def _local_names() -> frozenset[str]:
     """Names of this machine; cached because getfqdn() may ask DNS."""
-    names = {"localhost", "localhost.localdomain", socket.gethostname(), socket.getfqdn()}
+    names = {*_LOOPBACK_NAMES, socket.gethostname(), socket.getfqdn()}
     return frozenset(name.lower() for name in names if name)
 
 

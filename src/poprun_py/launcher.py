@@ -24,10 +24,8 @@ from .console import ConsoleWatch
 from .errors import UsageError
 from .events import ConsoleClosed, EventQueue, StartupTimedOut, Stream
 from .executors.descriptors import check_descriptor_limit
-from .executors.fanout import FanOutExecutor
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner, exec_program
-from .executors.remote import AgentExecutor
 from .hosts import HostSpec, distribute_instances
 from .job import Job, JobReport, TimeLimit
 from .output import OutputOptions, OutputRouter
@@ -40,6 +38,8 @@ from .status import StatusLine
 
 if TYPE_CHECKING:  # the V-IPU and device modules load only for launches that use IPUs
     from simipu.devices import Device
+
+    from .executors.fanout import FanOutExecutor
 
 log = logging.getLogger("poprun")
 
@@ -230,6 +230,10 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian, launch.options.spawn, adopt)
     if not launch.reach.agents:
         return local
+    # imported here: only launches with remote hosts need the agents' code
+    from .executors.fanout import FanOutExecutor
+    from .executors.remote import AgentExecutor
+
     spec = launch.spec
     base_env = {**forwarded_environment(environ, SOFT_DEFAULTS), **console}
     agents = {

@@ -15,12 +15,14 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from .errors import UsageError
-from .executors.channels import AgentChannel
 from .hosts import HostSpec
 from .spec import LaunchSpec
+
+if TYPE_CHECKING:  # the channel code loads with the agents, not for a launch on this host alone
+    from .executors.channels import AgentChannel
 
 log = logging.getLogger("poprun.reach")
 LOOPBACK = "127.0.0.1"

@@ -9,8 +9,6 @@ connection.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import struct
 from collections import deque
@@ -36,6 +34,9 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 
 
 def challenge_answer(token: bytes, nonce: bytes) -> str:
+    import hashlib  # here, not at import: OpenSSL's loading (~2 ms) is then off a launch's start-up path
+    import hmac
+
     return hmac.new(token, nonce, hashlib.sha256).hexdigest()
 
 
@@ -43,6 +44,8 @@ def answer_is_right(token: bytes, nonce: bytes, answer: object) -> bool:
     """Whether ``answer`` (as received: any JSON value) is the challenge's answer; compared in constant time."""
     if not isinstance(answer, str):
         return False
+    import hmac  # loaded by challenge_answer just before: a dictionary lookup
+
     expected = challenge_answer(token, nonce).encode()
     return hmac.compare_digest(answer.encode("utf-8", "surrogatepass"), expected)
 
