@@ -825,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"JSON: {args.output}")
     from plot import plot_after_run  # benchmarks/plot.py: the PNG beside the JSON, if matplotlib is installed
 
-    plot_after_run(args.output)
+    plot_after_run(args.output, "launch.json")
     return 0
 
 

@@ -165,22 +165,23 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path, Path], Path]] = {
 }
 
 
-def plot_file(path: Path, out: Path = PLOTS_DIR) -> Path:
-    """The picture of one saved result (its kind is its file name, as the benchmarks write it)."""
-    kind = next((name for name in PLOTTERS if path.name.endswith(name)), None)
+def plot_file(path: Path, out: Path = PLOTS_DIR, kind: str | None = None) -> Path:
+    """The picture of one saved result (its kind is its file name, as the benchmarks write it, unless given)."""
+    kind = kind or next((name for name in PLOTTERS if path.name.endswith(name)), None)
     if kind is None:
         raise SystemExit(f"{path}: no plot for this file; give one of {', '.join(PLOTTERS)}")
     return PLOTTERS[kind](json.loads(path.read_text()), path, out)
 
 
-def plot_after_run(path: Path) -> None:
-    """Called by a benchmark once its JSON is written: the picture too, if matplotlib is installed."""
+def plot_after_run(path: Path, kind: str) -> None:
+    """Called by a benchmark once its JSON is written (``kind``: its default file name, e.g. allreduce.json,
+    so that ``--output`` may name it anything): the picture too, if matplotlib is installed."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         print("(no plot: matplotlib is not installed; pip install -e '.[bench]', then benchmarks/plot.py)")
         return
-    print(f"PNG: {plot_file(path, path.parent)}")  # beside the JSON; plot.py's default is benchmarks/plots/
+    print(f"PNG: {plot_file(path, path.parent, kind)}")  # beside the JSON; plot.py's default is benchmarks/plots/
 
 
 def main(argv: Sequence[str] | None = None) -> int:
