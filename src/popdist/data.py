@@ -38,7 +38,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from popdist.options import Options, ReplicaSettings
+from popdist.options import ReplicaSettings
 
 __all__ = ["DataLoader", "Sharding", "epoch_order"]
 
@@ -193,17 +193,8 @@ def _replica_settings(options: Any) -> ReplicaSettings:
     """The settings of ``popdist.Options``, ``popdist.poptorch.Options`` (also over real PopTorch), or a snapshot."""
     if isinstance(options, ReplicaSettings):
         return options
-    if isinstance(options, Options):
-        return options.settings()
-    try:  # PopTorch's own Options (popdist.poptorch.Options when PopTorch is installed) name them so
-        return ReplicaSettings(
-            replication_factor=options.replication_factor,
-            device_iterations=options.device_iterations,
-            gradient_accumulation=options.Training.gradient_accumulation,
-            random_seed=options.random_seed,
-            process_id=options.Distributed.processId,
-            num_processes=options.Distributed.numProcesses,
-        )
+    try:  # popdist.Options and PopTorch's own (popdist.poptorch.Options over real PopTorch) share the names
+        return ReplicaSettings.of(options)
     except AttributeError:
         raise TypeError(f"options must be popdist.Options or popdist.poptorch.Options, "
                         f"not {type(options).__name__}") from None

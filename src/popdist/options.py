@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from popdist.env import OMPI_RANK, OMPI_SIZE, InstanceEnv
 
@@ -53,6 +53,18 @@ class ReplicaSettings:
             _check_seed(self.random_seed)
         if not _is_int(self.process_id) or not 0 <= self.process_id < self.num_processes:
             raise ValueError(f"process_id must be an integer in [0, {self.num_processes}), got {self.process_id!r}")
+
+    @classmethod
+    def of(cls, options: Any) -> ReplicaSettings:
+        """The settings of options with PopTorch's names: ``popdist.Options`` and ``poptorch.Options`` alike."""
+        return cls(
+            replication_factor=options.replication_factor,
+            device_iterations=options.device_iterations,
+            gradient_accumulation=options.Training.gradient_accumulation,
+            random_seed=options.random_seed,
+            process_id=options.Distributed.processId,
+            num_processes=options.Distributed.numProcesses,
+        )
 
     @property
     def total_replicas(self) -> int:
@@ -211,14 +223,7 @@ class Options:
 
     def settings(self) -> ReplicaSettings:
         """A frozen snapshot of these options."""
-        return ReplicaSettings(
-            replication_factor=self._replication_factor,
-            device_iterations=self._device_iterations,
-            gradient_accumulation=self.Training.gradient_accumulation,
-            random_seed=self._random_seed,
-            process_id=self.Distributed.processId,
-            num_processes=self.Distributed.numProcesses,
-        )
+        return ReplicaSettings.of(self)
 
     def __repr__(self) -> str:
         s = self.settings()
