@@ -152,6 +152,7 @@ class Options:
     def __init__(self, ipus_per_replica: int | None = None, *, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
         launch = InstanceEnv.from_environ(environ)
+        self._launch = launch  # the launch this process belongs to (None outside poprun)
         self._under_poprun = launch is not None
         launched: tuple[int, int] | None = None
         self._replication_factor = 1

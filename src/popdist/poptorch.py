@@ -74,7 +74,7 @@ class _OwnOptions(_PopdistOptions):
 
     def __init__(self, ipus_per_replica: int | None = None, **kwargs: Any) -> None:
         super().__init__(ipus_per_replica, **kwargs)
-        launch = InstanceEnv.from_environ(kwargs.get("environ", os.environ))
+        launch = self._launch
         self._device_id = None if launch is None or launch.offline else getDeviceId(ipus_per_replica)
 
     @property
