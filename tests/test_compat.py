@@ -104,6 +104,36 @@ def test_horovod_under_the_pytest_marker() -> None:
     assert MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank + 1) == 3
 
 
+@pytest.mark.poprun(num_instances=2)
+def test_horovod_fast_path_gives_the_general_paths_bits() -> None:
+    """The common call (a float CPU tensor, no scaling, compression or gradient to track) skips the general
+    path's conversions: it must give the same bits, dtype and device, and leave every other call alone."""
+    import horovod.torch as hvd
+
+    from popdist.horovod.torch import mpi_ops
+
+    hvd.init()
+    seed = torch.Generator().manual_seed(7 + hvd.rank())
+    for dtype in (torch.float16, torch.float32, torch.float64):
+        t = torch.randn(1000, generator=seed).to(dtype)
+        for op in (None, hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
+            fast = mpi_ops._fast_allreduce(t, op)
+            assert fast is not None, (dtype, op)
+            general = mpi_ops._allreduce(t, op if op is not None else hvd.Average, 1.0, 1.0)
+            assert fast.dtype is dtype and torch.equal(fast, general), (dtype, op)
+            assert torch.equal(hvd.allreduce(t, op=op), general)
+    w = torch.ones(3, requires_grad=True)
+    assert mpi_ops._fast_allreduce(w, hvd.Sum) is None  # a gradient to track: the autograd function
+    assert hvd.allreduce(w, op=hvd.Sum).grad_fn is not None
+    with torch.no_grad():
+        reduced = hvd.allreduce(w, op=hvd.Sum)
+    assert reduced.tolist() == [2.0, 2.0, 2.0] and not reduced.requires_grad
+    strided = torch.arange(8.0)[::2]
+    assert mpi_ops._fast_allreduce(strided, hvd.Sum) is None  # not contiguous: the general path copies it
+    assert hvd.allreduce(strided, op=hvd.Sum).tolist() == [0.0, 4.0, 8.0, 12.0]
+    assert mpi_ops._fast_allreduce(torch.tensor([hvd.rank()]), hvd.Average) is None  # integers truncate
+
+
 # -- mpi4py -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("instances, total", [(2, 3), (3, 6)])
 def test_mpi4py_allreduce_of_rank_plus_one(instances: int, total: int) -> None:

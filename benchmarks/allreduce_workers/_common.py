@@ -86,8 +86,9 @@ def run(
     """The measurement loop (see the module docstring); ``gather`` returns every rank's object, in rank order.
 
     ``allreduce(x)`` returns the reduced array (it may be ``x`` itself, reduced in
-    place). ``timed_input(checked)`` gives the array the timed loop reduces
-    (in-place libraries get zeros, so that repeated sums stay finite).
+    place). ``timed_input(checked)`` gives what the timed loop reduces (in-place libraries get zeros, so that
+    repeated sums stay finite; the Horovod worker gets a tensor sharing the array's memory, so the timed call
+    is tensor in, tensor out, with no conversion of the benchmark's around it).
     """
     args = parse_args()
     report: dict = {"tool": tool, "label": args.label, "n": n, "init_s": init_s, "sizes": [],
@@ -101,7 +102,7 @@ def run(
         if wrong:
             problems.append(f"check before timing: {wrong}")
         x = timed_input(x)
-        want_after = np.asarray(allreduce(x.copy())).reshape(-1).copy()  # what every timed call must give
+        want_after = np.asarray(allreduce(np.copy(x))).reshape(-1).copy()  # what every timed call must give
         for _ in range(warmup):
             allreduce(x)
         times = np.empty(iters, dtype=np.float64)

@@ -2,8 +2,9 @@
 ``import horovod.torch`` is poprun-py's, over the same fabric as ``poprun_worker.py``).
 
 Launched as ``poprun --offline-mode=1 --num-instances N --num-replicas N python hvd_worker.py ...``.
-The loop hands NumPy arrays; ``torch.from_numpy`` and ``Tensor.numpy()`` share memory, so the timed call
-is Horovod's path alone: tensor in, new tensor out.
+The timed loop reduces a tensor made once from the loop's NumPy array (``timed_input``: ``torch.from_numpy``
+shares its memory), so the timed call is Horovod's path alone: tensor in, new tensor out. The checks outside
+the timing hand NumPy arrays, which are wrapped the same way.
 """
 
 import time
@@ -20,11 +21,18 @@ import _common  # noqa: E402
 
 import popdist.collectives as C  # noqa: E402  (the barrier)
 
+
+def allreduce(x):
+    """``hvd.allreduce`` of a tensor (the timed loop's) or of a NumPy array (the checks'), as a tensor."""
+    return hvd.allreduce(x if isinstance(x, torch.Tensor) else torch.from_numpy(x), op=hvd.Sum)
+
+
 _common.run(
     tool="hvd",
     rank=hvd.rank(),
     n=hvd.size(),
-    allreduce=lambda x: hvd.allreduce(torch.from_numpy(x), op=hvd.Sum).numpy(),
+    allreduce=allreduce,
+    timed_input=torch.from_numpy,
     barrier=C.barrier,
     gather=hvd.allgather_object,
     init_s=init_s,
