@@ -41,26 +41,28 @@ GUIDE_LINES = {
 def test_guide_command_lines_parse(name: str) -> None:
     spec = spec_of(GUIDE_LINES[name])
     assert spec.program[0] in ("echo", "python3", "python")
-    assert spec.num_replicas % spec.num_instances == 0
+    assert spec.placement.num_replicas % spec.placement.num_instances == 0
 
 
 def test_multi_pod_line_in_detail() -> None:
     spec = spec_of(GUIDE_LINES["multi pod"])
-    assert [h.name for h in spec.hosts] == ["10.3.7.153", "10.3.8.153"]
-    assert (spec.num_replicas, spec.num_instances, spec.num_ilds) == (8, 2, 2)
+    assert [h.name for h in spec.placement.hosts] == ["10.3.7.153", "10.3.8.153"]
+    p = spec.placement
+    assert (p.num_replicas, p.num_instances, p.num_ilds) == (8, 2, 2)
     assert spec.vipu.server_host == "10.3.7.150" and spec.vipu.partition == "P8" and spec.vipu.cluster == "P8"
-    assert spec.numa_aware is True and spec.tag_output
-    assert spec.local_args.env == (EnvSetting("PYTHONPATH"),)
+    assert spec.placement.numa_aware is True and spec.output.tag_output
+    assert spec.instance.env == (EnvSetting("PYTHONPATH"),)
     assert spec.program == ("python3", "train.py")
 
 
 def test_defaults_are_the_guides() -> None:
     spec = spec_of("poprun prog")
-    assert (spec.num_replicas, spec.ipus_per_replica, spec.num_instances, spec.num_ilds) == (1, 1, 1, 1)
+    p = spec.placement
+    assert (p.num_replicas, p.ipus_per_replica, p.num_instances, p.num_ilds) == (1, 1, 1, 1)
     assert spec.vipu.server_port == 8090 and spec.vipu.server_timeout == 10
     assert spec.vipu.update_partition is False and spec.vipu.remove_partition is True
     assert spec.vipu.reset_partition is None
-    assert not spec.offline_mode and not spec.print_topology and spec.numa_aware is None
+    assert not spec.offline_mode and not spec.output.print_topology and spec.placement.numa_aware is None
 
 
 @pytest.mark.parametrize("value,expected",
@@ -75,20 +77,20 @@ def test_value_token_starting_with_dashes_and_repeats_merge() -> None:
         "poprun --mpi-global-args --tag-output --mpi-global-args=--timestamp-output "
         "--mpi-local-args '-x A=1' --mpi-local-args='-x B' --num-replicas 4 prog"
     )
-    assert spec.tag_output and spec.timestamp_output and spec.num_replicas == 4
-    assert spec.local_args.env == (EnvSetting("A", "1"), EnvSetting("B"))
+    assert spec.output.tag_output and spec.output.timestamp_output and spec.placement.num_replicas == 4
+    assert spec.instance.env == (EnvSetting("A", "1"), EnvSetting("B"))
 
 
 def test_first_non_option_is_the_program_and_the_rest_is_its() -> None:
     spec = spec_of("poprun --num-replicas 2 --num-instances 2 python3 train.py --num-replicas 9 -v")
     assert spec.program == ("python3", "train.py", "--num-replicas", "9", "-v")
-    assert spec.num_replicas == 2 and spec.verbosity == 0
+    assert spec.placement.num_replicas == 2 and spec.output.verbosity == 0
 
 
 def test_verbosity_spellings() -> None:
-    assert spec_of("poprun -v prog").verbosity == 1
-    assert spec_of("poprun -vv prog").verbosity == 2
-    assert spec_of("poprun --vv prog").verbosity == 2
+    assert spec_of("poprun -v prog").output.verbosity == 1
+    assert spec_of("poprun -vv prog").output.verbosity == 2
+    assert spec_of("poprun --vv prog").output.verbosity == 2
 
 
 def test_mpi_pass_through_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,9 +99,9 @@ def test_mpi_pass_through_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         "--mca btl tcp,self' --mpi-local-args='-x PATH -x V=\"a b\"' --instance-mpi-local-args='1:-x ONLY=1' "
         "--num-replicas 2 --num-instances 2 prog"
     )
-    assert spec.output_filename == "out" and spec.tag_output
-    assert spec.local_args.env == (EnvSetting("PATH"), EnvSetting("V", "a b"))
-    assert spec.instance_args[1].env == (EnvSetting("ONLY", "1"),)
+    assert spec.output.output_filename == "out" and spec.output.tag_output
+    assert spec.instance.env == (EnvSetting("PATH"), EnvSetting("V", "a b"))
+    assert spec.instance.instance_env[1] == (EnvSetting("ONLY", "1"),)
     warnings = [line for line in capsys.readouterr().err.splitlines() if " POPRUN [W] " in line]
     assert any("--mca btl tcp,self" in w for w in warnings), warnings
     assert not any("bind-to" in w or "allow-run-as-root" in w for w in warnings)
@@ -116,8 +118,8 @@ def test_config_export_then_import_with_override(tmp_path) -> None:
     assert saved["program"] == ["prog", "arg"] and saved["options"]["num_replicas"] == 4
     replay = parse_command_line(["--import-config", str(config), "--num-replicas", "8", "--mpi-global-args=--timestamp-output"])
     again = resolve_launch(replay)
-    assert again.num_replicas == 8 and again.num_instances == 2 and again.offline_mode
-    assert again.tag_output and again.timestamp_output
+    assert again.placement.num_replicas == 8 and again.placement.num_instances == 2 and again.offline_mode
+    assert again.output.tag_output and again.output.timestamp_output
     assert again.program == ("prog", "arg")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
 from poprun_py.errors import _MEANINGS, EXIT_TIMEOUT, EXIT_USAGE, exit_code_meanings, exit_codes
-from poprun_py.plan import OMP_NUM_THREADS, make_plan, offline_allocation
+from poprun_py.plan import OMP_NUM_THREADS, Programs, make_plan, offline_allocation
 from poprun_py.spec import build_spec
 from support import program, run_poprun
 
@@ -79,7 +79,7 @@ def test_bare_flags_become_the_launch_they_say() -> None:
     line = given(["--offline-mode", "--print-topology", "--tag-output", "--numa-aware", "--update-partition",
                   "--remove-partition", "no", "--allow-run-as-root", "python3", "x.py"])
     spec = resolve_launch(line)
-    assert spec.offline_mode and spec.print_topology and spec.tag_output and spec.numa_aware
+    assert spec.offline_mode and spec.output.print_topology and spec.output.tag_output and spec.placement.numa_aware
     assert spec.vipu.update_partition and not spec.vipu.remove_partition
     assert spec.program == ("python3", "x.py")
 
@@ -131,7 +131,7 @@ def test_tag_output_no_leaves_lines_alone_and_is_saved_with_the_launch(tmp_path:
     saved = tmp_path / "launch.json"
     assert run_poprun("--tag-output", "--export-config", str(saved)).returncode == 0
     spec = resolve_launch(given(["--import-config", str(saved), "prog"]))
-    assert spec.tag_output
+    assert spec.output.tag_output
 
 
 # -- --timeout ------------------------------------------------------------------------------------------
@@ -218,10 +218,12 @@ def test_a_value_the_user_set_is_kept(how: str) -> None:
 
 def test_the_share_is_the_hosts_cpus_divided_among_its_instances() -> None:
     spec = build_spec({"offline_mode": "yes", "num_instances": 4, "num_replicas": 4, "host": ["a,b"]}, ["p"])
-    plan = make_plan(spec, argv=["p"], job_id="j", allocation=offline_allocation(spec), master_port=1,
+    plan = make_plan(spec.placement, spec.instance, programs=Programs(("p",)), job_id="j",
+                     allocation=offline_allocation(spec.placement, spec.vipu), master_port=1,
                      launcher_environ={}, cwd="/", host_cpus={"a": 8})
     assert [i.env.get(OMP_NUM_THREADS) for i in plan.instances] == ["4", "4", None, None]  # b: its agent decides
-    plan = make_plan(spec, argv=["p"], job_id="j", allocation=offline_allocation(spec), master_port=1,
+    plan = make_plan(spec.placement, spec.instance, programs=Programs(("p",)), job_id="j",
+                     allocation=offline_allocation(spec.placement, spec.vipu), master_port=1,
                      launcher_environ={OMP_NUM_THREADS: "2"}, cwd="/", host_cpus={"a": 8})
     assert [i.env.get(OMP_NUM_THREADS) for i in plan.instances] == [None, None, "2", "2"]  # a inherits it
 

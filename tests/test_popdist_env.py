@@ -222,3 +222,13 @@ def test_contract_names_are_unique_and_cover_render() -> None:
                                                         env.COMPAT_IMPORTS}
     assert env.InstanceEnv.from_environ(inst.render()).fabric == inst.fabric
     assert "ab" * 16 not in repr(inst)  # the job token never reaches a log through repr
+
+
+def test_the_split_modules_leave_popdist_env_the_place_to_import_from() -> None:
+    """env.py became three modules (the record, reading the variables, checking a record): nothing moved away."""
+    names = ("InstanceEnv", "FabricSettings", "EnvContractError", "target_options_for", "read_int",
+             "is_uniform_replicas", "FABRIC_TRANSPORTS", "MAX_TIMEOUT_SECONDS", "DEFAULT_VIPU_HOST",
+             "DEFAULT_VIPU_PORT", "DEFAULT_VIPU_TIMEOUT", "CONTRACT_NAMES", "SOFT_DEFAULTS", "TOTAL_REPLICAS")
+    assert [name for name in names if not hasattr(env, name)] == []
+    with pytest.raises(env.EnvContractError, match="POPRUN_FABRIC_TIMEOUT"):
+        env.InstanceEnv.from_environ({env.TOTAL_REPLICAS: "1", env.FABRIC_TIMEOUT: "soon"})

@@ -16,10 +16,10 @@ import shlex
 import sys
 from typing import Mapping, TextIO
 
-from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT, FabricSettings
+from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT
 
-from .launcher import local_host_cpus, numa_binding
-from .plan import Allocation, Plan, make_plan, offline_allocation
+from .plan import Allocation, Plan, Programs, make_plan, offline_allocation
+from .planning import local_host_cpus, numa_binding
 from .programs import resolve_program
 from .ranges import format_cpus
 from .reach import check_working_dir, with_allocation_hosts
@@ -47,19 +47,18 @@ def shown_value(name: str, value: str, offline: bool = True) -> str:
 def dry_run(spec: LaunchSpec, out: TextIO | None = None) -> int:
     """Print what the launch would run, where and with what; start nothing. Exit code 0."""
     out = out or sys.stdout
-    spec, via_srun = with_allocation_hosts(spec, os.environ)
-    cwd = check_working_dir(spec, spec.hosts)
-    runs_here = not via_srun and (not spec.hosts or any(h.is_local for h in spec.hosts))
+    placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
+    spec = dataclasses.replace(spec, placement=placement)
+    cwd = check_working_dir(spec.reach, placement.hosts)
+    runs_here = not via_srun and (not placement.hosts or any(h.is_local for h in placement.hosts))
     argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:]) if runs_here else spec.program
+    remote = frozenset(str(h) for h in placement.hosts if via_srun or not h.is_local)  # their agent finds the program
     allocation, partition = _partition(spec)
-    plan = make_plan(spec, argv=argv, job_id="dry-run", allocation=allocation,
-                     master_port=_PLACEHOLDER_PORT, rendezvous=("127.0.0.1", _PLACEHOLDER_PORT),
-                     launcher_environ=os.environ, cwd=cwd,
-                     fabric=FabricSettings("dry-run", spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout),
-                     cpus=numa_binding(spec), host_cpus=local_host_cpus(spec))
-    remote = [i for i in plan.instances if via_srun or not i.host.is_local]  # their agent finds the program there
-    plan = dataclasses.replace(plan, instances=tuple(
-        dataclasses.replace(i, argv=spec.program) if i in remote else i for i in plan.instances))
+    plan = make_plan(placement, spec.instance, programs=Programs(argv, spec.program, remote), job_id="dry-run",
+                     allocation=allocation, master_port=_PLACEHOLDER_PORT,
+                     rendezvous=("127.0.0.1", _PLACEHOLDER_PORT), launcher_environ=os.environ, cwd=cwd,
+                     fabric=dataclasses.replace(spec.fabric, token="dry-run"),
+                     cpus=numa_binding(placement), host_cpus=local_host_cpus(placement))
     out.write("\n".join(_lines(spec, plan, via_srun, partition)) + "\n")
     out.flush()
     return 0
@@ -67,29 +66,31 @@ def dry_run(spec: LaunchSpec, out: TextIO | None = None) -> int:
 
 def _partition(spec: LaunchSpec) -> tuple[Allocation, str]:
     """The allocation instances would be told about, and a line saying which partition it would be."""
+    vipu = spec.vipu
     if spec.offline_mode:
-        return offline_allocation(spec), "none (--offline-mode: no IPUs attached)"
+        return offline_allocation(spec.placement, vipu), "none (--offline-mode: no IPUs attached)"
     from .partition import partition_request
 
-    name = spec.vipu.partition or "poprun-JOBID"  # the job id's first 8 hex digits, at launch
-    request = partition_request(spec, name)
+    name = vipu.partition or "poprun-JOBID"  # the job id's first 8 hex digits, at launch
+    request = partition_request(spec.placement, vipu, name)
     what = (f"{request.size} IPUs, {request.num_gcds} GCDs, {request.num_ilds} ILDs, "
             f"IPU-Link routing {request.resolved_ipu_link_routing_type()}, "
             f"GW-Link routing {request.resolved_gw_link_routing_type()}, sync type {request.resolved_sync_type()}")
     where = f" in cluster {request.cluster}" if request.cluster else ""
-    server = f"{spec.vipu.server_host}:{spec.vipu.server_port}" if spec.vipu.server_host else "the embedded V-IPU service"
-    if spec.vipu.partition:
+    server = f"{vipu.server_host}:{vipu.server_port}" if vipu.server_host else "the embedded V-IPU service"
+    if vipu.partition:
         line = f"{name} from {server}: used if it exists and fits, created otherwise ({what}{where})"
     else:
-        removed = ", removed after the run" if spec.vipu.remove_partition else ""
+        removed = ", removed after the run" if vipu.remove_partition else ""
         line = (f"the only fitting partition of {server}, else a new one {name} ({what}{where}{removed})")
-    allocation = Allocation(partition=name, node_device_id=0, server_host=spec.vipu.server_host or "localhost",
-                            server_port=spec.vipu.server_port, server_timeout=spec.vipu.server_timeout,
+    allocation = Allocation(partition=name, node_device_id=0, server_host=vipu.server_host or "localhost",
+                            server_port=vipu.server_port, server_timeout=vipu.server_timeout,
                             gateway_mode=True, offline=False)
     return allocation, line
 
 
 def _lines(spec: LaunchSpec, plan: Plan, via_srun: bool, partition: str) -> list[str]:
+    placement = spec.placement
     if via_srun:
         reached = "reached by srun in this Slurm allocation"
     elif all(h.is_local for h in plan.hosts):
@@ -100,11 +101,11 @@ def _lines(spec: LaunchSpec, plan: Plan, via_srun: bool, partition: str) -> list
         "poprun --dry-run: nothing was started and no partition was created",
         f"hosts: {', '.join(str(h) for h in plan.hosts)} ({reached})",
         f"partition: {partition}",
-        f"instances: {spec.num_instances}, replicas: {spec.num_replicas} ({spec.replicas_per_instance} per instance), "
-        f"IPUs per replica: {spec.ipus_per_replica}",
+        f"instances: {placement.num_instances}, replicas: {placement.num_replicas} "
+        f"({placement.replicas_per_instance} per instance), IPUs per replica: {placement.ipus_per_replica}",
     ]
-    if spec.timeout is not None:
-        lines.append(f"time limit: {spec.timeout:g}s")
+    if spec.supervision.timeout is not None:
+        lines.append(f"time limit: {spec.supervision.timeout:g}s")
     for instance in plan.instances:
         here = via_srun is False and instance.host.is_local
         lines.append(f"instance {instance.index} on {instance.host}:")
@@ -112,7 +113,7 @@ def _lines(spec: LaunchSpec, plan: Plan, via_srun: bool, partition: str) -> list
         lines.append(f"  cwd: {instance.cwd}")
         if instance.cpus is not None:
             lines.append(f"  cpus: {format_cpus(instance.cpus)}")
-        elif spec.numa_aware and not here:
+        elif placement.numa_aware and not here:
             lines.append("  cpus: placed on that host's NUMA nodes by its agent")
         lines.append("  env (besides poprun's own environment):" if here else "  env:")
         lines.extend(f"    {name}={shown_value(name, value, spec.offline_mode)}" for name, value in _sorted(instance.env))

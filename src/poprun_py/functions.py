@@ -21,14 +21,17 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from popdist.env import FabricSettings
+
 from .executors.forked import ForkSpawner
 from .failures import InstanceFailure, InstancesFailed, RemoteError, describe_exception
 from .job import JobReport, TimeLimit
 from .launcher import JobOptions, run_job
 from .plan import InstancePlan
+from .records import InstanceSettings, OutputSettings, Placement, ReachSettings, Supervision, VipuSettings
 from .report import describe_failure
-from .spec import LaunchSpec, build_spec
-from .validate import MAX_SECONDS
+from .spec import LaunchSpec
+from .validate import MAX_SECONDS, check_launch
 
 log = logging.getLogger("poprun.functions")
 
@@ -73,14 +76,20 @@ class FunctionLaunch:
         return self.num_instances if self.num_replicas is None else self.num_replicas
 
     def spec(self, name: str) -> LaunchSpec:
-        """The ``LaunchSpec`` poprun would build for this launch (tagged output, as ``--tag-output``)."""
-        return build_spec({
-            "num_instances": self.num_instances,
-            "num_replicas": self.replicas,
-            "ipus_per_replica": self.ipus_per_replica,
-            "offline_mode": self.offline,
-            "mpi_global_args": ["--tag-output"],
-        }, [name])
+        """The ``LaunchSpec`` of this launch: poprun's defaults, output tagged (as ``--tag-output``)."""
+        spec = LaunchSpec(
+            program=(name,),
+            placement=Placement(self.num_instances, self.replicas, self.ipus_per_replica),
+            vipu=VipuSettings(),
+            offline_mode=self.offline,
+            instance=InstanceSettings(),
+            output=OutputSettings(tag_output=True),
+            fabric=FabricSettings(),
+            supervision=Supervision(timeout=self.timeout),
+            reach=ReachSettings(),
+        )
+        check_launch(spec, os.environ)  # the bounds poprun's own options meet (IPUs, the exec size)
+        return spec
 
 
 def launch(

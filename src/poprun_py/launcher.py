@@ -1,10 +1,18 @@
-"""One launch end to end: ``LaunchSpec`` -> allocation -> plan -> job -> exit code.
+"""One launch end to end, a line of stages, each value produced once and handed on.
 
-This is where the outside world is consulted (the program on disk, a free
-port, the executable cache directory, the remote hosts) before the pure
-planning step. ``run_job`` is the machinery without the program:
-``poprun_py.functions`` uses it to run Python functions in forked instances
-(``JobOptions.spawn``).
+1. spec: ``spec.build_spec`` -> ``LaunchSpec``, one small record per stage (``records``);
+2. placement: ``reach.with_allocation_hosts`` (``Placement``: the Slurm allocation's
+   nodes) and ``reach.reach_hosts`` (``ReachSettings`` -> ``Reach``: the agents);
+3. allocation: ``partition.acquire_partition`` (``Placement``, ``VipuSettings`` ->
+   ``Allocation`` and devices) or ``plan.offline_allocation``;
+4. plan: ``planning.plan_job`` (a port, CPUs, the cache directory) -> ``plan.make_plan``
+   (``Placement``, ``InstanceSettings``, ``Allocation`` -> ``Plan``);
+5. job: ``job.Job`` runs ``Plan.instances`` (``Supervision``, ``OutputSettings``) ->
+   ``JobReport``;
+6. report: ``report.log_report`` -> the exit code.
+
+``run_job`` is the machinery without the program: ``poprun_py.functions``
+uses it to run Python functions in forked instances (``JobOptions.spawn``).
 """
 
 from __future__ import annotations
@@ -12,12 +20,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, FabricSettings
+from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS
 from simipu.fabric.rendezvous import RendezvousServer
 
 from .console import ConsoleWatch
@@ -26,12 +33,13 @@ from .events import ConsoleClosed, EventQueue, StartupTimedOut, Stream
 from .executors.descriptors import check_descriptor_limit
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner, exec_program
-from .hosts import HostSpec, distribute_instances
 from .job import Job, JobReport, TimeLimit
 from .output import OutputOptions, OutputRouter
-from .plan import LOCALHOST, Allocation, Plan, make_plan, offline_allocation
+from .plan import Allocation, Plan, Programs, offline_allocation
+from .planning import plan_job
 from .programs import resolve_program
 from .reach import Reach, check_working_dir, forwarded_environment, reach_hosts, with_allocation_hosts
+from .records import OutputSettings
 from .report import log_report
 from .spec import LaunchSpec
 from .status import StatusLine
@@ -44,22 +52,6 @@ if TYPE_CHECKING:  # the V-IPU and device modules load only for launches that us
 log = logging.getLogger("poprun")
 
 
-def free_port() -> int:
-    """A TCP port for torch.distributed's store; instance 0 binds it (as torchrun does)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _prepare_cache(path: str | None) -> None:
-    if path is None:
-        return
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
-
-
 @dataclasses.dataclass(frozen=True)
 class JobOptions:
     """How a job's instances start and are watched, beyond what the ``LaunchSpec`` says."""
@@ -70,98 +62,22 @@ class JobOptions:
     status_line: bool = True  # the live status line (it still shows only on a terminal)
 
 
-def build_plan(
-    spec: LaunchSpec,
-    argv: tuple[str, ...],
-    environ: Mapping[str, str],
-    allocation: Allocation,
-    job_id: str,
-    reach: Reach = Reach(),
-    cwd: str | None = None,
-    fabric: FabricSettings = FabricSettings(),
-    device_fds: Mapping[int, tuple[int, ...]] = {},
-    rendezvous: tuple[str, int] = ("127.0.0.1", 0),
-) -> Plan:
-    """The plan; instances on this host run ``argv``, the others the program as typed, found by their agent."""
-    cwd = cwd or os.getcwd()
-    _prepare_cache(spec.executable_cache_path)
-    plan = make_plan(
-        spec,
-        argv=argv,
-        job_id=job_id,
-        allocation=allocation,
-        master_port=free_port(),
-        launcher_environ=environ,
-        cwd=cwd,
-        rendezvous=rendezvous,
-        fabric=fabric,
-        device_fds=device_fds,
-        cpus=numa_binding(spec),
-        addresses=reach.addresses,
-        host_cpus=local_host_cpus(spec, reach),
-    )
-    if not reach.agents:
-        return plan
-    return dataclasses.replace(plan, instances=tuple(
-        dataclasses.replace(i, argv=spec.program) if str(i.host) in reach.agents else i for i in plan.instances))
-
-
-def local_host_cpus(spec: LaunchSpec, reach: Reach = Reach()) -> dict[str, int]:
-    """The CPUs poprun may use, for each host whose instances start from here (agents count their own)."""
-    cpus = len(os.sched_getaffinity(0))
-    return {str(host): cpus for host in spec.hosts or (LOCALHOST,) if str(host) not in reach.agents}
-
-
-def numa_wanted(spec: LaunchSpec) -> bool:
-    """NUMA placement: asked for, or automatic with several instances per host; never when disabled."""
-    per_host = spec.num_instances // max(1, len(spec.hosts))
-    wanted = spec.numa_aware if spec.numa_aware is not None else per_host > 1
-    return spec.process_placement != "disabled" and wanted
-
-
-def numa_binding(spec: LaunchSpec) -> dict[int, tuple[int, ...]]:
-    """CPUs per instance on this host (remote agents place their own instances on their own nodes)."""
-    if not numa_wanted(spec):
-        return {}
-    per_host = spec.num_instances // max(1, len(spec.hosts))
-    from .numa import local_placement
-
-    try:
-        placement = local_placement(per_host)
-    except ValueError as exc:
-        log.warning("NUMA placement is off: %s", exc)
-        return {}
-    return {index: placement[index % per_host][1] for index in range(spec.num_instances)}
-
-
 def _detach_all(devices: Mapping[int, Device]) -> None:
     """Once the instances run they hold their devices' locks; poprun lets go of its copies."""
     for device in devices.values():
         device.detach()
 
 
-def print_topology(spec: LaunchSpec, plan: Plan) -> None:
-    from .ranges import format_cpus
-    from .topology import render_topology  # only when asked: start-up time matters
-
-    table = render_topology([str(h) for h in plan.hosts], spec.num_ilds, spec.num_instances, spec.num_replicas)
-    lines = [table.rstrip("\n")]
-    for instance in plan.instances:
-        if instance.cpus is not None:
-            lines.append(f"instance {instance.index} on {instance.host}: CPUs {format_cpus(instance.cpus)}")
-    sys.stderr.write("\n".join(lines) + "\n")
-    sys.stderr.flush()
-
-
 def run_launch(spec: LaunchSpec) -> int:
     """Run a validated launch of a program; the exit code is the job's."""
-    spec, via_srun = with_allocation_hosts(spec, os.environ)
-    cwd = check_working_dir(spec, spec.hosts)
+    placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
+    spec = dataclasses.replace(spec, placement=placement)
+    cwd = check_working_dir(spec.reach, placement.hosts)
     argv = spec.program
-    if not via_srun and (not spec.hosts or any(h.is_local for h in spec.hosts)):
+    if not via_srun and (not placement.hosts or any(h.is_local for h in placement.hosts)):
         argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:])  # before anything starts
-    time_limit = TimeLimit(spec.timeout) if spec.timeout is not None else None
-    report = run_job(spec, JobOptions(argv, time_limit=time_limit), cwd, via_srun)
+    limit = spec.supervision.timeout
+    report = run_job(spec, JobOptions(argv, time_limit=TimeLimit(limit) if limit is not None else None), cwd, via_srun)
     log_report(report)
     return report.exit_code
 
@@ -169,13 +85,12 @@ def run_launch(spec: LaunchSpec) -> int:
 def run_job(spec: LaunchSpec, options: JobOptions, cwd: str | None = None, via_srun: bool = False) -> JobReport:
     """Reach the hosts, allocate (a V-IPU partition, or nothing offline), run the instances to the end, release."""
     cwd = cwd or os.getcwd()
-    reach = reach_hosts(spec, cwd, via_srun)
+    reach = reach_hosts(spec.placement.hosts, spec.reach, cwd, via_srun)
     try:
-        here = [host for host in _instance_hosts(spec) if str(host) not in reach.agents]
-        check_descriptor_limit(len(here), spec.num_instances)  # before a partition or an instance
         launch = _Launch(spec, options, os.urandom(8).hex(), cwd, reach)  # the job id is an id, not a secret
+        check_descriptor_limit(len(launch.instances_here()), spec.placement.num_instances)  # before a partition
         if spec.offline_mode:
-            return _run_on(launch, offline_allocation(spec))
+            return _run_on(launch, offline_allocation(spec.placement, spec.vipu))
         return _run_on_partition(launch)
     finally:
         reach.close()
@@ -189,13 +104,22 @@ class _Launch:
     cwd: str
     reach: Reach
 
+    def instances_here(self) -> set[int]:
+        """The instances poprun starts itself (the others, their hosts' agents)."""
+        hosts = self.spec.placement.instance_hosts()
+        return {index for index, host in enumerate(hosts) if str(host) not in self.reach.agents}
+
+    def programs(self) -> Programs:
+        return Programs(self.options.argv, self.spec.program, frozenset(self.reach.agents))
+
 
 def _run_on_partition(launch: _Launch) -> JobReport:
     from .partition import acquire_partition, attach_devices, release_partition
 
-    lease = acquire_partition(launch.spec, launch.job_id)
+    placement = launch.spec.placement
+    lease = acquire_partition(placement, launch.spec.vipu, launch.job_id)
     try:
-        devices = attach_devices(launch.spec, lease, launch.job_id)
+        devices = attach_devices(placement, lease, launch.job_id)
         try:
             return _run_on(launch, lease.allocation, devices)
         finally:
@@ -205,15 +129,15 @@ def _run_on_partition(launch: _Launch) -> JobReport:
 
 
 def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, Device] = {}) -> JobReport:
-    spec = launch.spec
+    fabric = launch.spec.fabric
     events = EventQueue()
     token = os.urandom(32).hex()  # reaches instances through their environment only
     rendezvous = RendezvousServer(
-        spec.num_instances,
+        launch.spec.placement.num_instances,
         token.encode(),
         bind_host=launch.reach.rendezvous_bind,
-        checkin_timeout=spec.startup_timeout,
-        heartbeat_timeout=spec.fabric_timeout,
+        checkin_timeout=fabric.startup_timeout,
+        heartbeat_timeout=fabric.timeout,
         on_timeout=lambda missing, message: events.put(StartupTimedOut(missing, message)),
     )
     try:
@@ -237,11 +161,20 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     spec = launch.spec
     base_env = {**forwarded_environment(environ, SOFT_DEFAULTS), **console}
     agents = {
-        label: AgentExecutor(label, host.channel, events, base_env=base_env, grace=spec.stop_grace,
-                             numa=numa_wanted(spec), start_timeout=spec.ssh_timeout)
+        label: AgentExecutor(label, host.channel, events, base_env=base_env, grace=spec.supervision.stop_grace,
+                             numa=spec.placement.numa_wanted, start_timeout=spec.reach.ssh_timeout)
         for label, host in launch.reach.agents.items()
     }
     return FanOutExecutor(local, agents)
+
+
+def _plan(launch: _Launch, token: str, allocation: Allocation, device_fds: Mapping[int, tuple[int, ...]],
+          rendezvous_port: int) -> Plan:
+    spec, reach = launch.spec, launch.reach
+    return plan_job(spec.placement, spec.instance, launch.programs(), job_id=launch.job_id, allocation=allocation,
+                    fabric=dataclasses.replace(spec.fabric, token=token),
+                    rendezvous=(reach.rendezvous_address, rendezvous_port), cwd=launch.cwd, environ=os.environ,
+                    addresses=reach.addresses, device_fds=device_fds)
 
 
 def _run_with_rendezvous(
@@ -253,19 +186,20 @@ def _run_with_rendezvous(
     devices: Mapping[int, Device],
 ) -> JobReport:
     spec, options, environ = launch.spec, launch.options, dict(os.environ)
-    fabric = FabricSettings(token, spec.fabric_transport, spec.fabric_timeout, spec.startup_timeout)
-    here = {i for i, host in enumerate(_instance_hosts(spec)) if str(host) not in launch.reach.agents}
+    num_instances, grace = spec.placement.num_instances, spec.supervision.stop_grace
+    here = launch.instances_here()
     handed = {index: device for index, device in devices.items() if index in here}  # the others stay with poprun
-    device_fds = {index: device.handed_over() for index, device in handed.items()}
-    address = (launch.reach.rendezvous_address, rendezvous.address[1])
-    plan = build_plan(spec, options.argv, environ, allocation, launch.job_id, launch.reach, launch.cwd, fabric,
-                      device_fds, address)
-    if spec.print_topology or spec.verbosity >= 2:
-        print_topology(spec, plan)
-    log.info("Launching %d instances of %s (job %s)", spec.num_instances, " ".join(spec.program), plan.job_id)
-    status = StatusLine(spec.num_instances, enabled=None if options.status_line else False)
-    log.info("%s", describe_compat_imports(spec.compat_imports))
-    router = _output_router(spec, events, on_console=status.console_wrote if status.enabled else None)
+    plan = _plan(launch, token, allocation, {index: device.handed_over() for index, device in handed.items()},
+                 rendezvous.address[1])
+    if spec.output.show_topology:
+        from .topology import print_plan_topology  # only when asked: start-up time matters
+
+        print_plan_topology(plan, spec.placement)
+    log.info("Launching %d instances of %s (job %s)", num_instances, " ".join(spec.program), plan.job_id)
+    status = StatusLine(num_instances, enabled=None if options.status_line else False)
+    log.info("%s", describe_compat_imports(spec.instance.compat_imports))
+    router = _output_router(spec.output, num_instances, events,
+                            on_console=status.console_wrote if status.enabled else None)
     log_filter = status.log_filter()
     for handler in logging.getLogger("poprun").handlers:
         handler.addFilter(log_filter)
@@ -278,10 +212,10 @@ def _run_with_rendezvous(
         _detach_all(handed)
         console.append(ConsoleWatch(lambda stream: events.put(ConsoleClosed(stream))))  # the same holds for it
 
-    guardian = Guardian(spec.stop_grace)
+    guardian = Guardian(grace)
     try:
         executor = _executor(launch, plan, events, environ, guardian)
-        return Job(executor, events, router, spec.num_instances, spec.stop_grace, status,
+        return Job(executor, events, router, num_instances, grace, status,
                    on_started=on_started, time_limit=options.time_limit).run(plan.instances)
     finally:
         for watch in console:
@@ -300,27 +234,21 @@ def describe_compat_imports(enabled: bool) -> str:
             "that sees fewer processes than instances stops the program")
 
 
-def _output_router(spec: LaunchSpec, events: EventQueue,
+def _output_router(settings: OutputSettings, num_instances: int, events: EventQueue,
                    on_console: Callable[[Stream, bytes], None] | None = None) -> OutputRouter:
     """The router; an output directory that cannot be made is the user's to fix (exit 2), not our bug."""
     options = OutputOptions(
-        tag_output=spec.tag_output,
-        timestamp_output=spec.timestamp_output,
-        output_dir=Path(spec.output_filename) if spec.output_filename else None,
-        only_instance=spec.only_output_from_instance,
+        tag_output=settings.tag_output,
+        timestamp_output=settings.timestamp_output,
+        output_dir=Path(settings.output_filename) if settings.output_filename else None,
+        only_instance=settings.only_instance,
     )
     try:
-        return OutputRouter(options, spec.num_instances, on_console=on_console,
+        return OutputRouter(options, num_instances, on_console=on_console,
                             on_console_closed=lambda s: events.put(ConsoleClosed(s)))
     except OSError as exc:
-        where = exc.filename or spec.output_filename
+        where = exc.filename or settings.output_filename
         raise UsageError(
-            f"--output-filename {spec.output_filename}: cannot create {where}: {exc.strerror or exc}; "
+            f"--output-filename {settings.output_filename}: cannot create {where}: {exc.strerror or exc}; "
             "choose a directory you can write to"
         ) from None
-
-
-def _instance_hosts(spec: LaunchSpec) -> list[HostSpec]:
-    """The host of each instance, in index order (contiguous blocks, as ``make_plan`` places them)."""
-    hosts = spec.hosts or (LOCALHOST,)
-    return [host for host, block in zip(hosts, distribute_instances(len(hosts), spec.num_instances)) for _ in block]

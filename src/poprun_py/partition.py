@@ -48,7 +48,7 @@ from .errors import (
     VipuServiceError,
 )
 from .plan import Allocation
-from .spec import LaunchSpec
+from .records import Placement, VipuSettings
 
 log = logging.getLogger("poprun.vipu")
 
@@ -64,36 +64,36 @@ class PartitionLease:
     holder: Lease | None = None
 
 
-def partition_request(spec: LaunchSpec, name: str) -> PartitionRequest:
+def partition_request(placement: Placement, vipu: VipuSettings, name: str) -> PartitionRequest:
     """What this launch needs: one GCD per instance, the ILDs and link settings asked for."""
     return PartitionRequest(
         name=name,
-        size=spec.num_ipus,
-        cluster=spec.vipu.cluster or spec.vipu.allocation,
-        num_ilds=spec.num_ilds,
-        num_gcds=spec.num_instances,
-        ipu_link_routing_type=spec.vipu.ipu_link_routing_type,
-        gw_link_routing_type=spec.vipu.gw_link_routing_type,
-        sync_type=spec.vipu.sync_type,
+        size=placement.num_ipus,
+        cluster=vipu.cluster or vipu.allocation,
+        num_ilds=placement.num_ilds,
+        num_gcds=placement.num_instances,
+        ipu_link_routing_type=vipu.ipu_link_routing_type,
+        gw_link_routing_type=vipu.gw_link_routing_type,
+        sync_type=vipu.sync_type,
     )
 
 
-def acquire_partition(spec: LaunchSpec, job_id: str) -> PartitionLease:
+def acquire_partition(placement: Placement, vipu: VipuSettings, job_id: str) -> PartitionLease:
     """Find, create, update or reset the partition this launch runs on; errors say what to do."""
     holder = Lease.of_this_process(job_id)
     try:
         api = open_vipu(
-            host=spec.vipu.server_host,
-            port=spec.vipu.server_port,
-            timeout=float(spec.vipu.server_timeout),
-            cluster_name=spec.vipu.cluster or spec.vipu.allocation,
+            host=vipu.server_host,
+            port=vipu.server_port,
+            timeout=float(vipu.server_timeout),
+            cluster_name=vipu.cluster or vipu.allocation,
         )
         _reclaim_dead_launches_of_this_host(api)
-        partition, created = _find_or_create(api, spec, holder)
+        partition, created = _find_or_create(api, placement, vipu, holder)
         try:
-            partition = _reset_if_asked(api, spec, partition, created, holder)
+            partition = _reset_if_asked(api, vipu, partition, created, holder)
         except BaseException:
-            _let_go(api, partition, holder, created and spec.vipu.remove_partition)
+            _let_go(api, partition, holder, created and vipu.remove_partition)
             raise
     except PermissionError as exc:  # the token file is not safe to use
         raise VipuServiceError(str(exc)) from None
@@ -109,7 +109,7 @@ def acquire_partition(spec: LaunchSpec, job_id: str) -> PartitionLease:
     except VipuError as exc:
         raise VipuServiceError(str(exc)) from None
     if not partition.is_active:
-        _let_go(api, partition, holder, created and spec.vipu.remove_partition)
+        _let_go(api, partition, holder, created and vipu.remove_partition)
         raise PartitionFailed(
             f"partition {partition.name} is in state {partition.state}; reset it with --reset-partition=yes "
             f"(or 'simipu vipu reset partition {partition.name}')"
@@ -118,13 +118,13 @@ def acquire_partition(spec: LaunchSpec, job_id: str) -> PartitionLease:
     allocation = Allocation(
         partition=partition.name,
         node_device_id=partition.parent_device_id,
-        server_host=spec.vipu.server_host or "localhost",
-        server_port=spec.vipu.server_port or DEFAULT_VIPU_PORT,
-        server_timeout=spec.vipu.server_timeout,
+        server_host=vipu.server_host or "localhost",
+        server_port=vipu.server_port or DEFAULT_VIPU_PORT,
+        server_timeout=vipu.server_timeout,
         gateway_mode=True,
         offline=False,
     )
-    return PartitionLease(allocation, partition, created and spec.vipu.remove_partition, api, holder)
+    return PartitionLease(allocation, partition, created and vipu.remove_partition, api, holder)
 
 
 def _reclaim_dead_launches_of_this_host(api: VipuApi) -> None:
@@ -138,12 +138,13 @@ def _reclaim_dead_launches_of_this_host(api: VipuApi) -> None:
                 log.info("Reclaimed what %s held (removed %s)", lease.describe(), ", ".join(removed) or "no partition")
 
 
-def _find_or_create(api: VipuApi, spec: LaunchSpec, holder: Lease) -> tuple[Partition, bool]:
+def _find_or_create(api: VipuApi, placement: Placement, vipu: VipuSettings,
+                    holder: Lease) -> tuple[Partition, bool]:
     """The partition, held by this launch from here on, and whether poprun created it."""
-    name = spec.vipu.partition
+    name = vipu.partition
     assert holder.job is not None
     if name is None:
-        request = partition_request(spec, f"poprun-{holder.job[:8]}")
+        request = partition_request(placement, vipu, f"poprun-{holder.job[:8]}")
         fitting = [p for p in api.list_partitions() if p.is_active and not p.differences(request)]
         free = [p for p in fitting if not p.in_use]
         if len(free) == 1:
@@ -153,30 +154,31 @@ def _find_or_create(api: VipuApi, spec: LaunchSpec, holder: Lease) -> tuple[Part
                 return partition, False
             except PartitionInUse:  # another launch took it a moment ago: make our own
                 pass
-        return _create(api, spec, request, holder, temporary=True), True
-    request = partition_request(spec, name)
+        return _create(api, vipu, request, holder, temporary=True), True
+    request = partition_request(placement, vipu, name)
     try:
         partition = api.get_partition(name)
     except PartitionNotFound:
         try:
-            return _create(api, spec, request, holder, temporary=spec.vipu.remove_partition), True
+            return _create(api, vipu, request, holder, temporary=vipu.remove_partition), True
         except PartitionExists:  # created by a concurrent launch of the same name: use it as any existing one
             pass
     partition = api.claim_partition(name, holder)  # before any change: refused if another launch holds it
     log.info("Partition %s already exists and is in state: %s", name, partition.state)
     try:
-        return _fit(api, spec, partition, request, holder), False
+        return _fit(api, vipu, partition, request, holder), False
     except BaseException:
         _let_go(api, partition, holder, False)
         raise
 
 
-def _fit(api: VipuApi, spec: LaunchSpec, partition: Partition, request: PartitionRequest, holder: Lease) -> Partition:
+def _fit(api: VipuApi, vipu: VipuSettings, partition: Partition, request: PartitionRequest,
+         holder: Lease) -> Partition:
     """The existing partition as the launch needs it: updated if it differs and --update-partition=yes."""
     differences = partition.differences(request)
     if not differences:
         return partition
-    if not spec.vipu.update_partition:
+    if not vipu.update_partition:
         raise PartitionMismatch(
             f"partition {partition.name} does not fit this launch ({_describe(partition, request, differences)}); "
             "add --update-partition=yes to update it, or choose another --vipu-partition"
@@ -185,8 +187,8 @@ def _fit(api: VipuApi, spec: LaunchSpec, partition: Partition, request: Partitio
     return api.update_partition(partition.name, request, holder)
 
 
-def _create(api: VipuApi, spec: LaunchSpec, request: PartitionRequest, holder: Lease, temporary: bool) -> Partition:
-    attempts = spec.vipu.partition_attempts
+def _create(api: VipuApi, vipu: VipuSettings, request: PartitionRequest, holder: Lease, temporary: bool) -> Partition:
+    attempts = vipu.partition_attempts
     for attempt in range(1, attempts + 1):
         try:
             partition = api.create_partition(request, holder, temporary)
@@ -200,8 +202,9 @@ def _create(api: VipuApi, spec: LaunchSpec, request: PartitionRequest, holder: L
     raise AssertionError("unreachable")
 
 
-def _reset_if_asked(api: VipuApi, spec: LaunchSpec, partition: Partition, created: bool, holder: Lease) -> Partition:
-    reset = spec.vipu.reset_partition
+def _reset_if_asked(api: VipuApi, vipu: VipuSettings, partition: Partition, created: bool,
+                    holder: Lease) -> Partition:
+    reset = vipu.reset_partition
     if reset is None:  # the guide's default; a partition just created needs none
         reset = not created and not partition.reconfigurable
     if reset:
@@ -227,18 +230,18 @@ def _describe(partition: Partition, request: PartitionRequest, differences: list
     return ", ".join(f"{key} is {getattr(partition, key)}, the launch needs {getattr(request, key)}" for key in differences)
 
 
-def attach_devices(spec: LaunchSpec, lease: PartitionLease, job_id: str) -> dict[int, Device]:
+def attach_devices(placement: Placement, lease: PartitionLease, job_id: str) -> dict[int, Device]:
     """Phase 1 and 2 at once: take every instance's device now, to hand over at spawn.
 
     The instances inherit the IPU locks (see ``simipu.devices.hand_over``), so
     no other process can take their IPUs between allocation and attachment.
     """
     partition = lease.partition
-    ipus_per_instance = spec.replicas_per_instance * spec.ipus_per_replica
+    ipus_per_instance = placement.ipus_per_instance
     log.info("Preparing parent device %d", partition.parent_device_id)
     devices: dict[int, Device] = {}
     try:
-        for index in range(spec.num_instances):
+        for index in range(placement.num_instances):
             devices[index] = attach(partition, device_id(partition.size, ipus_per_instance, index), job=job_id)
     except DeviceError as exc:
         for device in devices.values():
@@ -246,7 +249,7 @@ def attach_devices(spec: LaunchSpec, lease: PartitionLease, job_id: str) -> dict
         if isinstance(exc, DeviceBusy):
             raise DevicesUnavailable(f"{exc}; wait for it to finish, or use another partition") from None
         raise VipuServiceError(str(exc)) from None  # an unsafe device directory, say
-    log.info("Found %d children (expected %d) of device %d with %d IPUs each", len(devices), spec.num_instances,
+    log.info("Found %d children (expected %d) of device %d with %d IPUs each", len(devices), placement.num_instances,
              partition.parent_device_id, ipus_per_instance)
     return devices
 

@@ -1,4 +1,4 @@
-"""Placement: a ``LaunchSpec`` becomes one ``InstancePlan`` per instance.
+"""The plan stage: a ``Placement`` and an ``Allocation`` become one ``InstancePlan`` per instance.
 
 Pure: everything that needs the outside world (the launcher's environment,
 a free port, the resolved program path, the device numbering of the
@@ -16,13 +16,13 @@ from typing import Mapping, Sequence
 from popdist.env import COMPAT_IMPORTS, CONTRACT_NAMES, FabricSettings, InstanceEnv, target_options_for
 from simipu.hardware import parent_device_id
 
-from .hosts import HostSpec, distribute_instances
+from .hosts import HostSpec
 from .mpiargs import EnvSetting
-from .spec import LaunchSpec
+from .records import LOCALHOST, InstanceSettings, Placement, VipuSettings
 
 log = logging.getLogger("poprun.plan")
 
-LOCALHOST = HostSpec("localhost")
+__all__ = ["LOCALHOST", "Allocation", "InstancePlan", "Plan", "make_plan", "offline_allocation"]
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
 
@@ -65,14 +65,14 @@ class Plan:
     instances: tuple[InstancePlan, ...]
 
 
-def offline_allocation(spec: LaunchSpec) -> Allocation:
+def offline_allocation(placement: Placement, vipu: VipuSettings) -> Allocation:
     """What instances are told when no IPUs are attached (``--offline-mode``)."""
     return Allocation(
-        partition=spec.vipu.partition or "offline",
-        node_device_id=parent_device_id(spec.num_ipus),
-        server_host=spec.vipu.server_host or "localhost",
-        server_port=spec.vipu.server_port,
-        server_timeout=spec.vipu.server_timeout,
+        partition=vipu.partition or "offline",
+        node_device_id=parent_device_id(placement.num_ipus),
+        server_host=vipu.server_host or "localhost",
+        server_port=vipu.server_port,
+        server_timeout=vipu.server_timeout,
         gateway_mode=False,
         offline=True,
     )
@@ -112,23 +112,23 @@ def _omp_setting(host: HostSpec, instances_on_host: int, user_env: Mapping[str, 
     return {OMP_NUM_THREADS: str(threads)}
 
 
-def _job_contract(spec: LaunchSpec, allocation: Allocation, master: tuple[str, int], job_id: str,
-                  rendezvous: tuple[str, int], fabric: FabricSettings) -> partial[InstanceEnv]:
+def _job_contract(placement: Placement, cache_path: str | None, allocation: Allocation, master: tuple[str, int],
+                  job_id: str, rendezvous: tuple[str, int], fabric: FabricSettings) -> partial[InstanceEnv]:
     """``InstanceEnv`` with what every instance of the job shares bound once; each instance adds its place."""
-    ipus_per_instance = spec.replicas_per_instance * spec.ipus_per_replica
-    target_options = target_options_for(spec.num_ipus, spec.num_ilds, ipus_per_instance, allocation.gateway_mode)
+    target_options = target_options_for(placement.num_ipus, placement.num_ilds, placement.ipus_per_instance,
+                                        allocation.gateway_mode)
     return partial(
         InstanceEnv,
-        num_total_replicas=spec.num_replicas,
-        num_ipus_per_replica=spec.ipus_per_replica,
-        num_local_replicas=spec.replicas_per_instance,
+        num_total_replicas=placement.num_replicas,
+        num_ipus_per_replica=placement.ipus_per_replica,
+        num_local_replicas=placement.replicas_per_instance,
         node_device_id=allocation.node_device_id,
         vipu_host=allocation.server_host,
         vipu_port=allocation.server_port,
         vipu_partition=allocation.partition,
         vipu_timeout=allocation.server_timeout,
         target_options=tuple(target_options.items()),
-        executable_cache_path=spec.executable_cache_path,
+        executable_cache_path=cache_path,
         master_addr=master[0],
         master_port=master[1],
         job_id=job_id,
@@ -139,10 +139,23 @@ def _job_contract(spec: LaunchSpec, allocation: Allocation, master: tuple[str, i
     )
 
 
+@dataclass(frozen=True)
+class Programs:
+    """What instances run: ``here`` on hosts poprun starts them on, ``typed`` (found by their agent) elsewhere."""
+
+    here: tuple[str, ...]
+    typed: tuple[str, ...] = ()
+    remote_hosts: frozenset[str] = frozenset()  # hosts (``str(host)``) whose instances an agent starts
+
+    def on(self, host: HostSpec) -> tuple[str, ...]:
+        return self.typed if str(host) in self.remote_hosts else self.here
+
+
 def make_plan(
-    spec: LaunchSpec,
+    placement: Placement,
+    settings: InstanceSettings,
     *,
-    argv: Sequence[str],
+    programs: Programs,
     job_id: str,
     allocation: Allocation,
     master_port: int,
@@ -155,7 +168,7 @@ def make_plan(
     addresses: Mapping[str, str] = MappingProxyType({}),
     host_cpus: Mapping[str, int] = MappingProxyType({}),
 ) -> Plan:
-    """Divide instances among hosts in contiguous blocks and give each its environment.
+    """Give each instance, on the host ``placement`` puts it on, its command and environment.
 
     ``addresses`` maps a host (as ``str(host)``) to the address its instances
     are reached at from other hosts; hosts not in it are on loopback.
@@ -164,23 +177,22 @@ def make_plan(
     set it (in poprun's environment or with ``-x``); a remote host's agent
     does the same there (see ``executors/agent.py``).
     """
-    hosts = spec.hosts or (LOCALHOST,)
-    blocks = distribute_instances(len(hosts), spec.num_instances)
-    master_addr = addresses.get(str(hosts[0]), "127.0.0.1" if hosts[0].is_local else hosts[0].name)
-    job_contract = _job_contract(spec, allocation, (master_addr, master_port), job_id, rendezvous, fabric)
+    blocks = placement.blocks()
+    first = blocks[0][0]
+    master_addr = addresses.get(str(first), "127.0.0.1" if first.is_local else first.name)
+    job_contract = _job_contract(placement, settings.executable_cache_path, allocation, (master_addr, master_port),
+                                 job_id, rendezvous, fabric)
     warned: set[str] = set()
-    shared = _resolve_env_settings(spec.global_args.env + spec.local_args.env, launcher_environ, warned)
+    shared = _resolve_env_settings(settings.env, launcher_environ, warned)
     instances = []
-    for host, block in zip(hosts, blocks):
+    for host, block in blocks:
         for local_index, index in enumerate(block):
-            user_env = dict(shared)
-            if index in spec.instance_args:
-                user_env.update(_resolve_env_settings(spec.instance_args[index].env, launcher_environ, warned))
+            user_env = {**shared, **_resolve_env_settings(settings.instance_env.get(index, ()), launcher_environ, warned)}
             overridden = sorted(set(user_env) & set(CONTRACT_NAMES))
             if overridden and index == 0:
                 log.warning("-x cannot change %s: poprun sets them for each instance", ", ".join(overridden))
             contract = job_contract(
-                replica_index_offset=index * spec.replicas_per_instance,
+                replica_index_offset=index * placement.replicas_per_instance,
                 local_instance_index=local_index,
                 num_local_instances=len(block),
                 host_label=host.name,
@@ -188,9 +200,9 @@ def make_plan(
                 device_fds=device_fds.get(index, ()),
             )
             env = {**user_env, **_omp_setting(host, len(block), user_env, launcher_environ, host_cpus, warned),
-                   **contract.render(), COMPAT_IMPORTS: "1" if spec.compat_imports else "0"}
+                   **contract.render(), COMPAT_IMPORTS: "1" if settings.compat_imports else "0"}
             instances.append(
-                InstancePlan(index, host, local_index, tuple(argv), MappingProxyType(env), cwd,
+                InstancePlan(index, host, local_index, programs.on(host), MappingProxyType(env), cwd,
                              device_fds.get(index, ()), cpus.get(index))
             )
-    return Plan(job_id, tuple(hosts), tuple(instances))
+    return Plan(job_id, tuple(host for host, _ in blocks), tuple(instances))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 
 from .errors import UsageError
 from .hosts import HostSpec
-from .spec import LaunchSpec
+from .records import Placement, ReachSettings
 
 if TYPE_CHECKING:  # the channel code loads with the agents, not for a launch on this host alone
     from .executors.channels import AgentChannel
@@ -61,42 +61,43 @@ def in_slurm_allocation(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID")) and bool(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST"))
 
 
-def with_allocation_hosts(spec: LaunchSpec, environ: Mapping[str, str]) -> tuple[LaunchSpec, bool]:
+def with_allocation_hosts(placement: Placement, environ: Mapping[str, str]) -> tuple[Placement, bool]:
     """Inside a Slurm allocation and without ``-H``, the allocation's nodes are the hosts (reached by srun)."""
-    if spec.hosts or not in_slurm_allocation(environ):
-        return spec, False
+    if placement.hosts or not in_slurm_allocation(environ):
+        return placement, False
     from .executors.slurm import allocation_hosts
 
     nodes = allocation_hosts(environ)
-    hosts = nodes[: min(len(nodes), spec.num_instances)]
-    if spec.num_instances % len(hosts):
-        raise UsageError(f"--num-instances {spec.num_instances} cannot be divided evenly among the {len(hosts)} "
+    num_instances = placement.num_instances
+    hosts = nodes[: min(len(nodes), num_instances)]
+    if num_instances % len(hosts):
+        raise UsageError(f"--num-instances {num_instances} cannot be divided evenly among the {len(hosts)} "
                          f"nodes of Slurm job {environ['SLURM_JOB_ID']}; use a multiple of {len(hosts)}, "
                          "or choose hosts with -H")
     slots = sum(h.slots or 1 for h in hosts)
-    if spec.num_instances > slots:
-        log.warning("%d instances on %d Slurm task slots: the nodes are oversubscribed", spec.num_instances, slots)
+    if num_instances > slots:
+        log.warning("%d instances on %d Slurm task slots: the nodes are oversubscribed", num_instances, slots)
     log.info("Slurm job %s: running on %s", environ["SLURM_JOB_ID"], ", ".join(str(h) for h in hosts))
-    return dataclasses.replace(spec, hosts=hosts), True
+    return dataclasses.replace(placement, hosts=hosts), True
 
 
-def reach_hosts(spec: LaunchSpec, cwd: str, via_srun: bool) -> Reach:
+def reach_hosts(hosts: tuple[HostSpec, ...], settings: ReachSettings, cwd: str, via_srun: bool) -> Reach:
     """Agents on every host that needs one, checked in parallel; ``PreflightFailed`` names each bad host."""
-    python = spec.remote_python or sys.executable
+    python = settings.remote_python or sys.executable
     if via_srun:
         from .executors.slurm import start_agents
 
-        agents: Mapping[str, ReachedHost] = start_agents(spec.hosts, python=python, cwd=cwd, timeout=spec.ssh_timeout)
+        agents: Mapping[str, ReachedHost] = start_agents(hosts, python=python, cwd=cwd, timeout=settings.ssh_timeout)
     else:
-        remote = [h for h in spec.hosts if not h.is_local]
+        remote = [h for h in hosts if not h.is_local]
         if not remote:
             return Reach()
         from .executors.ssh import check_hosts
 
-        agents = check_hosts(remote, python=python, cwd=cwd, timeout=spec.ssh_timeout)
+        agents = check_hosts(remote, python=python, cwd=cwd, timeout=settings.ssh_timeout)
     local_addresses = {host.local_address for host in agents.values()}
     here = sorted(local_addresses)[0]
-    addresses = {str(h): agents[str(h)].address if str(h) in agents else here for h in spec.hosts}
+    addresses = {str(h): agents[str(h)].address if str(h) in agents else here for h in hosts}
     bind = here if len(local_addresses) == 1 else ""  # several networks: listen on all, answer with one
     return Reach(agents, addresses, bind, here)
 
@@ -107,9 +108,9 @@ def forwarded_environment(environ: Mapping[str, str], defaults: Mapping[str, str
     return {**{k: environ.get(k, v) for k, v in defaults.items()}, **forwarded}
 
 
-def check_working_dir(spec: LaunchSpec, hosts: tuple[HostSpec, ...]) -> str:
+def check_working_dir(settings: ReachSettings, hosts: tuple[HostSpec, ...]) -> str:
     """The instances' directory: ``-wdir`` or poprun's own; on this host it must exist now."""
-    cwd = spec.working_dir or os.getcwd()
+    cwd = settings.working_dir or os.getcwd()
     if any(h.is_local for h in hosts) or not hosts:
         if not os.path.isdir(cwd):
             raise UsageError(f"-wdir {cwd}: no such directory")

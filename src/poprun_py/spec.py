@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from popdist.env import FABRIC_TRANSPORTS
+from popdist.env import FABRIC_TRANSPORTS, FabricSettings
 
 from .errors import UsageError
 from .hosts import HostListError, HostSpec, parse_host_list, read_host_file, reject_duplicate_hosts
 from .mpiargs import MpiArgs, parse_instance_args, parse_mpi_args, warn_ignored
+from .records import InstanceSettings, OutputSettings, Placement, ReachSettings, Supervision, VipuSettings
 from .validate import check_config_types, check_launch, option_flag
 from .validate import seconds as _seconds
 from .validate import whole_number as _positive
@@ -94,79 +95,18 @@ def parse_bool(name: str, value: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class VipuSettings:
-    """What the V-IPU side of a launch asks for (used when not offline)."""
-
-    server_host: str | None
-    server_port: int
-    server_timeout: int
-    partition: str | None
-    cluster: str | None
-    allocation: str | None
-    partition_attempts: int
-    update_partition: bool
-    reset_partition: bool | None
-    remove_partition: bool
-    ipu_link_routing_type: str | None
-    gw_link_routing_type: str | None
-    sync_type: str | None
-
-
-@dataclass(frozen=True)
 class LaunchSpec:
-    """One launch: what to run, how many, where, and how to present it."""
+    """One launch: what to run, and one record for each stage that reads the options (see ``records``)."""
 
     program: tuple[str, ...]
-    num_replicas: int
-    ipus_per_replica: int
-    num_instances: int
-    num_ilds: int
-    hosts: tuple[HostSpec, ...]
+    placement: Placement
     vipu: VipuSettings
-    executable_cache_path: str | None
-    global_args: MpiArgs
-    local_args: MpiArgs
-    instance_args: Mapping[int, MpiArgs] = field(default_factory=dict)
-    numa_aware: bool | None = None
-    process_placement: str = "spreadnuma"
-    print_topology: bool = False
-    only_output_from_instance: int | None = None
-    offline_mode: bool = False
-    stop_grace: float = 5.0
-    fabric_transport: str = "auto"
-    compat_imports: bool = True  # horovod/mpi4py imports resolve to popdist's in the instances
-    fabric_timeout: float = 10.0
-    startup_timeout: float = 60.0
-    ssh_timeout: float = 10.0
-    remote_python: str | None = None  # None: the launcher's own interpreter path
-    verbosity: int = 0
-    tag_output_option: bool = False  # --tag-output itself (mpirun's, inside --mpi-*-args, counts too)
-    timeout: float | None = None  # --timeout: the job's wall-clock limit, start-up included
-
-    @property
-    def replicas_per_instance(self) -> int:
-        return self.num_replicas // self.num_instances
-
-    @property
-    def num_ipus(self) -> int:
-        return self.num_replicas * self.ipus_per_replica
-
-    @property
-    def tag_output(self) -> bool:
-        return self.tag_output_option or self.global_args.tag_output or self.local_args.tag_output
-
-    @property
-    def timestamp_output(self) -> bool:
-        return self.global_args.timestamp_output or self.local_args.timestamp_output
-
-    @property
-    def working_dir(self) -> str | None:
-        """mpirun's ``-wdir``: the directory instances start in on every host (default: poprun's)."""
-        return self.global_args.merged(self.local_args).working_dir
-
-    @property
-    def output_filename(self) -> str | None:
-        return self.local_args.output_filename or self.global_args.output_filename
+    offline_mode: bool
+    instance: InstanceSettings
+    output: OutputSettings
+    fabric: FabricSettings  # without the token, chosen at launch
+    supervision: Supervision
+    reach: ReachSettings
 
 
 def merge_options(file_options: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
@@ -245,6 +185,41 @@ def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
 
 def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
     o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
+    placement = _placement(o)
+    global_args, local_args, instance_args = _mpi_settings(o, placement.num_instances)
+    vipu = _vipu_settings(o)
+    parse_bool("allow_run_as_root", o["allow_run_as_root"])  # accepted; poprun-py never needs root
+    return LaunchSpec(
+        program=tuple(program),
+        placement=placement,
+        vipu=vipu,
+        offline_mode=parse_bool("offline_mode", o["offline_mode"]),
+        instance=InstanceSettings(
+            env=global_args.env + local_args.env,
+            instance_env={index: args.env for index, args in instance_args.items()},
+            executable_cache_path=_optional_str(o, "executable_cache_path"),
+            compat_imports=parse_bool("compat_imports", o["compat_imports"]),
+        ),
+        output=_output_settings(o, global_args, local_args, placement.num_instances),
+        fabric=FabricSettings(
+            transport=_one_of("fabric_transport", o["fabric_transport"], FABRIC_TRANSPORTS),
+            timeout=_seconds("fabric_timeout", o["fabric_timeout"]),
+            startup_timeout=_seconds("startup_timeout", o["startup_timeout"]),
+        ),
+        supervision=Supervision(
+            stop_grace=_seconds("stop_grace", o["stop_grace"], allow_zero=True),
+            timeout=None if o["timeout"] is None else _seconds("timeout", o["timeout"]),
+        ),
+        reach=ReachSettings(
+            ssh_timeout=_seconds("ssh_timeout", o["ssh_timeout"]),
+            remote_python=_optional_str(o, "remote_python"),
+            working_dir=global_args.merged(local_args).working_dir,
+        ),
+    )
+
+
+def _placement(o: Mapping[str, Any]) -> Placement:
+    """How many of each, on which hosts: each count checked, then that they divide evenly."""
     hosts = _hosts(o)
     num_replicas = _positive("num_replicas", o["num_replicas"])
     ipus_per_replica = _positive("ipus_per_replica", o["ipus_per_replica"])
@@ -260,6 +235,15 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
             f"--num-instances {num_instances} cannot be divided evenly among {len(hosts)} hosts; "
             f"use a multiple of {len(hosts)}"
         )
+    numa_aware = None if o["numa_aware"] is None else parse_bool("numa_aware", o["numa_aware"])
+    return Placement(num_instances, num_replicas, ipus_per_replica, num_ilds, hosts, numa_aware,
+                     _one_of("process_placement", o["process_placement"], PROCESS_PLACEMENTS))
+
+
+def _output_settings(o: Mapping[str, Any], global_args: MpiArgs, local_args: MpiArgs,
+                     num_instances: int) -> OutputSettings:
+    if "" in (global_args.output_filename, local_args.output_filename):
+        raise UsageError("--output-filename: the directory is empty; name the directory for the output files")
     only = o["only_output_from_instance"]
     if only is not None:
         only = _positive("only_output_from_instance", only, minimum=0)
@@ -267,39 +251,13 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
             raise UsageError(
                 f"--only-output-from-instance {only}: there are {num_instances} instances (0 to {num_instances - 1})"
             )
-    placement = _one_of("process_placement", o["process_placement"], PROCESS_PLACEMENTS)
-    stop_grace = _seconds("stop_grace", o["stop_grace"], allow_zero=True)
-    transport = _one_of("fabric_transport", o["fabric_transport"], FABRIC_TRANSPORTS)
-    global_args, local_args, instance_args = _mpi_settings(o, num_instances)
-    vipu = _vipu_settings(o)
-    parse_bool("allow_run_as_root", o["allow_run_as_root"])  # accepted; poprun-py never needs root
-    return LaunchSpec(
-        program=tuple(program),
-        num_replicas=num_replicas,
-        ipus_per_replica=ipus_per_replica,
-        num_instances=num_instances,
-        num_ilds=num_ilds,
-        hosts=hosts,
-        vipu=vipu,
-        executable_cache_path=_optional_str(o, "executable_cache_path"),
-        global_args=global_args,
-        local_args=local_args,
-        instance_args=instance_args,
-        numa_aware=None if o["numa_aware"] is None else parse_bool("numa_aware", o["numa_aware"]),
-        process_placement=placement,
+    return OutputSettings(
+        tag_output=parse_bool("tag_output", o["tag_output"]) or global_args.tag_output or local_args.tag_output,
+        timestamp_output=global_args.timestamp_output or local_args.timestamp_output,
+        output_filename=local_args.output_filename or global_args.output_filename,
+        only_instance=only,
         print_topology=parse_bool("print_topology", o["print_topology"]),
-        only_output_from_instance=only,
-        offline_mode=parse_bool("offline_mode", o["offline_mode"]),
-        stop_grace=stop_grace,
-        fabric_transport=transport,
-        compat_imports=parse_bool("compat_imports", o["compat_imports"]),
-        fabric_timeout=_seconds("fabric_timeout", o["fabric_timeout"]),
-        startup_timeout=_seconds("startup_timeout", o["startup_timeout"]),
-        ssh_timeout=_seconds("ssh_timeout", o["ssh_timeout"]),
-        remote_python=_optional_str(o, "remote_python"),
         verbosity=2 if o["vv"] else min(int(o["verbose"]), 2),
-        tag_output_option=parse_bool("tag_output", o["tag_output"]),
-        timeout=None if o["timeout"] is None else _seconds("timeout", o["timeout"]),
     )
 
 

@@ -43,10 +43,15 @@ Choices where the real tables give no example:
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from poprun_py.hosts import distribute_instances
+
+if TYPE_CHECKING:
+    from .plan import Plan
+    from .records import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -187,3 +192,17 @@ def _centre(label: str, width: int) -> str:
     """Centre with the odd space on the right, as the real tables do (str.center varies)."""
     extra = width - len(label)
     return " " * (extra // 2) + label + " " * (extra - extra // 2)
+
+
+def print_plan_topology(plan: Plan, placement: Placement) -> None:
+    """``--print-topology``: the table, then the CPUs of each instance bound to NUMA nodes, on stderr."""
+    from .ranges import format_cpus
+
+    table = render_topology([str(h) for h in plan.hosts], placement.num_ilds, placement.num_instances,
+                            placement.num_replicas)
+    lines = [table.rstrip("\n")]
+    for instance in plan.instances:
+        if instance.cpus is not None:
+            lines.append(f"instance {instance.index} on {instance.host}: CPUs {format_cpus(instance.cpus)}")
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()

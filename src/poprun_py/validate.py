@@ -190,22 +190,17 @@ def check_exec_size(program: Iterable[str], extra_env: Mapping[str, str], enviro
 
 def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     """Checks across options, once every single value is known to be in bounds."""
-    if spec.num_ipus > MAX_COUNT:
+    placement = spec.placement
+    if placement.num_ipus > MAX_COUNT:
         raise UsageError(
-            f"--num-replicas {spec.num_replicas} x --ipus-per-replica {spec.ipus_per_replica} is "
-            f"{_short(spec.num_ipus)} IPUs; at most {MAX_COUNT} can be asked for"
+            f"--num-replicas {placement.num_replicas} x --ipus-per-replica {placement.ipus_per_replica} is "
+            f"{_short(placement.num_ipus)} IPUs; at most {MAX_COUNT} can be asked for"
         )
-    if spec.num_ipus % spec.num_ilds:
+    if placement.num_ipus % placement.num_ilds:
         raise UsageError(
-            f"--num-ilds {spec.num_ilds} does not divide the {spec.num_ipus} IPUs of the launch "
+            f"--num-ilds {placement.num_ilds} does not divide the {placement.num_ipus} IPUs of the launch "
             "(--num-replicas x --ipus-per-replica); use a number of IPU-Link domains that divides it"
         )
-    check_host_names(spec.hosts)
-    for args in (spec.global_args, spec.local_args):
-        if args.output_filename == "":
-            raise UsageError("--output-filename: the directory is empty; name the directory for the output files")
-    settings = [*spec.global_args.env, *spec.local_args.env]
-    for args in spec.instance_args.values():
-        settings.extend(args.env)
-    extra = {setting.name: setting.value for setting in settings if setting.value is not None}
+    check_host_names(placement.hosts)
+    extra = {setting.name: setting.value for setting in spec.instance.all_settings() if setting.value is not None}
     check_exec_size(spec.program, extra, environ)

@@ -57,7 +57,6 @@ class _Channel:
 
     def __init__(self) -> None:
         self._decoder = wire.FrameDecoder()
-        self._pending: list[wire.Frame] = []
         self.closed = threading.Event()
         self.silence_limit: float | None = None  # set by the launcher's first KEEPALIVE
         self.ended = "the launcher's channel closed"
@@ -77,20 +76,20 @@ class _Channel:
         reaches no one here for many minutes, so the agent keeps its own count.
         """
         while True:
-            while not self._pending:
-                if self.silence_limit is not None and not _readable(_STDIN, self.silence_limit):
-                    self.ended = f"nothing from the launcher for {self.silence_limit:g}s (its host or link is down)"
-                    self.closed.set()
-                    return None
-                data = os.read(_STDIN, 1 << 16)
-                if not data:
-                    self.closed.set()
-                    return None
-                self._pending.extend(self._decoder.feed(data))
-            frame = self._pending.pop(0)
+            frame = self._decoder.next_frame(self._read)
+            if frame is None:
+                self.closed.set()
+                return None
             if frame.kind != wire.Kind.KEEPALIVE:
                 return frame
             self.silence_limit = float(frame.json()["silence_limit"])
+
+    def _read(self) -> bytes:
+        """Bytes from the launcher; none at the end of the channel or after too long a silence."""
+        if self.silence_limit is not None and not _readable(_STDIN, self.silence_limit):
+            self.ended = f"nothing from the launcher for {self.silence_limit:g}s (its host or link is down)"
+            return b""
+        return os.read(_STDIN, 1 << 16)
 
 
 def _readable(fd: int, timeout: float) -> bool:

@@ -49,9 +49,8 @@ def agent_script(python: str, cwd: str) -> str:
 def greet(agent: AgentChannel, python: str, cwd: str, deadline: float) -> Mapping[str, Any]:
     """The agent's hello, checked; ``HostCheckFailed`` says which piece is missing or wrong."""
     decoder = wire.FrameDecoder(after_magic=True)
-    pending: list[wire.Frame] = []
     try:
-        frame = read_frame(agent, decoder, pending, deadline)
+        frame = read_frame(agent, decoder, deadline)
     except TimeoutError:
         raise HostCheckFailed("agent", "the agent did not say hello in time") from None
     except wire.ProtocolError as exc:

@@ -34,16 +34,13 @@ class AgentStartFailed(PoprunError):
     """An agent could not start its instances, or went away while doing so."""
 
 
-def read_frame(channel: AgentChannel, decoder: wire.FrameDecoder, pending: list[wire.Frame],
-               deadline: float | None) -> wire.Frame | None:
+def read_frame(channel: AgentChannel, decoder: wire.FrameDecoder, deadline: float | None) -> wire.Frame | None:
     """The next frame from ``channel`` (None at end of stream); TimeoutError after ``deadline``."""
-    while not pending:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        data = channel.read(timeout)
-        if not data:
-            return None
-        pending.extend(decoder.feed(data))
-    return pending.pop(0)
+
+    def read() -> bytes:
+        return channel.read(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    return decoder.next_frame(read)
 
 
 class AgentExecutor:
@@ -59,7 +56,6 @@ class AgentExecutor:
         self._numa = numa
         self._start_timeout = start_timeout
         self._decoder = wire.FrameDecoder()
-        self._pending: list[wire.Frame] = []
         self._live: set[int] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -100,7 +96,7 @@ class AgentExecutor:
             if self._stop_starting:
                 raise StartInterrupted(0, len(self._live))
             try:  # in short steps, so that a signal stops the wait
-                frame = read_frame(self._channel, self._decoder, self._pending, min(deadline, time.monotonic() + 0.2))
+                frame = read_frame(self._channel, self._decoder, min(deadline, time.monotonic() + 0.2))
             except TimeoutError:
                 if time.monotonic() < deadline:
                     continue
@@ -149,7 +145,7 @@ class AgentExecutor:
         reason = "the connection closed"
         try:
             while self._live:
-                frame = read_frame(self._channel, self._decoder, self._pending, None)
+                frame = read_frame(self._channel, self._decoder, None)
                 if frame is None:
                     break
                 self._dispatch(frame)

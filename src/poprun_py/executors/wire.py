@@ -2,7 +2,9 @@
 
 A frame is a header (kind, instance, payload length) and then the payload:
 raw bytes for output, JSON for everything else. Never pickle across hosts.
-The decoder is fed bytes, so it is tested without processes or sockets.
+The codec and the reader are ``simipu.framing``'s, shared with the fabric's
+rendezvous; the decoder is fed bytes, so it is tested without processes or
+sockets.
 
 Agent to launcher: HELLO, STARTED, STDOUT/STDERR, EXITED, READY (every
 instance spawned), FAILED (the start failed). Launcher to agent: START (the
@@ -19,6 +21,8 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
+
+from simipu.framing import FrameReader, dump_json, pack_frame
 
 #: Bumped whenever a frame changes meaning; launcher and agent must agree.
 PROTOCOL_VERSION = 2
@@ -42,6 +46,8 @@ class Kind(IntEnum):
     KEEPALIVE = 10
 
 
+_KINDS = frozenset(Kind)
+
 class ProtocolError(Exception):
     """The stream does not hold frames: the other side is not a poprun agent of this protocol."""
 
@@ -57,54 +63,50 @@ class Frame:
 
 
 def encode(kind: Kind, payload: bytes = b"", instance: int = -1) -> bytes:
-    return HEADER.pack(kind, instance, len(payload)) + payload
+    return pack_frame(HEADER, payload, kind, instance)
 
 
 def encode_json(kind: Kind, message: Any, instance: int = -1) -> bytes:
-    return encode(kind, json.dumps(message, separators=(",", ":")).encode(), instance)
+    return encode(kind, dump_json(message), instance)
 
 
-class FrameDecoder:
-    """Turns a byte stream, fed in pieces of any size, into frames.
+def _known_kind(fields: tuple[Any, ...]) -> None:
+    if fields[0] not in _KINDS:
+        raise ProtocolError(f"unknown frame kind {fields[0]} (is something printing to the agent's stdout?)")
+
+
+def _frame(fields: tuple[Any, ...], payload: bytes) -> Frame:
+    return Frame(Kind(fields[0]), fields[1], payload)
+
+
+class FrameDecoder(FrameReader[Frame]):
+    """Turns a byte stream, fed in pieces of any size, into frames (``simipu.framing``'s reader).
 
     With ``after_magic``, bytes before ``MAGIC`` (a login banner, a chatty
     ``.bashrc``) are skipped and kept in ``noise`` for the log.
     """
 
     def __init__(self, after_magic: bool = False) -> None:
-        self._buffer = bytearray()
-        self._seeking = after_magic
+        super().__init__(HEADER, MAX_PAYLOAD, lambda length: ProtocolError(f"a frame of {length} bytes is too large"),
+                         _frame, _known_kind)
+        self._seeking = bytearray() if after_magic else None
         self.noise = b""
 
-    def feed(self, data: bytes) -> list[Frame]:
-        self._buffer += data
-        if self._seeking:
-            found = self._buffer.find(MAGIC)
-            if found < 0:
-                keep = len(MAGIC) - 1  # the magic may be split across reads
-                self.noise = (self.noise + bytes(self._buffer[:-keep] if len(self._buffer) > keep else b""))[-4096:]
-                del self._buffer[:max(0, len(self._buffer) - keep)]
-                return []
-            self.noise = (self.noise + bytes(self._buffer[:found]))[-4096:]
-            del self._buffer[:found + len(MAGIC)]
-            self._seeking = False
-        frames = []
-        while len(self._buffer) >= HEADER.size:
-            kind, instance, length = HEADER.unpack_from(self._buffer)
-            try:
-                kind = Kind(kind)
-            except ValueError:
-                raise ProtocolError(f"unknown frame kind {kind} (is something printing to the agent's stdout?)") from None
-            if length > MAX_PAYLOAD:
-                raise ProtocolError(f"a frame of {length} bytes is too large")
-            end = HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            frames.append(Frame(kind, instance, bytes(self._buffer[HEADER.size:end])))
-            del self._buffer[:end]
-        return frames
+    def add(self, data: bytes) -> None:
+        if self._seeking is None:
+            return super().add(data)
+        self._seeking += data
+        found = self._seeking.find(MAGIC)
+        if found < 0:
+            keep = len(MAGIC) - 1  # the magic may be split across reads
+            self.noise = (self.noise + bytes(self._seeking[:-keep] if len(self._seeking) > keep else b""))[-4096:]
+            del self._seeking[:max(0, len(self._seeking) - keep)]
+            return None
+        self.noise = (self.noise + bytes(self._seeking[:found]))[-4096:]
+        rest = bytes(self._seeking[found + len(MAGIC):])
+        self._seeking = None
+        return super().add(rest)
 
     @property
     def pending(self) -> int:
-        """Bytes of an unfinished frame (non-zero at end of stream means it was cut off)."""
-        return len(self._buffer)
+        return len(self._seeking) if self._seeking is not None else super().pending

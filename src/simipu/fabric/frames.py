@@ -1,5 +1,7 @@
 """Rendezvous frames: a 4-byte big-endian length, then a JSON object (never pickle).
 
+The codec and the reader are ``simipu.framing``'s (shared with poprun's agent wire).
+
 A reader refuses, as ``ValueError``, any frame longer than its limit and any
 body that is not a JSON object, however it is broken (bad UTF-8, bad JSON,
 nesting deep enough to exhaust the parser's recursion): the rendezvous reads
@@ -9,10 +11,10 @@ connection.
 
 from __future__ import annotations
 
-import json
 import struct
-from collections import deque
 from typing import Any
+
+from .. import framing
 
 _LENGTH = struct.Struct("!I")
 #: The largest frame a member accepts from the rendezvous (the peer table of a large job).
@@ -29,8 +31,7 @@ def heartbeat_interval(heartbeat_timeout: float) -> float:
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":")).encode()
-    return _LENGTH.pack(len(body)) + body
+    return framing.pack_frame(_LENGTH, framing.dump_json(message))
 
 
 def challenge_answer(token: bytes, nonce: bytes) -> str:
@@ -50,47 +51,17 @@ def answer_is_right(token: bytes, nonce: bytes, answer: object) -> bool:
     return hmac.compare_digest(answer.encode("utf-8", "surrogatepass"), expected)
 
 
-class FrameReader:
-    """Cuts a byte stream into JSON frames of at most ``max_frame`` bytes; feedable from bytes, for both ends."""
+class FrameReader(framing.FrameReader[dict[str, Any]]):
+    """Cuts a byte stream into JSON frames of at most ``max_frame`` bytes; feedable from bytes, for both ends.
+
+    ``add`` raises ValueError for a frame it refuses.
+    """
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
-        self._buffer = bytearray()
-        self._ready: deque[dict[str, Any]] = deque()
-        self._max_frame = max_frame
-
-    def pop(self) -> dict[str, Any] | None:
-        """The next whole frame already received, if any."""
-        return self._ready.popleft() if self._ready else None
-
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        """Add bytes; return (and forget) every whole frame received so far."""
-        self.add(data)
-        frames = list(self._ready)
-        self._ready.clear()
-        return frames
-
-    def add(self, data: bytes) -> None:
-        """Add bytes; whole frames become available to ``pop``. Raises ValueError for a frame it refuses."""
-        self._buffer += data
-        while len(self._buffer) >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(self._buffer)
-            if length > self._max_frame:
-                raise ValueError(f"a rendezvous frame of {length} bytes is larger than {self._max_frame}")
-            if len(self._buffer) < _LENGTH.size + length:
-                break
-            body = bytes(self._buffer[_LENGTH.size : _LENGTH.size + length])
-            del self._buffer[: _LENGTH.size + length]
-            self._ready.append(parse_body(body))
+        super().__init__(_LENGTH, max_frame, lambda length: ValueError(
+            f"a rendezvous frame of {length} bytes is larger than {max_frame}"), lambda _header, body: parse_body(body))
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
     """A frame's JSON object; ValueError for anything else."""
-    try:
-        message = json.loads(body)
-    except RecursionError:
-        raise ValueError("a rendezvous frame is nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
-        raise ValueError(f"a rendezvous frame is not JSON ({type(exc).__name__})") from None
-    if not isinstance(message, dict):
-        raise ValueError("a rendezvous frame is not a JSON object")
-    return message
+    return framing.parse_object(body, "a rendezvous frame")

@@ -19,13 +19,13 @@ receiver sleeping in ``poll`` while it waits on a mailbox. Receivers skip them.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from .. import framing
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
 
 MAGIC = b"PF"
@@ -102,7 +102,7 @@ def header_length(data: bytes | memoryview, peer: int) -> int | None:
 
 def notice_frame(kind: int, body: dict[str, object]) -> bytes:
     """A whole ABORT or MISMATCH frame."""
-    payload = json.dumps(body).encode()
+    payload = framing.dump_json(body, compact=False)  # the notices' bytes as they always were
     return FIXED.pack(MAGIC, kind, 0, 0, 0, b"", 0, 0, 0) + NBYTES.pack(len(payload)) + payload
 
 
@@ -119,10 +119,10 @@ def unexpected(peer: int, frame: bytes | memoryview, hlen: int, nbytes: int) -> 
     """The exception for a frame from ``peer`` that is not the expected one (notices: header and body present)."""
     theirs, _ = decode_prefix(frame)
     if theirs.kind == ABORT:
-        body = json.loads(bytes(frame[hlen:hlen + nbytes]))
+        body = framing.parse_object(bytes(frame[hlen:hlen + nbytes]), "an abort notice")
         return PeerLostError(int(body["instance"]), f"{body['reason']} (reported by instance {peer})")
     if theirs.kind == MISMATCH:
-        body = json.loads(bytes(frame[hlen:hlen + nbytes]))
+        body = framing.parse_object(bytes(frame[hlen:hlen + nbytes]), "a mismatch notice")
         error = CollectiveMismatchError(f"{body['message']} (reported by instance {peer})")
         error.notice = str(body["message"])  # type: ignore[attr-defined]  # what to pass on, without the hops
         return error

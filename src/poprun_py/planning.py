@@ -1,0 +1,94 @@
+"""What the plan stage asks of this host before the pure ``plan.make_plan``.
+
+A free port for torch.distributed's store, the executable cache directory,
+the CPUs poprun may use and the NUMA nodes instances are bound to: the
+launch asks here once, and ``--dry-run`` shows the same CPUs without
+picking a port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Collection, Mapping
+
+from popdist.env import FabricSettings
+
+from .errors import UsageError
+from .plan import Allocation, Plan, Programs, make_plan
+from .records import LOCALHOST, InstanceSettings, Placement
+
+log = logging.getLogger("poprun")
+
+
+def free_port() -> int:
+    """A TCP port for torch.distributed's store; instance 0 binds it (as torchrun does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def prepare_cache(path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
+
+
+def local_host_cpus(placement: Placement, remote_hosts: Collection[str] = ()) -> dict[str, int]:
+    """The CPUs poprun may use, for each host whose instances start from here (agents count their own)."""
+    cpus = len(os.sched_getaffinity(0))
+    return {str(host): cpus for host in placement.hosts or (LOCALHOST,) if str(host) not in remote_hosts}
+
+
+def numa_binding(placement: Placement) -> dict[int, tuple[int, ...]]:
+    """CPUs per instance on this host (remote agents place their own instances on their own nodes)."""
+    if not placement.numa_wanted:
+        return {}
+    per_host = placement.instances_per_host
+    from .numa import local_placement
+
+    try:
+        cpus = local_placement(per_host)
+    except ValueError as exc:
+        log.warning("NUMA placement is off: %s", exc)
+        return {}
+    return {index: cpus[index % per_host][1] for index in range(placement.num_instances)}
+
+
+def plan_job(
+    placement: Placement,
+    settings: InstanceSettings,
+    programs: Programs,
+    *,
+    job_id: str,
+    allocation: Allocation,
+    fabric: FabricSettings,
+    rendezvous: tuple[str, int],
+    cwd: str,
+    environ: Mapping[str, str],
+    addresses: Mapping[str, str] = {},
+    device_fds: Mapping[int, tuple[int, ...]] = {},
+) -> Plan:
+    """The plan of a launch that is starting: the port is picked and the cache directory made now."""
+    prepare_cache(settings.executable_cache_path)
+    return make_plan(
+        placement,
+        settings,
+        programs=programs,
+        job_id=job_id,
+        allocation=allocation,
+        master_port=free_port(),
+        launcher_environ=environ,
+        cwd=cwd,
+        rendezvous=rendezvous,
+        fabric=fabric,
+        device_fds=device_fds,
+        cpus=numa_binding(placement),
+        addresses=addresses,
+        host_cpus=local_host_cpus(placement, programs.remote_hosts),
+    )
