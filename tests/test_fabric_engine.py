@@ -34,13 +34,13 @@ from fabric_cases import suite  # noqa: E402
 from simipu.fabric import CollectiveMismatchError, PeerLostError  # noqa: E402
 from simipu.fabric.connect import Listeners, build_mesh, open_mailboxes  # noqa: E402
 from simipu.fabric.engine import Fabric  # noqa: E402
-from simipu.fabric.exchange import exchange  # noqa: E402
-from simipu.fabric.mailbox import MailboxSegment  # noqa: E402
-from simipu.fabric.mailbox import supported as mailboxes_supported
-from simipu.fabric.rendezvous import RendezvousServer, join  # noqa: E402
-from simipu.fabric.transport import Link, Receive, Send  # noqa: E402
-from simipu.fabric.watch import LossWatch  # noqa: E402
-from simipu.fabric.wire import ALLGATHER, NBYTES, Signature, encode_prefix, mismatch_notice  # noqa: E402
+from simipu.fabric.frames.exchange import exchange  # noqa: E402
+from simipu.fabric.frames.header import ALLGATHER, NBYTES, Signature, encode_prefix, mismatch_notice  # noqa: E402
+from simipu.fabric.frames.link import Link, Receive, Send  # noqa: E402
+from simipu.fabric.frames.mailbox import MailboxSegment  # noqa: E402
+from simipu.fabric.frames.mailbox import supported as mailboxes_supported
+from simipu.fabric.frames.watch import LossWatch  # noqa: E402
+from simipu.fabric.join.rendezvous import RendezvousServer, join  # noqa: E402
 
 #: Upper bound for any one job in these tests.
 JOB_TIMEOUT = 40.0

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from simipu.fabric.placement import CPU, Spreader, _current_cpu, crowded_move
+from simipu.fabric.algorithms.placement import CPU, Spreader, _current_cpu, crowded_move
 
 
 @pytest.mark.parametrize("cpu, mask, position, peers, expected", [

@@ -1,7 +1,7 @@
 """The collectives engine: rendezvous, transports within and between hosts, algorithms."""
 
 from .errors import CollectiveMismatchError, FabricError, PeerLostError, RendezvousError, RendezvousTimeout
-from .membership import Membership, Peer
+from .join.membership import Membership, Peer
 
 __all__ = [
     "CollectiveMismatchError",

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 
 from .engine import Fabric
 from .errors import FabricError, PeerLostError, RendezvousError
-from .frames import heartbeat_interval
-from .mailbox import MailboxSegment
-from .mailbox import supported as mailboxes_supported
-from .member import ControlChannel, join
-from .membership import Membership, Peer
-from .transport import Link, LinkClosed
+from .frames.link import Link, LinkClosed
+from .frames.mailbox import MailboxSegment
+from .frames.mailbox import supported as mailboxes_supported
+from .join.member import ControlChannel, join
+from .join.membership import Membership, Peer
+from .join.messages import heartbeat_interval
 
 log = logging.getLogger("poprun.fabric")
 

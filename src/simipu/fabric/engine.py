@@ -55,17 +55,26 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .board import BoardAllreduce, BoardAllreduces
-from .calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
+from .algorithms.board import BoardAllreduce, BoardAllreduces
+from .algorithms.calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
+from .algorithms.hierarchical import allreduce_hierarchical
+from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
-from .exchange import exchange, exchange_all
-from .hierarchy import allreduce_hierarchical
-from .mailbox import MailboxSegment
-from .membership import Membership
-from .shm import SHARED_BYTES, SharedArena, allreduce_shared
-from .transport import Link
-from .watch import Control, LossWatch
-from .wire import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, abort_notice, mismatch_notice
+from .frames.exchange import exchange, exchange_all
+from .frames.header import (
+    ALLGATHER,
+    ALLREDUCE,
+    BARRIER,
+    BROADCAST,
+    OP_CODES,
+    REDUCE_SCATTER,
+    abort_notice,
+    mismatch_notice,
+)
+from .frames.link import Link
+from .frames.mailbox import MailboxSegment
+from .frames.watch import Control, LossWatch
+from .join.membership import Membership
 
 #: Up to this many bytes, allreduce and broadcast over sockets use the one-round algorithms.
 SMALL_BYTES = 256 * 1024

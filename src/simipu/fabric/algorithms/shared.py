@@ -44,9 +44,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import FabricError
+from ..frames.link import Link
 from .calls import EMPTY, Call, chunks, reduce_in_order
-from .errors import FabricError
-from .transport import Link
 
 #: Above this many bytes, an allreduce among instances of one host goes through shared memory.
 SHARED_BYTES = 64 * 1024

@@ -8,9 +8,9 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from .membership import Membership
-from .transport import Link
-from .wire import Signature, encode_prefix
+from ..frames.header import Signature, encode_prefix
+from ..frames.link import Link
+from ..join.membership import Membership
 
 UFUNCS: dict[str, Callable[..., np.ndarray]] = {
     "sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}

@@ -21,9 +21,9 @@ import socket
 from collections import deque
 from typing import Sequence
 
-from .errors import FabricError
+from ..errors import FabricError
+from .header import FIXED, NBYTES, WAKE, header_length, is_notice, unexpected
 from .mailbox import EMPTY, Mailbox
-from .wire import FIXED, NBYTES, WAKE, header_length, is_notice, unexpected
 
 #: Bytes read ahead per link: a whole small frame (header and payload) arrives in one recv.
 STAGE_BYTES = 256 * 1024

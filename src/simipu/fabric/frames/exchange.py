@@ -22,11 +22,11 @@ import select
 import time
 from typing import Callable, Sequence
 
-from .errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError
+from .header import NBYTES, Mismatch, Signature, mismatch_message
+from .link import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take, take_boxed
 from .mailbox import EMPTY, Mailbox, MailboxSegment, Peeked, full_fence
-from .transport import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take, take_boxed
 from .watch import LossWatch
-from .wire import NBYTES, Mismatch, Signature, mismatch_message
 
 _READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import CollectiveMismatchError, FabricError, PeerLostError
+from ..errors import CollectiveMismatchError, FabricError, PeerLostError
 
 MAGIC = b"PF"
 # kinds

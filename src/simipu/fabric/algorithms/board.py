@@ -33,10 +33,20 @@ from typing import cast
 
 import numpy as np
 
+from ..frames.header import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
+from ..frames.mailbox import (
+    INDICES,
+    LENGTH,
+    OFFSET,
+    PUBLICATION,
+    SLEEPING,
+    Mailbox,
+    MailboxSegment,
+    board_frame_at,
+    full_fence,
+)
 from .calls import UFUNCS, Group, reduce_in_order
-from .mailbox import INDICES, LENGTH, OFFSET, PUBLICATION, SLEEPING, Mailbox, MailboxSegment, board_frame_at, full_fence
 from .placement import Spreader
-from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
 
 _SEQ = struct.Struct("<Q")
 #: With more instances than CPUs, every this many calls (a power of two) an instance may move (``placement``).

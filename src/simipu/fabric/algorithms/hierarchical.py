@@ -32,7 +32,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from .calls import UFUNCS, Call, Group, reduce_in_order, to_bytes
-from .shm import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena
+from .shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena
 
 
 class Fabric(Protocol):
