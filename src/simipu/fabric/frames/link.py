@@ -4,7 +4,9 @@ A link is a nonblocking socket to one peer (Unix within a host, TCP between
 hosts) and, within a host on x86-64, a pair of shared-memory mailboxes
 (``mailbox``): a frame that fits a mailbox slot goes there, any other over
 the socket. Each end numbers the link's frames, so a receiver takes them in
-order whichever way each came. Frames are ``wire``'s.
+order whichever way each came: the ``Link`` alone keeps those numbers
+(``claim`` numbers a frame going out, ``took`` counts one taken), whoever
+moves the frame (``post``/``take`` here, ``exchange``, the board's allreduce). Frames are ``wire``'s.
 
 ``post`` and ``take`` move a frame at once when they can (a mailbox frame
 with a free slot always can); the ``Send`` or ``Receive`` they return
@@ -51,9 +53,36 @@ class Link:
         self.local = sock.family == socket.AF_UNIX
         self.fds: deque[int] = deque()
         self.mailbox = mailbox
-        #: Frames started and frames taken on this link, both ways of travel counted.
-        self.sent = 0
-        self.received = 0
+        #: Frames started and frames taken on this link, both ways of travel counted: read them as ``sent`` and
+        #: ``received``; only ``claim``, ``took`` and ``took_published`` change them (the frame order: see the
+        #: module docstring).
+        self._sent = 0
+        self._received = 0
+
+    @property
+    def sent(self) -> int:
+        """How many frames this end has started sending: the next one's index on the link."""
+        return self._sent
+
+    @property
+    def received(self) -> int:
+        """How many frames this end has taken: the index of the next one to take."""
+        return self._received
+
+    def claim(self) -> int:
+        """Number a frame this end starts sending now, whichever way it goes: its index on the link."""
+        index = self._sent
+        self._sent = index + 1
+        return index
+
+    def took(self) -> None:
+        """The frame numbered ``received`` has been taken whole (from the socket or a mailbox slot)."""
+        self._received += 1
+
+    def took_published(self) -> None:
+        """``took``, for a frame read in place from the peer's board (the mailbox counts those publications)."""
+        self.mailbox.board_taken += 1  # type: ignore[union-attr]  # (a board frame came through the mailbox)
+        self._received += 1
 
     def available(self) -> int:
         return self.end - self.start
@@ -110,7 +139,7 @@ class Link:
         """
         if self.mid_frame:
             return
-        self.sent += 1
+        self._sent += 1
         try:
             self.sock.send(frame, NOSIGNAL)
         except OSError:
@@ -150,10 +179,7 @@ class Send:
         self.sent = 0
         self.total = len(header) + len(payload)
         self.ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else ()
-        if index is None:
-            index = link.sent
-            link.sent += 1
-        self.index = index
+        self.index = link.claim() if index is None else index
         self.boxed = link.mailbox is not None and not fds and self.total <= link.mailbox.capacity
 
     def step(self) -> bool:
@@ -267,7 +293,7 @@ class Receive:
             (nbytes,) = NBYTES.unpack_from(link.stage, link.start + size)
             _check_length(link, nbytes, self.nbytes)
             link.consume(size + NBYTES.size)
-            link.received += 1
+            link.took()
             self.header_done = True
             return True
         hlen = header_length(link.staged(min(have, FIXED.size)), link.peer)
@@ -297,15 +323,14 @@ def take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest
     if nbytes:
         dest[:] = frame[size + NBYTES.size:size + NBYTES.size + nbytes]  # type: ignore[index]
     link.mailbox.consume()  # type: ignore[union-attr]
-    link.received += 1
+    link.took()
 
 
 def post(link: Link, header: bytes, payload: memoryview, fds: Sequence[int] = ()) -> Send | None:
     """Send a frame now if it can go whole (None), else the Send to step until it has."""
     box = link.mailbox
     if box is not None and not fds and len(header) + len(payload) <= box.capacity:
-        index = link.sent
-        link.sent += 1
+        index = link.claim()
         if box.try_send(index, header, payload):
             if box.peer_sleeping():
                 link.nudge()
