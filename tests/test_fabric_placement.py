@@ -1,4 +1,4 @@
-"""Spreading a host's instances over its CPUs when it runs more instances than CPUs (simipu/fabric/placement.py)."""
+"""Spreading a host's instances over its CPUs when it runs more instances than CPUs (simipu/fabric/algorithms/placement.py)."""
 
 from __future__ import annotations
 

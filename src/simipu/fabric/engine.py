@@ -98,7 +98,7 @@ class Fabric:
         self._watch = LossWatch(control)
         self._on_close = on_close
         self._mailboxes = mailboxes
-        #: Frames to every peer go to our board once, when every instance is on this host (see ``mailbox``).
+        #: Frames to every peer go to our board once, when every instance is on this host (see ``frames.mailbox``).
         self._board = mailboxes if mailboxes is not None and len(mailboxes.local) == self.num_instances else None
         self._groups: dict[tuple[int, ...], Group] = {}
         self._everyone = tuple(range(self.num_instances))
@@ -120,7 +120,7 @@ class Fabric:
         if boards is not None and group is None:
             if type(array) is np.ndarray and array.flags.c_contiguous:
                 plan = boards.plans.get((array.dtype, array.shape, op))
-                if plan is not None and self._broken is None and not self._closed:  # the hot path: see algorithms/board.py
+                if plan is not None and self._broken is None and not self._closed:  # the hot path: see board.py
                     return self._allreduce_on_board(plan, array, op)  # (its signature passed _prepare's checks)
             x = self._prepare(array, op)
             plan = boards.plan_for(x, op)

@@ -1,27 +1,29 @@
 """Hierarchical allreduce: within each host first, then across one leader per host, then back within each host.
 
 Used when a collective's members span several hosts and some host holds
-several of them (see ``engine``, which passes itself as the ``protocol.Phases``). Only the hosts' leaders (each host's lowest
-member) talk across hosts, so the data crossing between hosts does not grow
-with the number of instances per host.
+several of them (see ``engine``, which passes itself as the ``protocol.Phases``).
+Only the hosts' leaders (each host's lowest member) talk across hosts, so the
+data crossing between hosts does not grow with the number of instances per host.
 
 Phases (``phases.Phase``; every frame carries the collective's own signature):
 
-TO_LEADER (21)   within each host, to its leader: each other member's array (small), or
-     "my array is in my shared segment" (large: shm.py's segments, one per
-     group, read in place); the leader reduces its host's arrays in index order;
-FIRST, SECOND    among the leaders, over TCP: the hosts' partial results, reduced in
-     leader order (engine's one-round or reduce-scatter/allgather algorithm);
-FROM_LEADER (23) within each host, from its leader: the result (small), or "it is in my
-     segment" (large).
+TO_LEADER (21)    within each host, to its leader: each other member's array
+                  (small), or "my array is in my shared segment" (large:
+                  shared.py's segments, one per group, read in place); the
+                  leader reduces its host's arrays in index order;
+FIRST, SECOND     among the leaders, over TCP: the hosts' partial results,
+                  reduced in leader order (engine's one-round or
+                  reduce-scatter/allgather algorithm);
+FROM_LEADER (23)  within each host, from its leader: the result (small), or
+                  "it is in my segment" (large).
 
 The segments are reused without a further phase: a member rewrites its own
-in the next call's TO_LEADER phase, after its leader read it (before FROM_LEADER);
-the leader rewrites its own after the next call's TO_LEADER, when every member of
-the host has finished copying the result out.
+in the next call's TO_LEADER phase, after its leader read it (before
+FROM_LEADER); the leader rewrites its own after the next call's TO_LEADER,
+when every member of the host has finished copying the result out.
 
-TO_LEADER compares each member's header with its leader's, FIRST and SECOND the
-leaders' with each other: those pairs connect every member, so a mismatch
+TO_LEADER compares each member's header with its leader's, FIRST and SECOND
+the leaders' with each other: those pairs connect every member, so a mismatch
 anywhere is seen somewhere and mismatch notices carry it to the rest.
 """
 

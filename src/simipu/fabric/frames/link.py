@@ -6,7 +6,7 @@ hosts) and, within a host on x86-64, a pair of shared-memory mailboxes
 the socket. Each end numbers the link's frames, so a receiver takes them in
 order whichever way each came: the ``Link`` alone keeps those numbers
 (``claim`` numbers a frame going out, ``took`` counts one taken), whoever
-moves the frame (``post``/``take`` here, ``exchange``, the board's allreduce). Frames are ``wire``'s.
+moves the frame (``post``/``take`` here, ``exchange``, the board's allreduce). Frames are ``header``'s.
 
 ``post`` and ``take`` move a frame at once when they can (a mailbox frame
 with a free slot always can); the ``Send`` or ``Receive`` they return
