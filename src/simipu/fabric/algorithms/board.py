@@ -6,16 +6,16 @@ it is paid by each instance in turn (see the README's benchmark). So it moves
 exactly the frames the general path would (``frames.exchange.exchange_all``
 with a board: see ``frames.mailbox``), with a fraction of the work: the header
 is made once per signature (``frames.header.HeaderTemplate``: the general
-path's own bytes, each call's sequence number put in), the frame numbered by
-its links (``Link.claim``) and published on our
-board, each peer's publication is awaited by watching one word, its header is
-compared byte for byte, and the reduction reads the peers' payloads straight
-from their boards (``board_frame_at`` aligns them), in member order, before
-they are marked taken (``Link.took_published``). Whenever that does not apply (a peer's next frame is
-not this call's on its board within the spin: it is late, or it called
-something else, or it is gone) the engine hands the receiving to
-``exchange``, which finishes the call or raises exactly as the general path
-would: nothing has been taken yet.
+path's own bytes, each call's sequence number put in), the frame is numbered
+by its links (``frames.link.claim_each``) and published on our board, each
+peer's publication is awaited by watching one word, its header is compared
+byte for byte, and the reduction reads the peers' payloads straight from
+their boards (``board_frame_at`` aligns them), in member order, before they
+are marked taken (``frames.link.took_published``). Whenever that does not
+apply (a peer's next frame is not this call's on its board within the spin:
+it is late, or it called something else, or it is gone) the engine hands the
+receiving to ``exchange``, which finishes the call or raises exactly as the
+general path would: nothing has been taken yet.
 
 With more instances on the host than CPUs, two more things (``algorithms.placement``):
 every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
@@ -35,6 +35,7 @@ from typing import cast
 import numpy as np
 
 from ..frames.header import ALLREDUCE, OP_CODES, HeaderTemplate, header_size
+from ..frames.link import claim_each, took_published
 from ..frames.mailbox import (
     INDICES,
     LENGTH,
@@ -145,8 +146,8 @@ class BoardAllreduce:
         words[first + LENGTH] = self._total
         words[first + OFFSET] = offset
         at = first + INDICES
-        for link, position in zip(links, self._positions):
-            words[at + position] = link.claim()
+        for position, index in zip(self._positions, claim_each(links)):
+            words[at + position] = index
         words[first + PUBLICATION] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
         full_fence()  # then the sleeping flags (see mailbox)
         for link, flag in zip(links, self._flags):
@@ -172,8 +173,7 @@ class BoardAllreduce:
         arrays.insert(self._rank, x)
         result = self.reduce(arrays)
         # take: their writers may reuse those slots (see mailbox)
-        for link in links:
-            link.took_published()
+        took_published(links)
         if self._spreader is not None:
             os.sched_yield()  # a peer on our CPU may still have this call to finish (see the module docstring)
         return result

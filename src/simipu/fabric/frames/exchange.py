@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from ..errors import CollectiveMismatchError
 from .header import NBYTES, Mismatch, Signature, mismatch_message
-from .link import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take, take_boxed
+from .link import NOSIGNAL, Link, LinkClosed, Receive, Send, claim_each, post, take, take_boxed
 from .mailbox import EMPTY, Mailbox, MailboxSegment, Peeked, full_fence
 from .watch import LossWatch
 
@@ -133,7 +133,7 @@ def _post_to_all(header: bytes, payload: memoryview, links: Sequence[Link], boar
     size = len(header) + len(payload)
     if board is not None and size <= board.board_capacity:
         board.publish(header, payload, [link.mailbox for link in links],  # type: ignore[misc]
-                      [link.claim() for link in links])
+                      claim_each(links))
         _wake_asleep(links)
         return []
     sends: list[Send] = []

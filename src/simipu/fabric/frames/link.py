@@ -4,9 +4,11 @@ A link is a nonblocking socket to one peer (Unix within a host, TCP between
 hosts) and, within a host on x86-64, a pair of shared-memory mailboxes
 (``mailbox``): a frame that fits a mailbox slot goes there, any other over
 the socket. Each end numbers the link's frames, so a receiver takes them in
-order whichever way each came: the ``Link`` alone keeps those numbers
-(``claim`` numbers a frame going out, ``took`` counts one taken), whoever
-moves the frame (``post``/``take`` here, ``exchange``, the board's allreduce). Frames are ``header``'s.
+order whichever way each came: this module alone changes those numbers
+(``Link.claim`` numbers a frame going out, ``Link.took`` counts one taken;
+``claim_each`` and ``took_published`` do so for a board's frames), whoever
+moves the frame (``post``/``take`` here, ``exchange``, the board's allreduce).
+Frames are ``header``'s.
 
 ``post`` and ``take`` move a frame at once when they can (a mailbox frame
 with a free slot always can); the ``Send`` or ``Receive`` they return
@@ -53,36 +55,22 @@ class Link:
         self.local = sock.family == socket.AF_UNIX
         self.fds: deque[int] = deque()
         self.mailbox = mailbox
-        #: Frames started and frames taken on this link, both ways of travel counted: read them as ``sent`` and
-        #: ``received``; only ``claim``, ``took`` and ``took_published`` change them (the frame order: see the
-        #: module docstring).
-        self._sent = 0
-        self._received = 0
-
-    @property
-    def sent(self) -> int:
-        """How many frames this end has started sending: the next one's index on the link."""
-        return self._sent
-
-    @property
-    def received(self) -> int:
-        """How many frames this end has taken: the index of the next one to take."""
-        return self._received
+        #: Frames started (the next one's index on the link) and frames taken (the index of the next one to
+        #: take), both ways of travel counted. Read them anywhere; only this module changes them (``claim``,
+        #: ``took``, ``claim_each``, ``took_published``), so the frame order lives here (see the module
+        #: docstring). Plain attributes, not properties: the small collectives read them on every call.
+        self.sent = 0
+        self.received = 0
 
     def claim(self) -> int:
         """Number a frame this end starts sending now, whichever way it goes: its index on the link."""
-        index = self._sent
-        self._sent = index + 1
+        index = self.sent
+        self.sent = index + 1
         return index
 
     def took(self) -> None:
         """The frame numbered ``received`` has been taken whole (from the socket or a mailbox slot)."""
-        self._received += 1
-
-    def took_published(self) -> None:
-        """``took``, for a frame read in place from the peer's board (the mailbox counts those publications)."""
-        self.mailbox.board_taken += 1  # type: ignore[union-attr]  # (a board frame came through the mailbox)
-        self._received += 1
+        self.received += 1
 
     def available(self) -> int:
         return self.end - self.start
@@ -139,7 +127,7 @@ class Link:
         """
         if self.mid_frame:
             return
-        self._sent += 1
+        self.sent += 1
         try:
             self.sock.send(frame, NOSIGNAL)
         except OSError:
@@ -324,6 +312,25 @@ def take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest
         dest[:] = frame[size + NBYTES.size:size + NBYTES.size + nbytes]  # type: ignore[index]
     link.mailbox.consume()  # type: ignore[union-attr]
     link.took()
+
+
+def claim_each(links: Sequence[Link]) -> list[int]:
+    """``Link.claim`` on each of ``links``: the indices of one frame published to all of them on a board
+    (one call, where a method call per link would cost each small collective a few tenths of a microsecond)."""
+    indices = []
+    for link in links:
+        index = link.sent
+        link.sent = index + 1
+        indices.append(index)
+    return indices
+
+
+def took_published(links: Sequence[Link]) -> None:
+    """``Link.took`` on each of ``links``, for frames read in place from the peers' boards (each mailbox counts
+    the publications taken from its peer's board, as ``Mailbox.consume`` does)."""
+    for link in links:
+        link.mailbox.board_taken += 1  # type: ignore[union-attr]  # (a board frame came through the mailbox)
+        link.received += 1
 
 
 def post(link: Link, header: bytes, payload: memoryview, fds: Sequence[int] = ()) -> Send | None:
