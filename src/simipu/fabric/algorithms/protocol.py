@@ -9,11 +9,12 @@ engine that calls them. (The shared segments they need come as arguments.)
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .calls import Call
+if TYPE_CHECKING:  # (types only: the protocol needs nothing at run time)
+    from .calls import Call
 
 
 class Phases(Protocol):
