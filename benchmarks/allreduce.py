@@ -385,8 +385,8 @@ def fabric_fingerprint() -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    for path in sorted((ROOT / "src" / "simipu" / "fabric").glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted((ROOT / "src" / "simipu" / "fabric").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
 

@@ -34,13 +34,13 @@ from fabric_cases import suite  # noqa: E402
 from simipu.fabric import CollectiveMismatchError, PeerLostError  # noqa: E402
 from simipu.fabric.connect import Listeners, build_mesh, open_mailboxes  # noqa: E402
 from simipu.fabric.engine import Fabric  # noqa: E402
-from simipu.fabric.exchange import exchange  # noqa: E402
-from simipu.fabric.mailbox import MailboxSegment  # noqa: E402
-from simipu.fabric.mailbox import supported as mailboxes_supported
-from simipu.fabric.rendezvous import RendezvousServer, join  # noqa: E402
-from simipu.fabric.transport import Link, Receive, Send  # noqa: E402
-from simipu.fabric.watch import LossWatch  # noqa: E402
-from simipu.fabric.wire import ALLGATHER, NBYTES, Signature, encode_prefix, mismatch_notice  # noqa: E402
+from simipu.fabric.frames.exchange import exchange  # noqa: E402
+from simipu.fabric.frames.header import ALLGATHER, NBYTES, Signature, encode_prefix, mismatch_notice  # noqa: E402
+from simipu.fabric.frames.link import Link, Receive, Send  # noqa: E402
+from simipu.fabric.frames.mailbox import MailboxSegment  # noqa: E402
+from simipu.fabric.frames.mailbox import supported as mailboxes_supported
+from simipu.fabric.frames.watch import LossWatch  # noqa: E402
+from simipu.fabric.join.rendezvous import RendezvousServer, join  # noqa: E402
 
 #: Upper bound for any one job in these tests.
 JOB_TIMEOUT = 40.0
@@ -450,7 +450,7 @@ def test_mismatches_and_notices_arrive_through_the_mailbox(link_pair) -> None:
                  mine=lambda: mine, flush_timeout=1)
     link0.send_notice(mismatch_notice(CollectiveMismatchError("instance 0 called x but instance 2 called y")))
     link1.mailbox.consume()  # (the mismatched frame's slot)
-    link1.received += 1
+    link1.took()
     with pytest.raises(CollectiveMismatchError, match=r"instance 2 called y \(reported by instance 0\)$"):
         receive_ints(link1)
 
@@ -458,8 +458,7 @@ def test_mismatches_and_notices_arrive_through_the_mailbox(link_pair) -> None:
 def publish_ints(link: Link, segment: MailboxSegment, value: int) -> None:
     """Frame ``link.sent`` on the writer's board (the way ``exchange_all`` publishes)."""
     payload = memoryview(np.full(3, value, np.int32)).cast("B")
-    segment.publish(HEADER + NBYTES.pack(12), payload, [link.mailbox], [link.sent])
-    link.sent += 1
+    segment.publish(HEADER + NBYTES.pack(12), payload, [link.mailbox], [link.claim()])
 
 
 def test_a_link_keeps_frame_order_across_board_mailbox_and_socket(link_pair) -> None:

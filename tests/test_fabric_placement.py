@@ -1,4 +1,4 @@
-"""Spreading a host's instances over its CPUs when it runs more instances than CPUs (simipu/fabric/placement.py)."""
+"""Spreading a host's instances over its CPUs when it runs more instances than CPUs (simipu/fabric/algorithms/placement.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from simipu.fabric.placement import CPU, Spreader, _current_cpu, crowded_move
+from simipu.fabric.algorithms.placement import CPU, Spreader, _current_cpu, crowded_move
 
 
 @pytest.mark.parametrize("cpu, mask, position, peers, expected", [

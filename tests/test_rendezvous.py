@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from simipu.fabric import Peer, PeerLostError, RendezvousError, RendezvousTimeout
-from simipu.fabric.frames import FrameReader, challenge_answer, encode_frame
-from simipu.fabric.rendezvous import RendezvousServer, join
+from simipu.fabric.join.messages import FrameReader, challenge_answer, encode_frame
+from simipu.fabric.join.rendezvous import RendezvousServer, join
 
 TOKEN = os.urandom(32)
 BOUND = 10.0  # seconds: every wait in these tests is bounded by this

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simipu.fabric.checkin import SPARE_PENDING, CheckIn, checkin_reader, parse_checkin
-from simipu.fabric.frames import FrameReader, challenge_answer, encode_frame
-from simipu.fabric.rendezvous import join
+from simipu.fabric.join.checkin import SPARE_PENDING, CheckIn, checkin_reader, parse_checkin
+from simipu.fabric.join.messages import FrameReader, challenge_answer, encode_frame
+from simipu.fabric.join.rendezvous import join
 from support import program, read_line
 from test_rendezvous import BOUND, TOKEN, peer, rendezvous_log, server_factory  # noqa: F401  (fixtures)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS
-from simipu.fabric.rendezvous import RendezvousServer
+from simipu.fabric.join.rendezvous import RendezvousServer
 
 from .console import ConsoleWatch
 from .errors import UsageError

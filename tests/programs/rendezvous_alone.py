@@ -12,7 +12,7 @@ import os
 import resource
 import sys
 
-from simipu.fabric.rendezvous import RendezvousServer
+from simipu.fabric.join.rendezvous import RendezvousServer
 
 
 def main() -> int:

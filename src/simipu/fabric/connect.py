@@ -8,7 +8,7 @@ and any local user can list them (/proc/net/unix), so the name carries 128
 random bits (``\\0poprun-<instance>-<32 hex digits>``): no one can bind it
 before us, and peers learn it only from the authenticated peer table.
 Instances on the same host talk over the Unix socket (and, on x86-64, the
-shared-memory mailboxes of ``mailbox``, whose segments they exchange over it
+shared-memory mailboxes of ``frames.mailbox``, whose segments they exchange over it
 once), the others over TCP with TCP_NODELAY. The same host means the same
 *host id*: the host's label (by default the hostname; the launcher passes the
 name of the host it placed the instance on) and this boot's id, so instances
@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 
 from .engine import Fabric
 from .errors import FabricError, PeerLostError, RendezvousError
-from .frames import heartbeat_interval
-from .mailbox import MailboxSegment
-from .mailbox import supported as mailboxes_supported
-from .member import ControlChannel, join
-from .membership import Membership, Peer
-from .transport import Link, LinkClosed
+from .frames.link import Link, LinkClosed
+from .frames.mailbox import MailboxSegment
+from .frames.mailbox import supported as mailboxes_supported
+from .join.member import ControlChannel, join
+from .join.membership import Membership, Peer
+from .join.messages import heartbeat_interval
 
 log = logging.getLogger("poprun.fabric")
 
@@ -110,7 +110,7 @@ def host_id(label: str | None = None) -> str:
 
 
 def open_mailboxes(membership: Membership, transport: str) -> MailboxSegment | None:
-    """This instance's mailbox segment, if it has same-host peers to share it with (see ``mailbox``)."""
+    """This instance's mailbox segment, if it has same-host peers to share it with (see ``frames.mailbox``)."""
     local = membership.local_instances()
     if transport == "tcp" or len(local) < 2 or not mailboxes_supported():
         return None

@@ -2,18 +2,18 @@
 
 Every instance has a link to every other; within a host, small frames travel
 through shared-memory mailboxes and the rest over Unix sockets; between
-hosts, TCP (``transport``). Algorithms:
+hosts, TCP (``frames.link``). Algorithms (``algorithms/``, their phases named in ``algorithms.phases``):
 
 * small allreduce (up to ``SMALL_BYTES``, or ``SHARED_BYTES`` on one host):
   every member sends its whole array to every other member in one round,
   then each reduces all of them itself in index order, ``((x0 op x1) op x2) ...``.
-* large allreduce, all members on one host: through shared memory (shm.py):
+* large allreduce, all members on one host: through shared memory (algorithms/shared.py):
   each member reduces one chunk reading the others' segments directly.
 * large allreduce otherwise: reduce-scatter then allgather over the sockets:
   member k receives chunk k from everyone, reduces it in index order, and
   sends the result to everyone.
 * hierarchical allreduce, when the members span several hosts and some host
-  holds several of them (hierarchy.py): each host reduces to its leader (its
+  holds several of them (algorithms/hierarchical.py): each host reduces to its leader (its
   lowest member), the leaders allreduce among themselves over TCP, and each
   leader hands the result to its host.
 * broadcast: the root sends to everyone (small, or two members), or scatters
@@ -55,17 +55,27 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .board import BoardAllreduce, BoardAllreduces
-from .calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
+from .algorithms.board import BoardAllreduce, BoardAllreduces
+from .algorithms.calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
+from .algorithms.hierarchical import allreduce_hierarchical
+from .algorithms.phases import Phase
+from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
-from .exchange import exchange, exchange_all
-from .hierarchy import allreduce_hierarchical
-from .mailbox import MailboxSegment
-from .membership import Membership
-from .shm import SHARED_BYTES, SharedArena, allreduce_shared
-from .transport import Link
-from .watch import Control, LossWatch
-from .wire import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, OP_CODES, REDUCE_SCATTER, abort_notice, mismatch_notice
+from .frames.exchange import exchange, exchange_all
+from .frames.header import (
+    ALLGATHER,
+    ALLREDUCE,
+    BARRIER,
+    BROADCAST,
+    OP_CODES,
+    REDUCE_SCATTER,
+    abort_notice,
+    mismatch_notice,
+)
+from .frames.link import Link
+from .frames.mailbox import MailboxSegment
+from .frames.watch import Control, LossWatch
+from .join.membership import Membership
 
 #: Up to this many bytes, allreduce and broadcast over sockets use the one-round algorithms.
 SMALL_BYTES = 256 * 1024
@@ -88,12 +98,12 @@ class Fabric:
         self._watch = LossWatch(control)
         self._on_close = on_close
         self._mailboxes = mailboxes
-        #: Frames to every peer go to our board once, when every instance is on this host (see ``mailbox``).
+        #: Frames to every peer go to our board once, when every instance is on this host (see ``frames.mailbox``).
         self._board = mailboxes if mailboxes is not None and len(mailboxes.local) == self.num_instances else None
         self._groups: dict[tuple[int, ...], Group] = {}
         self._everyone = tuple(range(self.num_instances))
         self._seq: dict[tuple[int, ...], int] = {}
-        #: The world group's small allreduces on the boards (board.py), when there are boards.
+        #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
         self._scratch: dict[int, np.ndarray] = {}
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
@@ -125,9 +135,9 @@ class Fabric:
         elif g.hierarchical or (x.nbytes > SHARED_BYTES and g.one_host and SharedArena.available()):
             try:
                 if g.hierarchical:
-                    result = allreduce_hierarchical(self, call, x, op)
+                    result = allreduce_hierarchical(self, self.arena_for, call, x, op)
                 else:
-                    result = allreduce_shared(self.run, self.run_all, self.arena_for(g), call, x, UFUNCS[op])
+                    result = allreduce_shared(self, self.arena_for(g), call, x, UFUNCS[op])
             except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
                 self.fail(exc)
                 raise
@@ -150,7 +160,7 @@ class Fabric:
         root_rank = g.members.index(root)
         if x.nbytes <= SMALL_BYTES or len(g.members) == 2:
             payload = to_bytes(x) if g.rank == root_rank else EMPTY
-            self.run(call, 1, {k: payload for k in g.others},
+            self.run(call, Phase.FIRST, {k: payload for k in g.others},
                      {k: to_bytes(result) if k == root_rank else None for k in g.others})
             return result
         # scatter one chunk to each non-root member, then the non-roots allgather the chunks
@@ -158,12 +168,12 @@ class Fabric:
         receivers = [k for k in range(len(g.members)) if k != root_rank]
         spans = dict(zip(receivers, (slice(*span) for span in chunks(len(flat_out), len(receivers)))))
         if g.rank == root_rank:
-            self.run(call, 1, {k: flat_in[spans[k]] for k in receivers}, {k: None for k in receivers})
+            self.run(call, Phase.FIRST, {k: flat_in[spans[k]] for k in receivers}, {k: None for k in receivers})
             return result
         others = [k for k in receivers if k != g.rank]
-        self.run(call, 1, {k: EMPTY for k in g.others},
+        self.run(call, Phase.FIRST, {k: EMPTY for k in g.others},
                  {k: flat_out[spans[g.rank]] if k == root_rank else None for k in g.others})
-        self.run(call, 2, {k: flat_out[spans[g.rank]] for k in others}, {k: flat_out[spans[k]] for k in others})
+        self.run(call, Phase.SECOND, {k: flat_out[spans[g.rank]] for k in others}, {k: flat_out[spans[k]] for k in others})
         return result
 
     def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray:
@@ -174,7 +184,7 @@ class Fabric:
         result = np.empty((len(g.members), *x.shape), dtype=x.dtype)
         result[g.rank] = x
         if len(g.members) > 1:
-            self.run_all(call, 1, to_bytes(x), [to_bytes(result[k]) for k in g.others])
+            self.run_all(call, Phase.FIRST, to_bytes(x), [to_bytes(result[k]) for k in g.others])
         return result
 
     def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
@@ -192,7 +202,7 @@ class Fabric:
             result = parts[0].copy()
         else:
             mine = parts[g.rank]
-            scratch = self.receive_into_scratch(call, 1, {k: to_bytes(parts[k]) for k in g.others}, mine)
+            scratch = self.receive_into_scratch(call, Phase.FIRST, {k: to_bytes(parts[k]) for k in g.others}, mine)
             result = reduce_in_order(UFUNCS[op], self._in_order(g, mine, scratch))
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
@@ -202,7 +212,7 @@ class Fabric:
         """Return once every member of the group has entered the barrier."""
         call = self._call(BARRIER, None, group)
         if len(call.group.members) > 1:
-            self.run_all(call, 1, EMPTY, [None] * len(call.group.others))
+            self.run_all(call, Phase.FIRST, EMPTY, [None] * len(call.group.others))
 
     def transports(self) -> dict[int, str]:
         """How each peer is reached: "tcp", "unix", or "unix+mailbox" (shared-memory mailboxes beside it)."""
@@ -236,27 +246,27 @@ class Fabric:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- algorithms over sockets (hierarchy.py and shm.py use them too) --------------
+    # -- algorithms over sockets, and the phases (``algorithms.protocol.Phases``) the others run over -
     def allreduce_flat_or_chunked(self, call: Call, x: np.ndarray, op: str) -> np.ndarray:
         """The one-round algorithm for small arrays, else reduce-scatter then allgather."""
         g, ufunc = call.group, UFUNCS[op]
         if x.nbytes <= SMALL_BYTES:  # the hot path of small collectives: see _scratch_for
             arrays, views = self._scratch_for(g, x)
-            self.run_all(call, 1, to_bytes(x), views)
+            self.run_all(call, Phase.FIRST, to_bytes(x), views)
             return reduce_in_order(ufunc, [*arrays[:g.rank], x, *arrays[g.rank:]])
         flat = x.reshape(-1)
         spans = chunks(flat.size, len(g.members))
         mine = flat[slice(*spans[g.rank])]
-        scratch = self.receive_into_scratch(call, 1, {k: to_bytes(flat[slice(*spans[k])]) for k in g.others},
+        scratch = self.receive_into_scratch(call, Phase.FIRST, {k: to_bytes(flat[slice(*spans[k])]) for k in g.others},
                                             mine)
         result = np.empty_like(flat)
         reduced = result[slice(*spans[g.rank])]
         reduce_in_order(ufunc, self._in_order(g, mine, scratch), reduced)
-        self.run_all(call, 2, to_bytes(reduced), [to_bytes(result[slice(*spans[k])]) for k in g.others])
+        self.run_all(call, Phase.SECOND, to_bytes(reduced), [to_bytes(result[slice(*spans[k])]) for k in g.others])
         return result.reshape(x.shape)
 
     def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str) -> np.ndarray:
-        """The world group's small allreduce through the boards (board.py), ``x`` checked already."""
+        """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already."""
         seq = self._seq[self._everyone] = self._seq[self._everyone] + 1
         try:
             result = plan.allreduce(seq, x, SPIN_SECONDS)
@@ -270,7 +280,7 @@ class Fabric:
         call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
         g = call.group
         scratch, views = self._scratch_for(g, x)
-        self._exchange(call, 1, [], list(zip(g.other_links, views)), spin=0.0)
+        self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
 
     def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],

@@ -10,27 +10,28 @@ so there is nothing to clean up: the kernel frees the memory when the last
 process holding the descriptor or a mapping exits, SIGKILL included.
 
 The allreduce over it, for a group whose members all share this host, in
-one of two layouts (the frames are mailbox frames: no system call):
+one of two layouts (the frames are mailbox frames: no system call; the
+phases are ``phases.Phase``'s, run through the engine as ``protocol.Phases``):
 
 * *whole* (arrays up to ``WHOLE_BYTES``): each member copies its array into the
-  half of its segment this call's parity picks; phase 11 frames say "it is
+  half of its segment this call's parity picks; SHARED_READY frames say "it is
   in place" (and carry the mismatch check); each member reduces the whole
   array reading every peer's copy in index order. One phase. A half is
-  written again two calls later, after the next call's phase 11 showed that
+  written again two calls later, after the next call's SHARED_READY showed that
   every peer has finished reading it.
 * *chunked* (larger): each member copies into its segment the chunks the
-  others own; phase 11; member k reduces chunk k reading every peer's
+  others own; SHARED_READY; member k reduces chunk k reading every peer's
   segment in index order and puts it in its own segment (where no peer
-  reads its input); phase 12 says "my chunk is reduced"; each member copies
-  the other chunks out; phase 13 says "I have finished reading". The last
+  reads its input); SHARED_REDUCED says "my chunk is reduced"; each member copies
+  the other chunks out; SHARED_DONE says "I have finished reading". The last
   phase is not needed for correctness when the next call has the same
   layout, but it keeps the members in step: with more instances than cores,
   a member that finished first would otherwise spin at the next call's
-  phase 11 on a core its peers need for their copies (4 MiB, 4 instances on
+  SHARED_READY on a core its peers need for their copies (4 MiB, 4 instances on
   2 cores: 1.60-1.71 ms with it, 1.76-1.85 ms without).
 
 When a *whole* call is followed by one of another layout (size, dtype,
-kind), its peers may still read the half it used, so a phase 10 first makes
+kind), its peers may still read the half it used, so a SHARED_DRAIN phase first makes
 every member wait until the others have finished. Every member of a group
 runs the same calls, so all agree on when that happens.
 """
@@ -40,13 +41,15 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 import numpy as np
 
+from ..errors import FabricError
+from ..frames.link import Link
 from .calls import EMPTY, Call, chunks, reduce_in_order
-from .errors import FabricError
-from .transport import Link
+from .phases import Phase
+from .protocol import Phases
 
 #: Above this many bytes, an allreduce among instances of one host goes through shared memory.
 SHARED_BYTES = 64 * 1024
@@ -121,7 +124,7 @@ class SharedArena:
         return self._mine.array[:nbytes]
 
     def announcement(self, peer: int) -> tuple[memoryview, tuple[int, ...]]:
-        """The phase-1 payload for ``peer`` and the descriptors to attach (mine, the first time)."""
+        """The SHARED_READY payload for ``peer`` and the descriptors to attach (mine, the first time)."""
         assert self._mine is not None
         first = peer not in self._fd_sent
         self._fd_sent.add(peer)
@@ -154,28 +157,20 @@ class SharedArena:
         self._fd_sent.clear()
 
 
-#: (call, phase, payloads by rank, destinations by rank, descriptors by rank) -> None
-Run = Callable[[Call, int, Mapping[int, memoryview], Mapping[int, memoryview | None],
-                Mapping[int, Sequence[int]]], None]
-#: (call, phase, one payload for every other member, destinations in ``group.others`` order) -> None: the
-#: cheaper phase (one board publication when the group is the whole job): ``Fabric.run_all``
-RunAll = Callable[[Call, int, memoryview, Sequence[memoryview | None]], None]
-
-
-def allreduce_shared(run: Run, run_all: RunAll, arena: SharedArena, call: Call, x: np.ndarray,
+def allreduce_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray,
                      ufunc: Callable[..., np.ndarray]) -> np.ndarray:
     """Allreduce through the members' shared segments (all on this host); see the module docstring."""
     g = call.group
     layout = ("whole" if x.nbytes <= WHOLE_BYTES else "chunked", x.nbytes, x.itemsize)
     if arena.layout is not None and arena.layout[0] == "whole" and arena.layout != layout:
-        run_all(call, 10, EMPTY, [None] * len(g.others))
+        phases.run_all(call, Phase.SHARED_DRAIN, EMPTY, [None] * len(g.others))
     arena.layout = layout
     flat = x.reshape(-1)
     if layout[0] == "whole":
         half = arena.uses % 2
         arena.uses += 1
         arena.reserve(2 * x.nbytes)[half * x.nbytes:(half + 1) * x.nbytes] = flat.view(np.uint8)
-        peers = _announce(run, run_all, arena, call, 2 * x.nbytes)
+        peers = _announce(phases, arena, call, 2 * x.nbytes)
         arrays = [flat if k == g.rank else peers[k][half * x.nbytes:(half + 1) * x.nbytes].view(x.dtype)
                   for k in range(len(g.members))]
         return reduce_in_order(ufunc, arrays).reshape(x.shape)
@@ -183,30 +178,32 @@ def allreduce_shared(run: Run, run_all: RunAll, arena: SharedArena, call: Call, 
     segment = arena.reserve(x.nbytes).view(x.dtype)
     for k in g.others:
         segment[spans[k]] = flat[spans[k]]
-    peers = {k: array.view(x.dtype) for k, array in _announce(run, run_all, arena, call, x.nbytes).items()}
+    peers = {k: array.view(x.dtype) for k, array in _announce(phases, arena, call, x.nbytes).items()}
     mine = spans[g.rank]
     result = np.empty_like(flat)
     reduce_in_order(ufunc, [flat[mine] if k == g.rank else peers[k][mine] for k in range(len(g.members))],
                     result[mine])
     segment[mine] = result[mine]
-    run_all(call, 12, EMPTY, [None] * len(g.others))
+    phases.run_all(call, Phase.SHARED_REDUCED, EMPTY, [None] * len(g.others))
     for k in g.others:
         result[spans[k]] = peers[k][spans[k]]
     del peers, segment
-    run_all(call, 13, EMPTY, [None] * len(g.others))
+    phases.run_all(call, Phase.SHARED_DONE, EMPTY, [None] * len(g.others))
     return result.reshape(x.shape)
 
 
-def _announce(run: Run, run_all: RunAll, arena: SharedArena, call: Call, nbytes: int) -> dict[int, np.ndarray]:
-    """Phase 11: tell every peer my segment is ready (its size; its descriptor the first time), map theirs."""
+def _announce(phases: Phases, arena: SharedArena, call: Call, nbytes: int) -> dict[int, np.ndarray]:
+    """Phase SHARED_READY: tell every peer my segment is ready (its size; its descriptor the first time), map
+    theirs."""
     g = call.group
     announcements = {k: arena.announcement(g.members[k]) for k in g.others}
     received = {k: bytearray(_ANNOUNCEMENT.size) for k in g.others}
     if any(fds for _, fds in announcements.values()):
-        run(call, 11, {k: a[0] for k, a in announcements.items()}, {k: memoryview(b) for k, b in received.items()},
-            {k: a[1] for k, a in announcements.items() if a[1]})
+        phases.run(call, Phase.SHARED_READY, {k: a[0] for k, a in announcements.items()},
+                   {k: memoryview(b) for k, b in received.items()}, {k: a[1] for k, a in announcements.items() if a[1]})
     else:  # the usual call: the same bytes to every peer
-        run_all(call, 11, announcements[g.others[0]][0], [memoryview(received[k]) for k in g.others])
+        phases.run_all(call, Phase.SHARED_READY, announcements[g.others[0]][0],
+                       [memoryview(received[k]) for k in g.others])
     for k in g.others:
         arena.adopt(g.links[k], received[k])  # type: ignore[arg-type]
     return {k: arena.peer(g.members[k], nbytes) for k in g.others}

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .frames import FrameReader, answer_is_right
 from .membership import Peer
+from .messages import FrameReader, answer_is_right
 
 #: The largest frame the rendezvous reads (a check-in is well under 1 KiB; after it come only heartbeats).
 MAX_CHECKIN_FRAME = 8 * 1024

@@ -3,42 +3,54 @@
 This is the collective a data-parallel training step calls most, on arrays of
 a few KiB, and with more instances than cores every microsecond of Python in
 it is paid by each instance in turn (see the README's benchmark). So it moves
-exactly the frames the general path would (``exchange_all`` with a board: see
-``mailbox``), with a fraction of the work: the header is made once per
-signature (each call sets its sequence number), the frame is published on our
-board, each peer's publication is awaited by watching one word, its header is
-compared byte for byte, and the reduction reads the peers' payloads straight
-from their boards (``board_frame_at`` aligns them), in member order, before
-they are marked taken. Whenever that does not apply (a peer's next frame is
-not this call's on its board within the spin: it is late, or it called
-something else, or it is gone) the engine hands the receiving to
-``exchange``, which finishes the call or raises exactly as the general path
-would: nothing has been taken yet.
+exactly the frames the general path would (``frames.exchange.exchange_all``
+with a board: see ``frames.mailbox``), with a fraction of the work: the header
+is made once per signature (``frames.header.HeaderTemplate``: the general
+path's own bytes, each call's sequence number put in), the frame is numbered
+by its links (``frames.link.claim_each``) and published on our board, each
+peer's publication is awaited by watching one word, its header is compared
+byte for byte, and the reduction reads the peers' payloads straight from
+their boards (``board_frame_at`` aligns them), in member order, before they
+are marked taken (``frames.link.took_published``). Whenever that does not
+apply (a peer's next frame is not this call's on its board within the spin:
+it is late, or it called something else, or it is gone) the engine hands the
+receiving to ``exchange``, which finishes the call or raises exactly as the
+general path would: nothing has been taken yet.
 
-With more instances on the host than CPUs, two more things (``placement``):
+With more instances on the host than CPUs, two more things (``algorithms.placement``):
 every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
 instance to a quieter CPU, and each call ends by yielding once, so that a
 peer on our CPU that still has this call's reduction to do runs it before we
 race into the next call and spin on its publication (the same reason as
-``shm``'s last phase: every instance's call then takes about one round,
+``shared``'s last phase: every instance's call then takes about one round,
 rather than one call none and the next two).
 """
 
 from __future__ import annotations
 
 import os
-import struct
 import time
 from typing import cast
 
 import numpy as np
 
+from ..frames.header import ALLREDUCE, OP_CODES, HeaderTemplate, header_size
+from ..frames.link import claim_each, took_published
+from ..frames.mailbox import (
+    INDICES,
+    LENGTH,
+    OFFSET,
+    PUBLICATION,
+    SLEEPING,
+    Mailbox,
+    MailboxSegment,
+    board_frame_at,
+    full_fence,
+)
 from .calls import UFUNCS, Group, reduce_in_order
-from .mailbox import INDICES, LENGTH, OFFSET, PUBLICATION, SLEEPING, Mailbox, MailboxSegment, board_frame_at, full_fence
+from .phases import Phase
 from .placement import Spreader
-from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
 
-_SEQ = struct.Struct("<Q")
 #: With more instances than CPUs, every this many calls (a power of two) an instance may move (``placement``).
 SPREAD_EVERY = 256
 #: Plans kept per fabric; beyond, the cache starts again (a program that allreduces ever new shapes).
@@ -77,9 +89,11 @@ class BoardAllreduce:
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
                  spreader: Spreader) -> None:
-        prefix = encode_prefix(ALLREDUCE, OP_CODES[op], 1, like.dtype.str, tuple(like.shape), -1, 0, group.key)
-        self._before, self._after = prefix[:SEQ_AT], prefix[SEQ_AT + _SEQ.size:] + NBYTES.pack(like.nbytes)
-        hlen = len(prefix) + NBYTES.size
+        # the header the general path would write for this signature (``Call.prefix``), each call's seq put in
+        template = HeaderTemplate(ALLREDUCE, OP_CODES[op], Phase.FIRST, like.dtype.str, tuple(like.shape), -1,
+                                  group.key, like.nbytes)
+        self._header_at = template.at
+        hlen = template.size
         self._total = total = hlen + like.nbytes
         assert self.fits(segment, like), "the engine asks first"
         self._ufunc = UFUNCS[op]
@@ -112,7 +126,7 @@ class BoardAllreduce:
     @staticmethod
     def fits(segment: MailboxSegment, like: np.ndarray) -> bool:
         """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
-        return 0 < like.nbytes <= segment.board_capacity - FIXED.size - 8 * like.ndim - NBYTES.size
+        return 0 < like.nbytes <= segment.board_capacity - header_size(like.ndim)
 
     def allreduce(self, seq: int, x: np.ndarray, spin: float) -> np.ndarray | None:
         """Call ``seq`` of this signature: publish ``x``, then reduce every member's array in member order,
@@ -122,7 +136,7 @@ class BoardAllreduce:
         if self._spreader is not None and not seq % SPREAD_EVERY:
             self._spreader.spread()
         # publish (``MailboxSegment.publish``, with this signature's header and views)
-        header = self._before + _SEQ.pack(seq) + self._after
+        header = self._header_at(seq)
         words, links = self._words, self._links
         segment = self._segment
         published = segment.publications = segment.publications + 1
@@ -132,9 +146,8 @@ class BoardAllreduce:
         words[first + LENGTH] = self._total
         words[first + OFFSET] = offset
         at = first + INDICES
-        for link, position in zip(links, self._positions):
-            words[at + position] = link.sent
-            link.sent += 1
+        for position, index in zip(self._positions, claim_each(links)):
+            words[at + position] = index
         words[first + PUBLICATION] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
         full_fence()  # then the sleeping flags (see mailbox)
         for link, flag in zip(links, self._flags):
@@ -160,9 +173,7 @@ class BoardAllreduce:
         arrays.insert(self._rank, x)
         result = self.reduce(arrays)
         # take: their writers may reuse those slots (see mailbox)
-        for link, box in zip(links, self._boxes):
-            box.board_taken += 1
-            link.received += 1
+        took_published(links)
         if self._spreader is not None:
             os.sched_yield()  # a peer on our CPU may still have this call to finish (see the module docstring)
         return result

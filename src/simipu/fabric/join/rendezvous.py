@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .checkin import CHECKIN_FRAME_DEADLINE, SPARE_PENDING, Refused, checkin_reader, parse_checkin
-from .frames import FrameReader, encode_frame, heartbeat_interval
 from .member import ControlChannel, join
+from .messages import FrameReader, encode_frame, heartbeat_interval
 
 __all__ = ["ControlChannel", "RendezvousServer", "join"]
 

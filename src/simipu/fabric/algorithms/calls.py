@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from .membership import Membership
-from .transport import Link
-from .wire import Signature, encode_prefix
+from ..frames.header import Signature, encode_prefix
+
+if TYPE_CHECKING:  # (types only: a group holds the links and reads the membership it is given)
+    from ..frames.link import Link
+    from ..join.membership import Membership
 
 UFUNCS: dict[str, Callable[..., np.ndarray]] = {
     "sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}

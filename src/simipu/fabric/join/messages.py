@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from .. import framing
+from ... import framing
 
 _LENGTH = struct.Struct("!I")
 #: The largest frame a member accepts from the rendezvous (the peer table of a large job).

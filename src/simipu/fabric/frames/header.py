@@ -25,8 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import framing
-from .errors import CollectiveMismatchError, FabricError, PeerLostError
+from ... import framing
+from ..errors import CollectiveMismatchError, FabricError, PeerLostError
 
 MAGIC = b"PF"
 # kinds
@@ -44,6 +44,7 @@ FIXED = struct.Struct("<2sBBBB8siQQ")
 NBYTES = struct.Struct("<Q")
 #: Where the sequence number sits in a header: a header made once per signature can take each call's there.
 SEQ_AT = struct.calcsize("<2sBBBB8si")
+_SEQ = struct.Struct("<Q")
 _SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(33)]
 
 
@@ -82,6 +83,31 @@ def encode_prefix(kind: int, op: int, phase: int, dtype: str, shape: tuple[int, 
     return FIXED.pack(MAGIC, kind, op, phase, len(shape), dtype.encode(), root, seq, group_key) + packer.pack(*shape)
 
 
+def header_size(ndim: int) -> int:
+    """The bytes of a whole header (prefix and payload length) for an ``ndim``-dimensional array."""
+    return FIXED.size + 8 * ndim + NBYTES.size
+
+
+class HeaderTemplate:
+    """The whole header of one signature's frames (payload length included), made once by ``encode_prefix``;
+    each call puts its sequence number in. For a path that sends the same signature on every call (the
+    board's allreduce), with the very bytes ``Call.prefix`` gives the general path."""
+
+    __slots__ = ("_before", "_after", "size")
+
+    def __init__(self, kind: int, op: int, phase: int, dtype: str, shape: tuple[int, ...], root: int,
+                 group_key: int, nbytes: int) -> None:
+        prefix = encode_prefix(kind, op, phase, dtype, shape, root, 0, group_key)
+        self._before = prefix[:SEQ_AT]
+        self._after = prefix[SEQ_AT + _SEQ.size:] + NBYTES.pack(nbytes)
+        #: The header's length in bytes.
+        self.size = len(prefix) + NBYTES.size
+
+    def at(self, seq: int) -> bytes:
+        """The header of call ``seq``."""
+        return self._before + _SEQ.pack(seq) + self._after
+
+
 def decode_prefix(data: bytes | memoryview) -> tuple[Signature, int]:
     """Parse a header (prefix and payload length) whose bytes are all present."""
     magic, kind, op, phase, ndim, dtype, root, seq, group_key = FIXED.unpack_from(data)
@@ -97,7 +123,7 @@ def header_length(data: bytes | memoryview, peer: int) -> int | None:
         return None
     if bytes(data[:2]) != MAGIC:
         raise FabricError(f"the data stream from instance {peer} is corrupted (bad frame magic)")
-    return FIXED.size + 8 * data[5] + NBYTES.size
+    return header_size(data[5])
 
 
 def notice_frame(kind: int, body: dict[str, object]) -> bytes:

@@ -10,9 +10,9 @@ import threading
 import time
 from typing import Any
 
-from .errors import PeerLostError, RendezvousError, RendezvousTimeout
-from .frames import HEARTBEAT_INTERVAL, LAUNCHER, FrameReader, challenge_answer, encode_frame
+from ..errors import PeerLostError, RendezvousError, RendezvousTimeout
 from .membership import Membership, Peer
+from .messages import HEARTBEAT_INTERVAL, LAUNCHER, FrameReader, challenge_answer, encode_frame
 
 
 class ControlChannel:

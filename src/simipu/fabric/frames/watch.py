@@ -6,7 +6,7 @@ import select
 import time
 from typing import Iterable, Protocol
 
-from .errors import PeerLostError
+from ..errors import PeerLostError
 
 
 class Control(Protocol):

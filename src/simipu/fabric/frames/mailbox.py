@@ -9,7 +9,7 @@ when the mesh is built; peers map it read-only. Every instance writes only to
 its own segment.
 
 Layout of an instance's segment: a header (a line with its magic number and
-the CPU it last ran on, for ``placement``; then its *sleeping* flag, on a
+the CPU it last ran on, for ``algorithms.placement``; then its *sleeping* flag, on a
 cache line of its own), then one block per same-host peer, by the peer's
 position among the host's instances::
 

@@ -22,11 +22,11 @@ import select
 import time
 from typing import Callable, Sequence
 
-from .errors import CollectiveMismatchError
+from ..errors import CollectiveMismatchError
+from .header import NBYTES, Mismatch, Signature, mismatch_message
+from .link import NOSIGNAL, Link, LinkClosed, Receive, Send, claim_each, post, take, take_boxed
 from .mailbox import EMPTY, Mailbox, MailboxSegment, Peeked, full_fence
-from .transport import NOSIGNAL, Link, LinkClosed, Receive, Send, post, take, take_boxed
 from .watch import LossWatch
-from .wire import NBYTES, Mismatch, Signature, mismatch_message
 
 _READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
 
@@ -98,7 +98,7 @@ def exchange_all(prefix: bytes, payload: memoryview, links: Sequence[Link], dest
                             if nbytes:
                                 dest[:] = frame[hlen:]  # type: ignore[index]
                             box.consume()
-                            link.received += 1
+                            link.took()
                         else:
                             take_boxed(link, frame, prefix, nbytes, dest)
                         continue
@@ -133,9 +133,7 @@ def _post_to_all(header: bytes, payload: memoryview, links: Sequence[Link], boar
     size = len(header) + len(payload)
     if board is not None and size <= board.board_capacity:
         board.publish(header, payload, [link.mailbox for link in links],  # type: ignore[misc]
-                      [link.sent for link in links])
-        for link in links:
-            link.sent += 1
+                      claim_each(links))
         _wake_asleep(links)
         return []
     sends: list[Send] = []
@@ -143,8 +141,7 @@ def _post_to_all(header: bytes, payload: memoryview, links: Sequence[Link], boar
     for link in links:
         box = link.mailbox
         if box is not None and size <= box.capacity:
-            index = link.sent
-            link.sent = index + 1
+            index = link.claim()
             if box.try_send(index, header, payload):
                 boxed.append(link)
                 continue

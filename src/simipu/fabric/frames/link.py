@@ -4,7 +4,11 @@ A link is a nonblocking socket to one peer (Unix within a host, TCP between
 hosts) and, within a host on x86-64, a pair of shared-memory mailboxes
 (``mailbox``): a frame that fits a mailbox slot goes there, any other over
 the socket. Each end numbers the link's frames, so a receiver takes them in
-order whichever way each came. Frames are ``wire``'s.
+order whichever way each came: this module alone changes those numbers
+(``Link.claim`` numbers a frame going out, ``Link.took`` counts one taken;
+``claim_each`` and ``took_published`` do so for a board's frames), whoever
+moves the frame (``post``/``take`` here, ``exchange``, the board's allreduce).
+Frames are ``header``'s.
 
 ``post`` and ``take`` move a frame at once when they can (a mailbox frame
 with a free slot always can); the ``Send`` or ``Receive`` they return
@@ -21,9 +25,9 @@ import socket
 from collections import deque
 from typing import Sequence
 
-from .errors import FabricError
+from ..errors import FabricError
+from .header import FIXED, NBYTES, WAKE, header_length, is_notice, unexpected
 from .mailbox import EMPTY, Mailbox
-from .wire import FIXED, NBYTES, WAKE, header_length, is_notice, unexpected
 
 #: Bytes read ahead per link: a whole small frame (header and payload) arrives in one recv.
 STAGE_BYTES = 256 * 1024
@@ -51,9 +55,22 @@ class Link:
         self.local = sock.family == socket.AF_UNIX
         self.fds: deque[int] = deque()
         self.mailbox = mailbox
-        #: Frames started and frames taken on this link, both ways of travel counted.
+        #: Frames started (the next one's index on the link) and frames taken (the index of the next one to
+        #: take), both ways of travel counted. Read them anywhere; only this module changes them (``claim``,
+        #: ``took``, ``claim_each``, ``took_published``), so the frame order lives here (see the module
+        #: docstring). Plain attributes, not properties: the small collectives read them on every call.
         self.sent = 0
         self.received = 0
+
+    def claim(self) -> int:
+        """Number a frame this end starts sending now, whichever way it goes: its index on the link."""
+        index = self.sent
+        self.sent = index + 1
+        return index
+
+    def took(self) -> None:
+        """The frame numbered ``received`` has been taken whole (from the socket or a mailbox slot)."""
+        self.received += 1
 
     def available(self) -> int:
         return self.end - self.start
@@ -150,10 +167,7 @@ class Send:
         self.sent = 0
         self.total = len(header) + len(payload)
         self.ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else ()
-        if index is None:
-            index = link.sent
-            link.sent += 1
-        self.index = index
+        self.index = link.claim() if index is None else index
         self.boxed = link.mailbox is not None and not fds and self.total <= link.mailbox.capacity
 
     def step(self) -> bool:
@@ -267,7 +281,7 @@ class Receive:
             (nbytes,) = NBYTES.unpack_from(link.stage, link.start + size)
             _check_length(link, nbytes, self.nbytes)
             link.consume(size + NBYTES.size)
-            link.received += 1
+            link.took()
             self.header_done = True
             return True
         hlen = header_length(link.staged(min(have, FIXED.size)), link.peer)
@@ -297,15 +311,33 @@ def take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest
     if nbytes:
         dest[:] = frame[size + NBYTES.size:size + NBYTES.size + nbytes]  # type: ignore[index]
     link.mailbox.consume()  # type: ignore[union-attr]
-    link.received += 1
+    link.took()
+
+
+def claim_each(links: Sequence[Link]) -> list[int]:
+    """``Link.claim`` on each of ``links``: the indices of one frame published to all of them on a board
+    (one call, where a method call per link would cost each small collective a few tenths of a microsecond)."""
+    indices = []
+    for link in links:
+        index = link.sent
+        link.sent = index + 1
+        indices.append(index)
+    return indices
+
+
+def took_published(links: Sequence[Link]) -> None:
+    """``Link.took`` on each of ``links``, for frames read in place from the peers' boards (each mailbox counts
+    the publications taken from its peer's board, as ``Mailbox.consume`` does)."""
+    for link in links:
+        link.mailbox.board_taken += 1  # type: ignore[union-attr]  # (a board frame came through the mailbox)
+        link.received += 1
 
 
 def post(link: Link, header: bytes, payload: memoryview, fds: Sequence[int] = ()) -> Send | None:
     """Send a frame now if it can go whole (None), else the Send to step until it has."""
     box = link.mailbox
     if box is not None and not fds and len(header) + len(payload) <= box.capacity:
-        index = link.sent
-        link.sent += 1
+        index = link.claim()
         if box.try_send(index, header, payload):
             if box.peer_sleeping():
                 link.nudge()

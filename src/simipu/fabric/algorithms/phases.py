@@ -1,0 +1,35 @@
+"""The phase numbers a collective's frames carry, by name.
+
+A collective moves its frames in one or more *phases*; every frame header
+carries the phase (``frames.header``), so a receiver that expected another
+phase of the same call sees a mismatch instead of wrong bytes. Which phases a
+call runs depends on its algorithm; all members of a group run the same ones.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Phase(IntEnum):
+    """The phases, grouped by the algorithms that run them (values are on the wire: never renumber)."""
+
+    #: Sockets and boards (``engine``): the first round, often the only one: whole arrays to every member
+    #: (small), each member's chunks to their owners (reduce-scatter), or the root's data (broadcast).
+    FIRST = 1
+    #: The second round: each owner's reduced or received chunk to every other member (allgather).
+    SECOND = 2
+    #: Shared memory (``shared``): wait until every peer has read the half of the *whole* layout we last wrote,
+    #: before a call of another layout overwrites it.
+    SHARED_DRAIN = 10
+    #: Shared memory: "my input is in my segment" (its size; its descriptor the first time).
+    SHARED_READY = 11
+    #: Shared memory, *chunked* layout: "my chunk is reduced, in my segment".
+    SHARED_REDUCED = 12
+    #: Shared memory, *chunked* layout: "I have finished reading your segments".
+    SHARED_DONE = 13
+    #: Hierarchical (``hierarchical``): within each host, every member's array (or its announcement) to the
+    #: host's leader.
+    TO_LEADER = 21
+    #: Hierarchical: within each host, the leader's result (or its announcement) to every member.
+    FROM_LEADER = 23
