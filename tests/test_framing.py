@@ -10,8 +10,8 @@ import pytest
 
 from poprun_py.executors import wire
 from simipu import framing
-from simipu.fabric import frames
-from simipu.fabric import wire as fabric_wire
+from simipu.fabric.join import messages as frames
+from simipu.fabric.frames import header as fabric_wire
 from simipu.fabric.errors import PeerLostError
 
 LENGTH = struct.Struct("!I")

@@ -87,8 +87,7 @@ def run(
 
     ``allreduce(x)`` returns the reduced array (it may be ``x`` itself, reduced in
     place). ``timed_input(checked)`` gives what the timed loop reduces (in-place libraries get zeros, so that
-    repeated sums stay finite; the Horovod worker gets a tensor sharing the array's memory, so the timed call
-    is tensor in, tensor out, with no conversion of the benchmark's around it).
+    repeated sums stay finite; the Horovod worker a tensor sharing the array's memory: tensor in, tensor out).
     """
     args = parse_args()
     report: dict = {"tool": tool, "label": args.label, "n": n, "init_s": init_s, "sizes": [],
