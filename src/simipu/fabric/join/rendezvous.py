@@ -326,10 +326,10 @@ class RendezvousServer:
             f"{self._checkin_timeout:g} s of the first"
         )
         log.error("%s", message)
+        if self._on_timeout is not None:  # first: whoever sees a member fail with this can count on it
+            self._on_timeout(missing, message)
         for other in list(self._checked_in.values()):
             self._send(other, {"error": message, "missing": list(missing)})
-        if self._on_timeout is not None:
-            self._on_timeout(missing, message)
 
     def _send(self, connection: _Connection, message: dict[str, Any]) -> None:
         try:
