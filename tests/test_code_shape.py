@@ -1,5 +1,7 @@
 """The shape of the code, read from its syntax trees: no import circles in src/, so each module can be read
-(and loaded) after the ones it needs; and no function longer than a screen, so each can be read at once.
+(and loaded) after the ones it needs; the three floors (``poprun_py`` on ``popdist`` on ``simipu``, the
+import hook beside them) import only downwards; and no function longer than a screen, so each can be read at
+once.
 
 An import inside a function counts: it runs as surely as one at the top, only later, and a circle through it
 still means neither module can be understood without the other. An import under ``if TYPE_CHECKING:`` does
@@ -148,6 +150,30 @@ def long_functions(roots: tuple[Path, ...], limit: int = MAX_FUNCTION_LINES) -> 
                     if lines > limit:
                         found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({lines} lines)")
     return found
+
+
+#: Each floor with the floors it may import (ARCHITECTURE.md): the launcher, what programs import, the system.
+FLOORS = {"poprun_py": {"poprun_py", "_poprun_py_hook", "popdist", "simipu"}, "popdist": {"popdist", "simipu"},
+          "_poprun_py_hook": {"_poprun_py_hook", "popdist", "simipu"}, "simipu": {"simipu"}}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{name} imports {target}" for name, targets in graph.items() for target in targets
+                  if target.partition(".")[0] not in FLOORS[name.partition(".")[0]])
+
+
+def test_the_floors_import_only_downwards() -> None:
+    graph = import_graph()
+    assert set(FLOORS) >= {name.partition(".")[0] for name in graph}, "a new top-level package needs its floor"
+    assert upward_imports(graph) == []
+
+
+def test_an_upward_import_is_found(tmp_path: Path) -> None:
+    for package, body in (("simipu", "from popdist import core\n"), ("popdist", "")):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(body)
+    (tmp_path / "popdist" / "core.py").write_text("")
+    assert upward_imports(import_graph(tmp_path)) == ["simipu imports popdist.core"]
 
 
 def test_no_function_is_longer_than_a_screen() -> None:
