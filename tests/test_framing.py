@@ -10,9 +10,9 @@ import pytest
 
 from poprun_py.executors import wire
 from simipu import framing
-from simipu.fabric.join import messages as frames
-from simipu.fabric.frames import header as fabric_wire
 from simipu.fabric.errors import PeerLostError
+from simipu.fabric.frames import header as fabric_wire
+from simipu.fabric.join import messages as frames
 
 LENGTH = struct.Struct("!I")
 

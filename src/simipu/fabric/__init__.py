@@ -4,7 +4,7 @@ Layers, by when they run (each imports only those below it, and ``errors``)::
 
     engine.py, connect.py   the top: one instance's ``Fabric`` and how it is made
     algorithms/             a collective as phases: groups and calls, named phases, the
-                            shared-memory, hierarchical and board allreduces
+                            socket, shared-memory, hierarchical and board algorithms
     frames/                 one phase's frames: headers, links (socket + mailboxes), the wait loop
     join/                   set-up: rendezvous, check-in, control channel, membership
 
@@ -12,10 +12,11 @@ One collective, e.g. ``fabric.allreduce(x)`` (four files):
 
 1. ``engine.py``: ``Fabric.allreduce`` checks ``x``, numbers the call on its
    group (``algorithms/calls.py``: ``Call``, ``Group``) and picks the
-   algorithm: one round over the sockets (``allreduce_flat_or_chunked``, in
-   the engine), ``algorithms/shared.py`` or ``algorithms/hierarchical.py``
-   (functions of the engine as ``algorithms/protocol.py``'s ``Phases``), or,
-   for a small one when every instance is on this host, the board
+   algorithm, each a function of the engine as ``algorithms/protocol.py``'s
+   ``Phases``: one round over the links (``algorithms/sockets.py``, also
+   home of broadcast, allgather, reduce_scatter and barrier),
+   ``algorithms/shared.py`` or ``algorithms/hierarchical.py``, or, for a
+   small one when every instance is on this host, the board
    (``algorithms/board.py``). Every algorithm moves its frames one phase
    at a time (``algorithms/phases.py`` names them) through ``Fabric.run`` /
    ``run_all``.

@@ -2,24 +2,21 @@
 
 Every instance has a link to every other; within a host, small frames travel
 through shared-memory mailboxes and the rest over Unix sockets; between
-hosts, TCP (``frames.link``). Algorithms (``algorithms/``, their phases named in ``algorithms.phases``):
+hosts, TCP (``frames.link``). The engine checks each call, numbers it on its
+group and picks an algorithm (``algorithms/``, their phases named in
+``algorithms.phases``), each a function of the engine as ``algorithms.protocol.Phases``:
 
-* small allreduce (up to ``SMALL_BYTES``, or ``SHARED_BYTES`` on one host):
-  every member sends its whole array to every other member in one round,
-  then each reduces all of them itself in index order, ``((x0 op x1) op x2) ...``.
-* large allreduce, all members on one host: through shared memory (algorithms/shared.py):
-  each member reduces one chunk reading the others' segments directly.
-* large allreduce otherwise: reduce-scatter then allgather over the sockets:
-  member k receives chunk k from everyone, reduces it in index order, and
-  sends the result to everyone.
-* hierarchical allreduce, when the members span several hosts and some host
-  holds several of them (algorithms/hierarchical.py): each host reduces to its leader (its
-  lowest member), the leaders allreduce among themselves over TCP, and each
-  leader hands the result to its host.
-* broadcast: the root sends to everyone (small, or two members), or scatters
-  one chunk per other member, which those then allgather (large).
-* allgather, reduce_scatter: one round, each member sends each other member
-  what that member needs. barrier: an empty frame between every two members.
+* the small allreduce of the whole job on one host: the boards (algorithms/board.py);
+* a large allreduce (above ``SHARED_BYTES``), all members on one host: through
+  shared memory (algorithms/shared.py): each member reduces one chunk reading
+  the others' segments directly;
+* an allreduce whose members span several hosts, some holding several of them:
+  hierarchical (algorithms/hierarchical.py): each host reduces to its leader,
+  the leaders allreduce among themselves over TCP, each leader hands the result
+  to its host;
+* everything else, over the links alone (algorithms/sockets.py): the one-round
+  allreduce (up to ``SMALL_BYTES``) or reduce-scatter then allgather; the
+  broadcast, the allgather, the reduce_scatter and the barrier.
 
 Determinism: each reduction runs in a fixed order, so results are
 bit-identical across runs and members whatever the timing. Flat: by member
@@ -55,8 +52,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .algorithms import sockets
 from .algorithms.board import BoardAllreduce, BoardAllreduces
-from .algorithms.calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
+from .algorithms.calls import UFUNCS, Call, Group, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.phases import Phase
 from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
@@ -77,8 +75,6 @@ from .frames.mailbox import MailboxSegment
 from .frames.watch import Control, LossWatch
 from .join.membership import Membership
 
-#: Up to this many bytes, allreduce and broadcast over sockets use the one-round algorithms.
-SMALL_BYTES = 256 * 1024
 #: How long a wait retries (yielding the CPU) before it sleeps in poll: see ``exchange._spin``.
 SPIN_SECONDS = 200e-6
 
@@ -142,7 +138,7 @@ class Fabric:
                 self.fail(exc)
                 raise
         else:
-            result = self.allreduce_flat_or_chunked(call, x, op)
+            result = sockets.allreduce_flat_or_chunked(self, call, x, op)
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
@@ -155,25 +151,8 @@ class Fabric:
         call = self._call(BROADCAST, x, group, root=root)
         g = call.group
         result = x.copy() if self.instance == root else np.empty_like(x)
-        if len(g.members) == 1:
-            return result
-        root_rank = g.members.index(root)
-        if x.nbytes <= SMALL_BYTES or len(g.members) == 2:
-            payload = to_bytes(x) if g.rank == root_rank else EMPTY
-            self.run(call, Phase.FIRST, {k: payload for k in g.others},
-                     {k: to_bytes(result) if k == root_rank else None for k in g.others})
-            return result
-        # scatter one chunk to each non-root member, then the non-roots allgather the chunks
-        flat_in, flat_out = to_bytes(x), to_bytes(result)
-        receivers = [k for k in range(len(g.members)) if k != root_rank]
-        spans = dict(zip(receivers, (slice(*span) for span in chunks(len(flat_out), len(receivers)))))
-        if g.rank == root_rank:
-            self.run(call, Phase.FIRST, {k: flat_in[spans[k]] for k in receivers}, {k: None for k in receivers})
-            return result
-        others = [k for k in receivers if k != g.rank]
-        self.run(call, Phase.FIRST, {k: EMPTY for k in g.others},
-                 {k: flat_out[spans[g.rank]] if k == root_rank else None for k in g.others})
-        self.run(call, Phase.SECOND, {k: flat_out[spans[g.rank]] for k in others}, {k: flat_out[spans[k]] for k in others})
+        if len(g.members) > 1:
+            sockets.broadcast(self, call, x, result, g.members.index(root))
         return result
 
     def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray:
@@ -182,9 +161,7 @@ class Fabric:
         call = self._call(ALLGATHER, x, group)
         g = call.group
         result = np.empty((len(g.members), *x.shape), dtype=x.dtype)
-        result[g.rank] = x
-        if len(g.members) > 1:
-            self.run_all(call, Phase.FIRST, to_bytes(x), [to_bytes(result[k]) for k in g.others])
+        sockets.allgather(self, call, x, result)
         return result
 
     def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
@@ -197,22 +174,15 @@ class Fabric:
                              f"got shape {x.shape}; pad the array or choose another group")
         call = self._call(REDUCE_SCATTER, x, group, op=op)
         g = call.group
-        parts = x.reshape(len(g.members), x.shape[0] // len(g.members), *x.shape[1:])
-        if len(g.members) == 1:
-            result = parts[0].copy()
-        else:
-            mine = parts[g.rank]
-            scratch = self.receive_into_scratch(call, Phase.FIRST, {k: to_bytes(parts[k]) for k in g.others}, mine)
-            result = reduce_in_order(UFUNCS[op], self._in_order(g, mine, scratch))
+        result = sockets.reduce_scatter(self, call, x.reshape(len(g.members), x.shape[0] // len(g.members),
+                                                              *x.shape[1:]), op)
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
 
     def barrier(self, group: Sequence[int] | None = None) -> None:
         """Return once every member of the group has entered the barrier."""
-        call = self._call(BARRIER, None, group)
-        if len(call.group.members) > 1:
-            self.run_all(call, Phase.FIRST, EMPTY, [None] * len(call.group.others))
+        sockets.barrier(self, self._call(BARRIER, None, group))
 
     def transports(self) -> dict[int, str]:
         """How each peer is reached: "tcp", "unix", or "unix+mailbox" (shared-memory mailboxes beside it)."""
@@ -247,24 +217,6 @@ class Fabric:
         self.close()
 
     # -- algorithms over sockets, and the phases (``algorithms.protocol.Phases``) the others run over -
-    def allreduce_flat_or_chunked(self, call: Call, x: np.ndarray, op: str) -> np.ndarray:
-        """The one-round algorithm for small arrays, else reduce-scatter then allgather."""
-        g, ufunc = call.group, UFUNCS[op]
-        if x.nbytes <= SMALL_BYTES:  # the hot path of small collectives: see _scratch_for
-            arrays, views = self._scratch_for(g, x)
-            self.run_all(call, Phase.FIRST, to_bytes(x), views)
-            return reduce_in_order(ufunc, [*arrays[:g.rank], x, *arrays[g.rank:]])
-        flat = x.reshape(-1)
-        spans = chunks(flat.size, len(g.members))
-        mine = flat[slice(*spans[g.rank])]
-        scratch = self.receive_into_scratch(call, Phase.FIRST, {k: to_bytes(flat[slice(*spans[k])]) for k in g.others},
-                                            mine)
-        result = np.empty_like(flat)
-        reduced = result[slice(*spans[g.rank])]
-        reduce_in_order(ufunc, self._in_order(g, mine, scratch), reduced)
-        self.run_all(call, Phase.SECOND, to_bytes(reduced), [to_bytes(result[slice(*spans[k])]) for k in g.others])
-        return result.reshape(x.shape)
-
     def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str) -> np.ndarray:
         """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already."""
         seq = self._seq[self._everyone] = self._seq[self._everyone] + 1
@@ -279,14 +231,14 @@ class Fabric:
         # without spinning again: the board's wait spun already, so a peer that is still late is slept on
         call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
         g = call.group
-        scratch, views = self._scratch_for(g, x)
+        scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
 
     def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
                              like: np.ndarray) -> dict[int, np.ndarray]:
         """Send ``payloads`` (a frame per rank) and receive one ``like``-shaped array from every other member.
-        (One payload to every member is ``run_all`` with ``_scratch_for``: the small collectives' hot path.)"""
+        (One payload to every member is ``run_all`` with ``scratch_for``: the small collectives' hot path.)"""
         ranks = call.group.others
         scratch = [self._scratch_array(k, like) for k in ranks]
         self.run(call, phase, payloads, {k: view for k, (_, view) in zip(ranks, scratch)})
@@ -350,11 +302,7 @@ class Fabric:
         for link in self._links.values():
             link.send_notice(notice)
 
-    @staticmethod
-    def _in_order(g: Group, mine: np.ndarray, received: Mapping[int, np.ndarray]) -> list[np.ndarray]:
-        return [mine if k == g.rank else received[k] for k in range(len(g.members))]
-
-    def _scratch_for(self, g: Group, like: np.ndarray) -> tuple[list[np.ndarray], list[memoryview]]:
+    def scratch_for(self, g: Group, like: np.ndarray) -> tuple[list[np.ndarray], list[memoryview]]:
         """A ``like``-shaped scratch array per other member of ``g`` (in ``g.others`` order) and their bytes,
         looked up once per call: with more instances than cores each microsecond here costs every instance."""
         key = (g.members, like.dtype, like.shape)

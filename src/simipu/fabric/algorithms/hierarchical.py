@@ -12,7 +12,7 @@ TO_LEADER (21)    within each host, to its leader: each other member's array
                   shared.py's segments, one per group, read in place); the
                   leader reduces its host's arrays in index order;
 FIRST, SECOND     among the leaders, over TCP: the hosts' partial results,
-                  reduced in leader order (engine's one-round or
+                  reduced in leader order (sockets.py's one-round or
                   reduce-scatter/allgather algorithm);
 FROM_LEADER (23)  within each host, from its leader: the result (small), or
                   "it is in my segment" (large).
@@ -37,6 +37,7 @@ from .calls import UFUNCS, Call, Group, reduce_in_order, to_bytes
 from .phases import Phase
 from .protocol import Phases
 from .shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena
+from .sockets import allreduce_flat_or_chunked
 
 
 def allreduce_hierarchical(phases: Phases, arena_for: Callable[[Group], SharedArena], call: Call, x: np.ndarray,
@@ -51,7 +52,7 @@ def allreduce_hierarchical(phases: Phases, arena_for: Callable[[Group], SharedAr
     total = None
     if g.leaders is not None:
         assert partial is not None
-        total = phases.allreduce_flat_or_chunked(call.within(g.leaders), partial, op)
+        total = allreduce_flat_or_chunked(phases, call.within(g.leaders), partial, op)
     return _distribute(phases, local, x, total, arena)
 
 

@@ -1,6 +1,6 @@
 """What an algorithm asks of the engine: the one phase protocol every algorithm runs over.
 
-An algorithm (``shared``, ``hierarchical``) is a function of a ``Phases``
+An algorithm (``sockets``, ``shared``, ``hierarchical``) is a function of a ``Phases``
 object (``engine.Fabric`` is the one there is) and a ``calls.Call``: it moves
 its frames only through ``run`` and ``run_all``, each one phase of the call
 (``phases.Phase``). A protocol, so the algorithms import nothing of the
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # (types only: the protocol needs nothing at run time)
-    from .calls import Call
+    from .calls import Call, Group
 
 
 class Phases(Protocol):
@@ -35,5 +35,6 @@ class Phases(Protocol):
                              like: np.ndarray) -> dict[int, np.ndarray]:
         """``run`` receiving a ``like``-shaped array from every other member into reused scratch arrays."""
 
-    def allreduce_flat_or_chunked(self, call: Call, x: np.ndarray, op: str) -> np.ndarray:
-        """The socket allreduce (one round, or reduce-scatter then allgather) among ``call.group``."""
+    def scratch_for(self, g: Group, like: np.ndarray) -> tuple[list[np.ndarray], list[memoryview]]:
+        """A ``like``-shaped array per other member of ``g`` (``g.others`` order) and their bytes, reused
+        across calls: the small allreduce's receive buffers."""
