@@ -108,6 +108,8 @@ POPRUN_TOOLS = ("poprun", "poprun-tcp", "hvd")  # launched by poprun
 ANCHORS = ("mpi4py", "gloo")
 TARGET_BUSBW_FROM = 4 * MIB
 TARGET_SMALL_BYTES, TARGET_SMALL_US = 4 * KIB, 30.0
+#: busbw / algbw per collective, as NCCL's tests count it: allreduce 2(N-1)/N, broadcast 1, allgather (N-1)/N
+BUS_FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "allgather": lambda n: (n - 1) / n}
 TARGET_HVD_FROM, TARGET_HVD_RATIO = 256 * KIB, 1.10  # hvd.allreduce latency over popdist.collectives'
 
 
@@ -189,6 +191,7 @@ class Cell:
     tool: str
     n: int
     nbytes: int
+    collective: str = "allreduce"
     max_us: list[float] = field(default_factory=list)
     rank0_us: list[float] = field(default_factory=list)
     round_medians_us: list[float] = field(default_factory=list)
@@ -205,8 +208,8 @@ class Cell:
 
     @property
     def busbw(self) -> float | None:
-        """GB/s: algbw * 2(N-1)/N."""
-        return None if self.algbw is None else self.algbw * 2 * (self.n - 1) / self.n
+        """GB/s: algbw times what each process's links carry per result byte (``BUS_FACTORS``)."""
+        return None if self.algbw is None else self.algbw * BUS_FACTORS[self.collective](self.n)
 
 
 @dataclass
@@ -225,8 +228,9 @@ def plan_text(plan: dict[int, tuple[int, int]]) -> str:
     return ",".join(f"{nbytes}:{warmup}:{iters}" for nbytes, (warmup, iters) in plan.items())
 
 
-def tool_argv(tool: str, anchors: dict[str, Anchor], n: int, plan: str, out: Path) -> list[str]:
-    args = ["--plan", plan, "--out", str(out), "--label", tool]
+def tool_argv(tool: str, anchors: dict[str, Anchor], n: int, plan: str, out: Path,
+              collective: str = "allreduce") -> list[str]:
+    args = ["--plan", plan, "--out", str(out), "--label", tool, "--collective", collective]
     if tool in POPRUN_TOOLS:
         extra = ["--fabric-transport=tcp"] if tool == "poprun-tcp" else []
         worker = "hvd_worker.py" if tool == "hvd" else "poprun_worker.py"
@@ -240,19 +244,21 @@ def tool_argv(tool: str, anchors: dict[str, Anchor], n: int, plan: str, out: Pat
     raise ValueError(tool)
 
 
-def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool) -> tuple[dict[tuple, Cell], list[Launch]]:
+def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool,
+          collective: str = "allreduce") -> tuple[dict[tuple, Cell], list[Launch]]:
+    """Every (tool, N) launched once a round, the order rotating; ``collective`` is the one the workers time."""
     plan = QUICK_PLAN if quick else FULL_PLAN
     rounds = QUICK_ROUNDS if quick else FULL_ROUNDS
     env = {**python_env(), "OMP_NUM_THREADS": "1"}
-    cells = {(t, n, b): Cell(t, n, b) for t in tools for n in NS for b in plan}
+    cells = {(t, n, b): Cell(t, n, b, collective) for t in tools for n in NS for b in plan}
     launches: list[Launch] = []
-    with tempfile.TemporaryDirectory(prefix="allreduce-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{collective}-bench-") as tmp:
         for rnd in range(rounds):
             for n in NS:
                 order = tools[(rnd + n) % len(tools):] + tools[: (rnd + n) % len(tools)]
                 for tool in order:
                     out = Path(tmp) / f"{tool}-{n}-{rnd}.json"
-                    argv = tool_argv(tool, anchors, n, plan_text(plan), out)
+                    argv = tool_argv(tool, anchors, n, plan_text(plan), out, collective)
                     note(f"round {rnd + 1}/{rounds}, N={n}: {tool}")
                     wall, code, tail = run_command(argv, env=env, timeout=RUN_TIMEOUT)
                     launch = Launch(tool, n, rnd, " ".join(argv), wall, code)
@@ -463,18 +469,25 @@ def json_report(anchors: dict[str, Anchor], fabric: str, quick: bool, plan: dict
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = time.perf_counter()
+def find_anchors(skip_install: bool) -> dict[str, Anchor] | None:
+    """poprun, mpirun, mpi4py and torchrun (as "gloo"), installed first unless ``skip_install``; None (and a
+    note) without poprun."""
     poprun = find_poprun()
     if poprun.path is None:
         note(poprun.note)
-        return 2
-    mpirun = ensure_mpirun(args.skip_install)
-    torchrun = ensure_torchrun(args.skip_install)
+        return None
+    mpirun = ensure_mpirun(skip_install)
+    torchrun = ensure_torchrun(skip_install)
     torchrun.name = "gloo"
-    anchors = {"poprun": poprun, "mpirun": mpirun, "mpi4py": ensure_mpi4py(mpirun, args.skip_install),
-               "gloo": torchrun}
+    return {"poprun": poprun, "mpirun": mpirun, "mpi4py": ensure_mpi4py(mpirun, skip_install), "gloo": torchrun}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    anchors = find_anchors(args.skip_install)
+    if anchors is None:
+        return 2
     tools = [t for t in TOOLS if anchors["poprun" if t in POPRUN_TOOLS else t].path]
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     rounds = QUICK_ROUNDS if args.quick else FULL_ROUNDS

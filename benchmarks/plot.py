@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/plot.py benchmarks/plots/*.json --out /tmp/plots    the README's, drawn again
 
 ``allreduce.json`` gives ``allreduce.png`` (bus bandwidth against array size, a panel per process
-count, a line per tool), ``launch.json`` gives ``launch.png`` (launch wall time against N) and
+count, a line per tool; ``broadcast.json`` and ``allgather.json`` likewise), ``launch.json`` gives
+``launch.png`` (launch wall time against N) and
 ``scaling.json`` gives ``scaling.png`` (samples/s on 1 and 2 instances against perfect scaling). Each
 picture says under it which commit, date, mode and load produced it. The benchmarks call this after
 their run when matplotlib is installed (``pip install -e '.[bench]'``); nothing else needs it.
@@ -73,7 +74,9 @@ def _size_label(size: int) -> str:
 
 
 def plot_allreduce(report: dict[str, Any], path: Path, out: Path) -> Path:
+    """Bus bandwidth against size, a panel per N; also broadcast.json and allgather.json (benchmarks/collectives.py)."""
     plt = _pyplot()
+    collective = report.get("collective", "allreduce")
     rows = report["summary"]
     counts = sorted({row["n"] for row in rows})
     fig, axes = plt.subplots(1, len(counts), figsize=(5.2 * len(counts), 4.2), sharey=True, squeeze=False)
@@ -87,12 +90,12 @@ def plot_allreduce(report: dict[str, Any], path: Path, out: Path) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [_size_label(s) for s in sizes])
         ax.set_title(f"N = {n} processes")
-        ax.set_xlabel("array size (float32 sum)")
+        ax.set_xlabel("array size (float32 sum)" if collective == "allreduce" else "result size (float32)")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize=8)
     axes[0][0].set_ylabel("bus bandwidth, GB/s (higher is better)")
-    fig.suptitle("allreduce: poprun-py's fabric against mpi4py (Open MPI) and torch gloo")
-    return _save(fig, plt, out / "allreduce.png", provenance(report, path))
+    fig.suptitle(f"{collective}: poprun-py's fabric against mpi4py (Open MPI) and torch gloo")
+    return _save(fig, plt, out / f"{collective}.png", provenance(report, path))
 
 
 def plot_launch(report: dict[str, Any], path: Path, out: Path) -> Path:
@@ -162,6 +165,7 @@ def _save(fig: Any, plt: Any, target: Path, caption: str) -> Path:
 
 PLOTTERS: dict[str, Callable[[dict[str, Any], Path, Path], Path]] = {
     "allreduce.json": plot_allreduce, "launch.json": plot_launch, "scaling.json": plot_scaling,
+    "broadcast.json": plot_allreduce, "allgather.json": plot_allreduce,
 }
 
 

@@ -349,6 +349,27 @@ def test_shared_segments_reused_back_to_back_keep_results_right(jobs: list[Job],
     assert all(lines[i] == [{"done": i}] for i in range(4)), lines
 
 
+def test_broadcasts_and_allgathers_through_shared_memory_back_to_back_stay_right(jobs: list[Job],
+                                                                                 tmp_path: Path) -> None:
+    """Every root, changing sizes and kinds, allreduces between: each result exact, and every call above
+    64 KiB went through the shared arenas (algorithms/shared_copies.py), not the sockets."""
+    job = run_job(jobs, tmp_path, 4, "copy-churn")
+    lines = job.finish()
+    sizes = [400_000, 400_000, 240_000, 28, 400_000, 250_000, 240_000, 240_000]  # bytes of each step's array
+    large = sum(1 for step in range(48) if sizes[step % 8] * (4 if step % 3 == 2 else 1) > 64 * 1024)
+    assert all(lines[i] == [{"done": i, "copies": large}] for i in range(4)), lines
+
+
+def test_shared_memory_broadcasts_and_allgathers_that_differ_raise_everywhere(jobs: list[Job],
+                                                                             tmp_path: Path) -> None:
+    """Broadcasts from two roots and an allgather, all through shared memory: each raises, none hangs."""
+    job = run_job(jobs, tmp_path, 3, "mismatch-copies")
+    lines = job.finish()
+    for i in range(3):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[0][0]["message"].startswith("instance 0 called broadcast(root=0) on float32[100000] but ")
+
+
 def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
     """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory
     (the peers' board publications, which see its sleeping flag and send the wake-up byte)."""

@@ -1,15 +1,19 @@
-"""What every allreduce worker shares: the plan, the input data, the timing loop, the result file.
+"""What every collective worker shares: the plan, the input data, the timing loop, the result file.
 
-A worker runs as a script (``python <worker>.py --plan ... --out ...``) under its
+A worker runs as a script (``python <worker>.py --plan ... --out ... [--collective C]``) under its
 launcher, so this module is imported from the script's own directory. It needs
-NumPy only; each worker brings its library's allreduce, barrier and gather.
+NumPy only; each worker brings its library's collectives, barrier and gather.
+``--collective`` picks the one timed: ``allreduce`` (the default), ``broadcast`` (root 0)
+or ``allgather``. A size is the bytes of the result, as NCCL's tests count them: for
+``allgather`` each process contributes ``size / N`` bytes.
 
 Per size, on every instance:
 
-1. barrier; one allreduce of a known pattern, every element checked
-   (``N * (i % 251) + 1000 * N(N-1)/2``, exact in float32);
-2. ``warmup`` untimed allreduces, then a barrier;
-3. ``iters`` allreduces, each timed alone with ``perf_counter``;
+1. barrier; one call on a known pattern, every element checked
+   (rank r holds ``(i % 251) + 1000 r``: an allreduce gives ``N * (i % 251) + 1000 * N(N-1)/2``,
+   a broadcast rank 0's pattern, an allgather every rank's in rank order; all exact in float32);
+2. ``warmup`` untimed calls, then a barrier;
+3. ``iters`` calls, each timed alone with ``perf_counter``;
 4. the last timed result is checked too; then every instance's timings and
    checks are gathered (outside the timing) and instance 0 keeps, per
    iteration, the slowest instance's time (and its own, for comparison).
@@ -30,6 +34,7 @@ import numpy as np
 DTYPE = np.float32
 PATTERN_PERIOD = 251  # values stay small integers: every sum is exact in float32
 RANK_OFFSET = 1000.0
+COLLECTIVES = ("allreduce", "broadcast", "allgather")
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--plan", required=True, help="bytes:warmup:iters[,bytes:warmup:iters...]")
     parser.add_argument("--out", required=True, help="JSON written by instance 0")
     parser.add_argument("--label", default="", help="recorded in the JSON")
+    parser.add_argument("--collective", default="allreduce", choices=COLLECTIVES, help="the collective timed")
     return parser.parse_args()
 
 
@@ -60,6 +66,17 @@ def expected(count: int, n: int) -> np.ndarray:
     return x
 
 
+def inputs_and_expected(collective: str, nbytes: int, rank: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's input for one call of ``collective`` whose result is ``nbytes``, and the result (flat)."""
+    count = nbytes // np.dtype(DTYPE).itemsize
+    if collective == "allreduce":
+        return pattern(count, rank), expected(count, n)
+    if collective == "broadcast":
+        return pattern(count, rank), pattern(count, 0)
+    part = count // n
+    return pattern(part, rank), np.concatenate([pattern(part, r) for r in range(n)])
+
+
 def first_difference(got: np.ndarray, want: np.ndarray) -> str:
     got = np.asarray(got).reshape(-1)
     if got.shape != want.shape or got.dtype != want.dtype:
@@ -71,12 +88,30 @@ def first_difference(got: np.ndarray, want: np.ndarray) -> str:
     return f"{bad.size} of {want.size} elements wrong, e.g. [{i}] = {float(got[i])!r}, want {float(want[i])!r}"
 
 
+def time_calls(call: Callable[[np.ndarray], np.ndarray], x: np.ndarray, warmup: int, iters: int,
+               barrier: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
+    """``warmup`` untimed calls, a barrier, then ``iters`` calls each timed alone: (seconds, last result)."""
+    for _ in range(warmup):
+        call(x)
+    times = np.empty(iters, dtype=np.float64)
+    barrier()
+    clock = time.perf_counter
+    result = x
+    for i in range(iters):
+        start = clock()
+        result = call(x)
+        times[i] = clock() - start
+    return times, result
+
+
 def run(
     *,
     tool: str,
     rank: int,
     n: int,
     allreduce: Callable[[np.ndarray], np.ndarray],
+    broadcast: Callable[[np.ndarray], np.ndarray] | None = None,
+    allgather: Callable[[np.ndarray], np.ndarray] | None = None,
     barrier: Callable[[], None],
     gather: Callable[[object], list],
     init_s: float,
@@ -86,31 +121,29 @@ def run(
     """The measurement loop (see the module docstring); ``gather`` returns every rank's object, in rank order.
 
     ``allreduce(x)`` returns the reduced array (it may be ``x`` itself, reduced in
-    place). ``timed_input(checked)`` gives what the timed loop reduces (in-place libraries get zeros, so that
-    repeated sums stay finite; the Horovod worker a tensor sharing the array's memory: tensor in, tensor out).
+    place); ``broadcast(x)`` rank 0's array (it may be ``x``, overwritten);
+    ``allgather(x)`` every rank's ``x`` in rank order, in any shape of that many
+    elements. ``timed_input(checked)`` gives what the timed allreduces reduce (in-place libraries get zeros,
+    so that repeated sums stay finite; the Horovod worker a tensor sharing the array's memory: tensor in,
+    tensor out).
     """
     args = parse_args()
+    call = {"allreduce": allreduce, "broadcast": broadcast, "allgather": allgather}[args.collective]
+    if call is None:
+        raise SystemExit(f"{tool} worker: no {args.collective} here")
     report: dict = {"tool": tool, "label": args.label, "n": n, "init_s": init_s, "sizes": [],
-                    "pid0": os.getpid(), **(extra or {})}
+                    "collective": args.collective, "pid0": os.getpid(), **(extra or {})}
     for nbytes, warmup, iters in parse_plan(args.plan):
-        count = nbytes // np.dtype(DTYPE).itemsize
-        x = pattern(count, rank)
+        x, want = inputs_and_expected(args.collective, nbytes, rank, n)
         barrier()
         problems = []
-        wrong = first_difference(allreduce(x.copy()), expected(count, n))
+        wrong = first_difference(call(x.copy()), want)
         if wrong:
             problems.append(f"check before timing: {wrong}")
-        x = timed_input(x)
-        want_after = np.asarray(allreduce(np.copy(x))).reshape(-1).copy()  # what every timed call must give
-        for _ in range(warmup):
-            allreduce(x)
-        times = np.empty(iters, dtype=np.float64)
-        barrier()
-        clock = time.perf_counter
-        for i in range(iters):
-            start = clock()
-            result = allreduce(x)
-            times[i] = clock() - start
+        if args.collective == "allreduce":
+            x = timed_input(x)
+        want_after = np.asarray(call(np.copy(x))).reshape(-1).copy()  # what every timed call must give
+        times, result = time_calls(call, x, warmup, iters, barrier)
         wrong = first_difference(result, want_after)
         if wrong:
             problems.append(f"check of the last timed call: {wrong}")

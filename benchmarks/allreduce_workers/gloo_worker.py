@@ -1,4 +1,5 @@
-"""torch.distributed (gloo) worker: ``dist.all_reduce(t)`` in place on a CPU float32 tensor.
+"""torch.distributed (gloo) worker: ``dist.all_reduce(t)`` in place on a CPU float32 tensor
+(``dist.broadcast(t, src=0)`` in place; ``dist.all_gather(rows, t)`` into views of one preallocated array).
 
 Launched as ``torchrun --standalone --nproc-per-node N gloo_worker.py ...`` (which
 sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT). The tensor shares memory
@@ -29,6 +30,31 @@ def allreduce(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _tensor(x: np.ndarray):
+    if _last[0] is not x:
+        _last[:] = [x, torch.from_numpy(x)]
+    return _last[1]
+
+
+def broadcast(x: np.ndarray) -> np.ndarray:
+    dist.broadcast(_tensor(x), src=0)
+    return x
+
+
+_gathered: dict[tuple, tuple[np.ndarray, list]] = {}
+
+
+def allgather(x: np.ndarray) -> np.ndarray:
+    """Every rank's ``x`` into the rows of one array made once per shape (gloo's all_gather takes a list)."""
+    key = (x.shape, x.dtype.str)
+    if key not in _gathered:
+        out = np.empty((dist.get_world_size(), *x.shape), dtype=x.dtype)
+        _gathered[key] = (out, list(torch.from_numpy(out).unbind(0)))
+    out, rows = _gathered[key]
+    dist.all_gather(rows, _tensor(x))
+    return out
+
+
 def gather(obj):
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, obj)
@@ -40,6 +66,8 @@ _common.run(
     rank=dist.get_rank(),
     n=dist.get_world_size(),
     allreduce=allreduce,
+    broadcast=broadcast,
+    allgather=allgather,
     barrier=dist.barrier,
     gather=gather,
     init_s=init_s,

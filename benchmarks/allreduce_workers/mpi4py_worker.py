@@ -1,4 +1,5 @@
-"""mpi4py worker: ``comm.Allreduce(x, out, op=MPI.SUM)`` on float32 NumPy arrays, out preallocated.
+"""mpi4py worker: ``comm.Allreduce(x, out, op=MPI.SUM)`` on float32 NumPy arrays, out preallocated
+(``comm.Bcast(x, root=0)`` in place; ``comm.Allgather(x, out)``, out preallocated).
 
 Launched as ``mpirun --allow-run-as-root -np N python mpi4py_worker.py ...``.
 """
@@ -18,11 +19,28 @@ import _common  # noqa: E402
 _out: dict[tuple, np.ndarray] = {}
 
 
-def allreduce(x: np.ndarray) -> np.ndarray:
-    out = _out.get((x.shape, x.dtype.str))
+def _out_for(x: np.ndarray, rows: int) -> np.ndarray:
+    """The preallocated result for ``x``: ``rows`` of its shape (made once per shape, outside the timing)."""
+    out = _out.get((rows, x.shape, x.dtype.str))
     if out is None:
-        out = _out[(x.shape, x.dtype.str)] = np.empty_like(x)
+        out = _out[(rows, x.shape, x.dtype.str)] = np.empty((rows, *x.shape), dtype=x.dtype)
+    return out
+
+
+def allreduce(x: np.ndarray) -> np.ndarray:
+    out = _out_for(x, 1)[0]
     comm.Allreduce(x, out, op=MPI.SUM)
+    return out
+
+
+def broadcast(x: np.ndarray) -> np.ndarray:
+    comm.Bcast(x, root=0)
+    return x
+
+
+def allgather(x: np.ndarray) -> np.ndarray:
+    out = _out_for(x, comm.Get_size())
+    comm.Allgather(x, out)
     return out
 
 
@@ -31,6 +49,8 @@ _common.run(
     rank=comm.Get_rank(),
     n=comm.Get_size(),
     allreduce=allreduce,
+    broadcast=broadcast,
+    allgather=allgather,
     barrier=comm.Barrier,
     gather=comm.allgather,
     init_s=init_s,

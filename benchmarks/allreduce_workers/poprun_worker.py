@@ -1,4 +1,5 @@
-"""poprun-py worker: ``popdist.collectives.allreduce(x, "sum")`` on float32 NumPy arrays.
+"""poprun-py worker: ``popdist.collectives.allreduce(x, "sum")`` (or ``broadcast(x, 0)``, ``allgather(x)``)
+on float32 NumPy arrays.
 
 Launched as ``poprun --offline-mode=1 --num-instances N --num-replicas N python poprun_worker.py ...``.
 """
@@ -35,6 +36,8 @@ _common.run(
     rank=C.rank(),
     n=C.size(),
     allreduce=lambda x: C.allreduce(x, "sum"),
+    broadcast=lambda x: C.broadcast(x, 0),
+    allgather=C.allgather,
     barrier=C.barrier,
     gather=gather,
     init_s=init_s,

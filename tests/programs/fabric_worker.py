@@ -17,6 +17,10 @@ Scenarios:
   churn     60 allreduces whose sizes, dtypes and layouts change from one to the next, each checked
             (exact integer-valued sums): shared segments reused as early as the algorithms allow, and
             board frames between them
+  copy-churn  48 broadcasts (every root) and allgathers whose sizes and roots change, with allreduces
+            between them, each checked exactly; then {"done": i, "copies": calls that took shared memory}
+  mismatch-copies  three instances' shared-memory calls that differ: broadcast from root 0, from root 1,
+            and an allgather
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -86,6 +90,36 @@ def run_churn(fabric, instance: int, n: int) -> None:
             raise SystemExit(f"step {step}: {int((got != want).sum())} of {count} elements wrong")
 
 
+def run_copy_churn(fabric, instance: int, n: int) -> int:
+    """Broadcasts and allgathers back to back (the shared arena's halves reused as early as allowed, layouts
+    changing), allreduces between them; returns how many calls went through shared memory."""
+    shapes = [(100_000, "float32"), (100_000, "float32"), (30_000, "int64"), (7, "int32"), (100_000, "float32"),
+              (250_000, "uint8"), (30_000, "int64"), (30_000, "int64")]
+    for step in range(48):
+        count, dtype = shapes[step % len(shapes)]
+        values = (np.arange(count) % 89 + 3 * instance + step).astype(dtype)
+        if step % 3 == 2:
+            got = fabric.allgather(values)
+            want = np.stack([(np.arange(count) % 89 + 3 * i + step).astype(dtype) for i in range(n)])
+        else:
+            root = (step // 3) % n
+            got = fabric.broadcast(values, root=root)
+            want = (np.arange(count) % 89 + 3 * root + step).astype(dtype)
+        if got.shape != want.shape or not np.array_equal(got, want):
+            raise SystemExit(f"step {step}: {got.shape} against {want.shape}, or values wrong")
+        if step % 4 == 3:
+            fabric.allreduce(values.astype(np.float64))
+    return sum(arena.uses for key, arena in fabric._arenas.items() if key[0] == "copy")
+
+
+def run_mismatch_copies(fabric, instance: int) -> None:
+    big = np.ones(100_000, np.float32)
+    if instance < 2:
+        fabric.broadcast(big, root=instance)
+    else:
+        fabric.allgather(big)
+
+
 def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     report(ready=instance, pid=os.getpid())
     if instance != 0:
@@ -139,6 +173,11 @@ def main() -> int:
             run_mismatch(fabric, instance, n, (n - 1, -1))
         elif scenario == "churn":
             run_churn(fabric, instance, n)
+        elif scenario == "copy-churn":
+            report(done=instance, copies=run_copy_churn(fabric, instance, n))
+            return 0
+        elif scenario == "mismatch-copies":
+            run_mismatch_copies(fabric, instance)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":

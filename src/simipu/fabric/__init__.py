@@ -15,7 +15,8 @@ One collective, e.g. ``fabric.allreduce(x)`` (four files):
    algorithm, each a function of the engine as ``algorithms/protocol.py``'s
    ``Phases``: one round over the links (``algorithms/sockets.py``, also
    home of broadcast, allgather, reduce_scatter and barrier),
-   ``algorithms/shared.py`` or ``algorithms/hierarchical.py``, or, for a
+   ``algorithms/shared.py`` (``algorithms/shared_copies.py`` for a large
+   broadcast or allgather) or ``algorithms/hierarchical.py``, or, for a
    small one when every instance is on this host, the board
    (``algorithms/board.py``). Every algorithm moves its frames one phase
    at a time (``algorithms/phases.py`` names them) through ``Fabric.run`` /

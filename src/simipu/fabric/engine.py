@@ -48,7 +48,7 @@ member of a group.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -58,6 +58,7 @@ from .algorithms.calls import UFUNCS, Call, Group, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.phases import Phase
 from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
+from .algorithms.shared_copies import allgather_shared, broadcast_shared
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
 from .frames.exchange import exchange, exchange_all
 from .frames.header import (
@@ -74,6 +75,8 @@ from .frames.link import Link
 from .frames.mailbox import MailboxSegment
 from .frames.watch import Control, LossWatch
 from .join.membership import Membership
+
+T = TypeVar("T")
 
 #: How long a wait retries (yielding the CPU) before it sleeps in poll: see ``exchange._spin``.
 SPIN_SECONDS = 200e-6
@@ -105,7 +108,7 @@ class Fabric:
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
         self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
                                  tuple[list[np.ndarray], list[memoryview]]] = {}
-        self._arenas: dict[tuple[int, tuple[int, ...]], SharedArena] = {}
+        self._arenas: dict[tuple[str, int, tuple[int, ...]], SharedArena] = {}
         self._broken: BaseException | None = None
         self._closed = False
 
@@ -150,9 +153,12 @@ class Fabric:
             raise ValueError(f"broadcast root {root} is not in the group {list(self._group(group).members)}")
         call = self._call(BROADCAST, x, group, root=root)
         g = call.group
+        root_rank = g.members.index(root)
+        if x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
+            return self._copy_shared(broadcast_shared, call, x, root_rank)
         result = x.copy() if self.instance == root else np.empty_like(x)
         if len(g.members) > 1:
-            sockets.broadcast(self, call, x, result, g.members.index(root))
+            sockets.broadcast(self, call, x, result, root_rank)
         return result
 
     def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray:
@@ -161,7 +167,10 @@ class Fabric:
         call = self._call(ALLGATHER, x, group)
         g = call.group
         result = np.empty((len(g.members), *x.shape), dtype=x.dtype)
-        sockets.allgather(self, call, x, result)
+        if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
+            self._copy_shared(allgather_shared, call, x, result)  # (fills ``result``)
+        else:
+            sockets.allgather(self, call, x, result)
         return result
 
     def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
@@ -282,14 +291,25 @@ class Fabric:
         else:  # an interruption (Ctrl-C) or a corrupt stream: the streams are mid-frame
             self._broken = exc if isinstance(exc, FabricError) else FabricError(f"a collective was interrupted: {exc!r}")
 
-    def arena_for(self, g: Group) -> SharedArena:
-        """This instance's shared segment for the group (a subgroup of a hierarchical one has its own)."""
-        key = (g.key, g.members)
+    def arena_for(self, g: Group, use: str = "reduce") -> SharedArena:
+        """This instance's shared segment for the group (a subgroup of a hierarchical one has its own), one
+        per ``use``: the allreduce's and broadcast/allgather's (``algorithms/shared_copies.py``) each keep
+        their layout history."""
+        key = (use, g.key, g.members)
         arena = self._arenas.get(key)
         if arena is None:
             label = f"poprun-{self.membership.job_id}-{self.instance}-arena{len(self._arenas)}"
             arena = self._arenas[key] = SharedArena(label)
         return arena
+
+    def _copy_shared(self, algorithm: Callable[..., T], call: Call, *args: object) -> T:
+        """Broadcast or allgather through shared memory (``algorithms/shared_copies.py``), marking the fabric
+        broken if it fails."""
+        try:
+            return algorithm(self, self.arena_for(call.group, "copy"), call, *args)
+        except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
+            self.fail(exc)
+            raise
 
     def fail(self, exc: FabricError) -> None:
         """A collective broke outside ``run`` (shared memory): the fabric is unusable from now on."""

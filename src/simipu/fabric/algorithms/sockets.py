@@ -10,9 +10,11 @@ frames travel through the links' mailboxes, the rest over sockets):
 * allreduce, large: reduce-scatter then allgather: member k receives chunk k
   from everyone (FIRST), reduces it in member order, and sends the result to
   everyone (SECOND);
-* broadcast: the root sends to everyone (small, or two members), or
-  scatters one chunk per other member (FIRST), which those then allgather
-  (SECOND);
+* broadcast: the root sends to everyone, the others send each other empty
+  frames (small, or two members), or it scatters one chunk per other member
+  (FIRST), which those then allgather (SECOND); above ``SHARED_BYTES`` with
+  every member on one host, ``shared_copies`` runs instead (so does
+  allgather's);
 * allgather, reduce_scatter: one round, each member sends each other member
   what that member needs; barrier: an empty frame between every two members.
 
@@ -61,10 +63,9 @@ def allreduce_flat_or_chunked(phases: Phases, call: Call, x: np.ndarray, op: str
 def broadcast(phases: Phases, call: Call, x: np.ndarray, result: np.ndarray, root_rank: int) -> None:
     """Fill ``result`` (the root's already holds its array) with the root's array, on a group of two or more."""
     g = call.group
-    if x.nbytes <= SMALL_BYTES or len(g.members) == 2:
-        payload = to_bytes(x) if g.rank == root_rank else EMPTY
-        phases.run(call, Phase.FIRST, {k: payload for k in g.others},
-                   {k: to_bytes(result) if k == root_rank else None for k in g.others})
+    if x.nbytes <= SMALL_BYTES or len(g.members) == 2:  # one frame from the root, empty ones between the rest
+        phases.run_all(call, Phase.FIRST, to_bytes(x) if g.rank == root_rank else EMPTY,
+                       [to_bytes(result) if k == root_rank else None for k in g.others])
         return
     # scatter one chunk to each non-root member, then the non-roots allgather the chunks
     flat_in, flat_out = to_bytes(x), to_bytes(result)
