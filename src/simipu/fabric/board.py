@@ -78,12 +78,16 @@ class BoardAllreduce:
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
                  spreader: Spreader) -> None:
         prefix = encode_prefix(ALLREDUCE, OP_CODES[op], 1, like.dtype.str, tuple(like.shape), -1, 0, group.key)
-        self._before, self._after = prefix[:SEQ_AT], prefix[SEQ_AT + _SEQ.size:] + NBYTES.pack(like.nbytes)
-        hlen = len(prefix) + NBYTES.size
+        #: This signature's header; each call writes its sequence number into it (no new bytes per call).
+        self._header = bytearray(prefix + NBYTES.pack(like.nbytes))
+        hlen = len(self._header)
         self._total = total = hlen + like.nbytes
         assert self.fits(segment, like), "the engine asks first"
         self._ufunc = UFUNCS[op]
         self._mean = len(group.members) if op == "mean" else 0
+        #: Whether ``allreduce`` reduces inline: not for the mean (it divides) nor 0-d arrays (a ufunc of those
+        #: makes a scalar), which take ``reduce``.
+        self._inline = like.ndim > 0 and not self._mean
         self._spreader = spreader if spreader.oversubscribed else None
         self._rank = group.rank
         self._links = group.other_links
@@ -114,21 +118,22 @@ class BoardAllreduce:
         """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
         return 0 < like.nbytes <= segment.board_capacity - FIXED.size - 8 * like.ndim - NBYTES.size
 
-    def allreduce(self, seq: int, x: np.ndarray, spin: float) -> np.ndarray | None:
-        """Call ``seq`` of this signature: publish ``x``, then reduce every member's array in member order,
-        the peers' read in place from their boards; None if some peer's next frame is not this call's on its
-        board within ``spin`` seconds (published, nothing taken: the general path receives). One method
-        with local names, because each Python call and attribute lookup here is paid on every step."""
+    def allreduce(self, seq: int, x: np.ndarray, spin: float, out: np.ndarray | None = None,
+                  payload: memoryview | None = None) -> np.ndarray | None:
+        """Call ``seq``: publish ``x`` (``payload``: its bytes, if the caller holds them), reduce every member's
+        array in member order, the peers' read in place on their boards, into ``out`` or a new array; None if
+        some peer's next frame is not this call's on its board within ``spin`` seconds (published, nothing taken:
+        the general path receives). One method, local names: each call and lookup here is paid every step."""
         if self._spreader is not None and not seq % SPREAD_EVERY:
             self._spreader.spread()
         # publish (``MailboxSegment.publish``, with this signature's header and views)
-        header = self._before + _SEQ.pack(seq) + self._after
-        words, links = self._words, self._links
-        segment = self._segment
+        header = self._header
+        _SEQ.pack_into(header, SEQ_AT, seq)
+        words, links, segment = self._words, self._links, self._segment
         published = segment.publications = segment.publications + 1
         first, offset, header_bytes, payload_bytes = self._mine[published & 1]
         header_bytes[:] = header
-        payload_bytes[:] = x.data.cast("B")
+        payload_bytes[:] = x.data.cast("B") if payload is None else payload
         words[first + LENGTH] = self._total
         words[first + OFFSET] = offset
         at = first + INDICES
@@ -154,11 +159,17 @@ class BoardAllreduce:
                     return None
                 os.sched_yield()  # with more instances than cores, the peer we wait for may need this one
             if (peer_words[first + me] != link.received or peer_words[first + LENGTH] != total
-                    or peer_words[first + OFFSET] != offset or header_bytes != header):
-                return None
+                    or peer_words[first + OFFSET] != offset or header_bytes.tobytes() != header):
+                return None  # (tobytes and a memcmp: a third of a memoryview comparison's cost)
             arrays.append(array)
         arrays.insert(self._rank, x)
-        result = self.reduce(arrays)
+        if self._inline:  # ``calls.reduce_in_order``, inline (a new result: the first ufunc call makes it)
+            ufunc = self._ufunc
+            result = ufunc(arrays[0], arrays[1]) if out is None else ufunc(arrays[0], arrays[1], out)
+            for other in arrays[2:]:
+                ufunc(result, other, result)
+        else:
+            result = self.reduce(arrays, out)
         # take: their writers may reuse those slots (see mailbox)
         for link, box in zip(links, self._boxes):
             box.board_taken += 1
@@ -167,10 +178,10 @@ class BoardAllreduce:
             os.sched_yield()  # a peer on our CPU may still have this call to finish (see the module docstring)
         return result
 
-    def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """A new array: the members' arrays reduced in member order (``calls.reduce_in_order``), then the mean's
-        division."""
-        result = reduce_in_order(self._ufunc, arrays)
+    def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """The members' arrays reduced in member order (``calls.reduce_in_order``) into ``out`` or a new array,
+        then the mean's division."""
+        result = reduce_in_order(self._ufunc, arrays, out)
         if self._mean:
             np.divide(result, self._mean, out=result, casting="unsafe")
         return result

@@ -92,9 +92,11 @@ class Fabric:
         self._board = mailboxes if mailboxes is not None and len(mailboxes.local) == self.num_instances else None
         self._groups: dict[tuple[int, ...], Group] = {}
         self._everyone = tuple(range(self.num_instances))
-        self._seq: dict[tuple[int, ...], int] = {}
+        #: Each group's call counter (a one-item list, so that the hot path holds the world group's own).
+        self._seq: dict[tuple[int, ...], list[int]] = {}
         #: The world group's small allreduces on the boards (board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
+        self._world_seq = self._seq.setdefault(self._everyone, [0])
         self._scratch: dict[int, np.ndarray] = {}
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
         self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
@@ -136,6 +138,32 @@ class Fabric:
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
+
+    def allreduce_init(self, array: np.ndarray, op: str = "sum",
+                       group: Sequence[int] | None = None) -> Callable[[], np.ndarray]:
+        """A persistent allreduce (MPI 4's ``MPI_Allreduce_init``): a callable that allreduces ``array``'s current
+        contents, as ``allreduce`` would, into one output array it returns each time (overwritten by the next
+        call). ``array`` is bound, not copied, so it must be a C-contiguous ndarray in native byte order."""
+        x = self._prepare(array, op)
+        if x is not array:
+            raise ValueError("allreduce_init binds its array, so it needs a C-contiguous numpy.ndarray in native "
+                             "byte order; pass np.ascontiguousarray(array) and keep that one")
+        group = None if group is None or tuple(group) == self._everyone else tuple(group)
+        self._group(group)  # (checked now, not at the first call)
+        out = np.empty_like(x)
+        plan = self._boards.plan_for(x, op) if self._boards is not None and group is None else None
+        if plan is None:
+            def general() -> np.ndarray:
+                np.copyto(out, self.allreduce(x, op, group))
+                return out
+            return general
+        payload = to_bytes(x)
+
+        def on_board() -> np.ndarray:
+            if self._broken is not None or self._closed:
+                self._check_usable()
+            return self._allreduce_on_board(plan, x, op, out, payload)
+        return on_board
 
     def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None) -> np.ndarray:
         """The root's array, on every member (the others pass an array of the same dtype and shape)."""
@@ -255,11 +283,14 @@ class Fabric:
         self.run_all(call, 2, to_bytes(reduced), [to_bytes(result[slice(*spans[k])]) for k in g.others])
         return result.reshape(x.shape)
 
-    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str) -> np.ndarray:
-        """The world group's small allreduce through the boards (board.py), ``x`` checked already."""
-        seq = self._seq[self._everyone] = self._seq[self._everyone] + 1
+    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str, out: np.ndarray | None = None,
+                            payload: memoryview | None = None) -> np.ndarray:
+        """The world group's small allreduce through the boards (board.py), ``x`` checked already, into ``out``
+        or a new array (``payload``: ``x``'s bytes, held by a persistent call)."""
+        counter = self._world_seq
+        seq = counter[0] = counter[0] + 1
         try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS)
+            result = plan.allreduce(seq, x, SPIN_SECONDS, out, payload)
             if result is not None:
                 return result
         except BaseException as exc:
@@ -271,7 +302,7 @@ class Fabric:
         g = call.group
         scratch, views = self._scratch_for(g, x)
         self._exchange(call, 1, [], list(zip(g.other_links, views)), spin=0.0)
-        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
+        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
 
     def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
                              like: np.ndarray) -> dict[int, np.ndarray]:
@@ -405,7 +436,8 @@ class Fabric:
             self._check_usable()
         g = self._group(group)
         if not seq:
-            seq = self._seq[g.members] = self._seq[g.members] + 1
+            counter = self._seq[g.members]
+            seq = counter[0] = counter[0] + 1
         return Call(kind, OP_CODES[op] if op else 0, "" if x is None else x.dtype.str,
                     () if x is None else tuple(x.shape), root, seq, g, g.members)
 
@@ -422,5 +454,5 @@ class Fabric:
             raise ValueError(f"instance {self.instance} called a collective on group {list(members)}, "
                              "which does not include it; only members may call it")
         g = self._groups[members] = make_group(self.membership, self._links, members)
-        self._seq[members] = 0
+        self._seq.setdefault(members, [0])
         return g
