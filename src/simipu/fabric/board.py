@@ -34,7 +34,18 @@ from typing import cast
 import numpy as np
 
 from .calls import UFUNCS, Group, reduce_in_order
-from .mailbox import INDICES, LENGTH, OFFSET, PUBLICATION, SLEEPING, Mailbox, MailboxSegment, board_frame_at, full_fence
+from .mailbox import (
+    FENCE_ACQUIRE,
+    FENCE_RELEASE,
+    INDICES,
+    LENGTH,
+    OFFSET,
+    PUBLICATION,
+    SLEEPING,
+    Mailbox,
+    MailboxSegment,
+    board_frame_at,
+)
 from .placement import Spreader
 from .wire import ALLREDUCE, FIXED, NBYTES, OP_CODES, SEQ_AT, encode_prefix
 
@@ -141,7 +152,8 @@ class BoardAllreduce:
             words[at + position] = link.sent
             link.sent += 1
         words[first + PUBLICATION] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
-        full_fence()  # then the sleeping flags (see mailbox)
+        FENCE_ACQUIRE()  # ``full_fence``, inline: then the sleeping flags (see mailbox)
+        FENCE_RELEASE()
         for link, flag in zip(links, self._flags):
             if flag[SLEEPING]:
                 link.nudge()
