@@ -26,6 +26,18 @@ def test_a_persistent_allreduce_gives_the_plain_calls_bits(instances: int, trans
     assert all(r["digests"] == records[0]["digests"] for r in records)  # every instance, the same bits
 
 
+def test_the_shared_memory_paths_give_the_sockets_bits() -> None:
+    """Over TCP every allreduce takes the general socket algorithms; on one host the board and the shared
+    arenas' plans (board.py, engine's ``_whole_on_board``) do: the same reduction order, so the same bits."""
+    digests = {}
+    for transport in ("auto", "tcp"):
+        result = run(3, "results", f"--fabric-transport={transport}")
+        assert result.returncode == 0, result.stderr.decode()[-3000:]
+        records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith(b"{")]
+        digests[transport] = {r["instance"]: r["digests"] for r in records}
+    assert digests["auto"] == digests["tcp"]
+
+
 def test_a_persistent_allreduce_of_mismatched_arrays_raises_on_every_side() -> None:
     result = run(3, "mismatch")
     lines = [line for line in result.stdout.decode().splitlines() if line.startswith("mismatch:")]

@@ -78,6 +78,11 @@ class BoardAllreduces:
             plan = self.plans[key] = BoardAllreduce(self._segment, self._group, x, op, self._spreader)
         return plan
 
+    def shared_plan(self, like: np.ndarray, op: str, phase: int, tail: bytes) -> BoardAllreduce:
+        """A plan for a shared-memory allreduce's phase ``phase``, whose frames carry ``tail`` (the arrays are in
+        the shared arenas: the caller passes them to each call as ``sources``)."""
+        return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail)
+
     def close(self) -> None:
         """Drop the plans (their views of the boards must go before the mailboxes close)."""
         self.plans.clear()
@@ -87,19 +92,20 @@ class BoardAllreduce:
     """One signature (dtype, shape, op) of the world group's allreduce, with every view it needs made once."""
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
-                 spreader: Spreader) -> None:
-        prefix = encode_prefix(ALLREDUCE, OP_CODES[op], 1, like.dtype.str, tuple(like.shape), -1, 0, group.key)
-        #: This signature's header; each call writes its sequence number into it (no new bytes per call).
-        self._header = bytearray(prefix + NBYTES.pack(like.nbytes))
+                 spreader: Spreader, phase: int = 1, tail: bytes = b"") -> None:
+        prefix = encode_prefix(ALLREDUCE, OP_CODES[op], phase, like.dtype.str, tuple(like.shape), -1, 0, group.key)
+        #: This signature's header (and ``tail``, a fixed payload that is compared with it, when the arrays travel
+        #: elsewhere: shm's announcement); each call writes its sequence number into it (no new bytes per call).
+        self._header = bytearray(prefix + NBYTES.pack(len(tail) if tail else like.nbytes) + tail)
         hlen = len(self._header)
-        self._total = total = hlen + like.nbytes
-        assert self.fits(segment, like), "the engine asks first"
+        self._total = total = hlen + (0 if tail else like.nbytes)
+        assert tail or self.fits(segment, like), "the engine asks first"
         self._ufunc = UFUNCS[op]
         self._mean = len(group.members) if op == "mean" else 0
         #: Whether ``allreduce`` reduces inline: not for the mean (it divides) nor 0-d arrays (a ufunc of those
         #: makes a scalar), which take ``reduce``.
         self._inline = like.ndim > 0 and not self._mean
-        self._spreader = spreader if spreader.oversubscribed else None
+        self._spreader = spreader if spreader.oversubscribed and not tail else None  # (shm: as its general path)
         self._rank = group.rank
         self._links = group.other_links
         local = len(segment.local)
@@ -119,7 +125,7 @@ class BoardAllreduce:
         self._flags = tuple(v[0] for v in views)
         self._me = views[0][3]
         slots = [[(at // 8, start - at, peer_board[start:start + hlen],
-                   np.frombuffer(peer_board, like.dtype, like.size, start + hlen).reshape(like.shape))
+                   None if tail else np.frombuffer(peer_board, like.dtype, like.size, start + hlen).reshape(like.shape))
                   for at, start in frames]
                  for _, peer_board, _, _ in views]
         self._waits = tuple(zip(self._links, self._boxes, (v[2] for v in views), slots))
@@ -130,18 +136,17 @@ class BoardAllreduce:
         return 0 < like.nbytes <= segment.board_capacity - FIXED.size - 8 * like.ndim - NBYTES.size
 
     def allreduce(self, seq: int, x: np.ndarray, spin: float, out: np.ndarray | None = None,
-                  payload: memoryview | None = None) -> np.ndarray | None:
-        """Call ``seq``: publish ``x`` (``payload``: its bytes, if the caller holds them), reduce every member's
-        array in member order, the peers' read in place on their boards, into ``out`` or a new array; None if
-        some peer's next frame is not this call's on its board within ``spin`` seconds (published, nothing taken:
-        the general path receives). One method, local names: each call and lookup here is paid every step."""
+                  payload: memoryview | None = None, sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
+        """Call ``seq``: publish ``x`` (or ``payload``, its bytes), reduce every member's array in member order,
+        the peers' read in place on their boards (or ``sources``), into ``out`` or a new array; None if some
+        peer's next frame is not this call's on its board within ``spin`` s (published, nothing taken: the
+        general path receives). One method: each call and lookup here is paid on every step."""
         if self._spreader is not None and not seq % SPREAD_EVERY:
             self._spreader.spread()
-        # publish (``MailboxSegment.publish``, with this signature's header and views)
         header = self._header
         _SEQ.pack_into(header, SEQ_AT, seq)
         words, links, segment = self._words, self._links, self._segment
-        published = segment.publications = segment.publications + 1
+        published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
         first, offset, header_bytes, payload_bytes = self._mine[published & 1]
         header_bytes[:] = header
         payload_bytes[:] = x.data.cast("B") if payload is None else payload
@@ -158,7 +163,7 @@ class BoardAllreduce:
             if flag[SLEEPING]:
                 link.nudge()
         # gather: each peer's next publication, checked as the general path checks a frame
-        arrays = []
+        arrays: list = []  # (the boards' arrays, or None where ``sources`` are the arrays)
         deadline = 0.0
         me, total = self._me + INDICES, self._total
         for link, box, peer_words, slots in self._waits:
@@ -174,6 +179,7 @@ class BoardAllreduce:
                     or peer_words[first + OFFSET] != offset or header_bytes.tobytes() != header):
                 return None  # (tobytes and a memcmp: a third of a memoryview comparison's cost)
             arrays.append(array)
+        arrays = [*sources] if sources else arrays
         arrays.insert(self._rank, x)
         if self._inline:  # ``calls.reduce_in_order``, inline (a new result: the first ufunc call makes it)
             ufunc = self._ufunc

@@ -59,6 +59,8 @@ WHOLE_BYTES = 256 * 1024
 #: Segments grow in steps of this many bytes.
 GRANULE = 1 << 20
 _ANNOUNCEMENT = struct.Struct("<QQ")  # segment size, 1 if a descriptor is attached
+#: The phase whose frames say "my segment holds my part" (``_announce``).
+ANNOUNCE_PHASE = 11
 ANNOUNCEMENT_BYTES = _ANNOUNCEMENT.size
 
 
@@ -103,6 +105,8 @@ class SharedArena:
         #: The last allreduce's (layout, bytes, item size), and how many used the whole layout (its parity).
         self.layout: tuple[str, int, int] | None = None
         self.uses = 0
+        #: Counts the (re)mappings of any segment here: views made before a change are made again.
+        self.epoch = 0
 
     @staticmethod
     def available() -> bool:
@@ -115,9 +119,11 @@ class SharedArena:
             fd = os.memfd_create(self._label, os.MFD_CLOEXEC)
             os.ftruncate(fd, size)
             self._mine = _Segment(fd, size)
+            self.epoch += 1
         elif self._mine.size < size:
             os.ftruncate(self._mine.fd, size)
             self._mine.remap(size)
+            self.epoch += 1
         return self._mine.array[:nbytes]
 
     def announcement(self, peer: int) -> tuple[memoryview, tuple[int, ...]]:
@@ -131,6 +137,8 @@ class SharedArena:
         """Map (or remap, if it grew) the segment ``link``'s peer announced."""
         size, attached = _ANNOUNCEMENT.unpack(payload)
         segment = self._peers.get(link.peer)
+        if attached or segment is None or segment.size < size:
+            self.epoch += 1
         if attached:
             if not link.fds:
                 raise FabricError(f"instance {link.peer} announced a shared segment but no descriptor arrived")
@@ -144,6 +152,13 @@ class SharedArena:
 
     def peer(self, instance: int, nbytes: int) -> np.ndarray:
         return self._peers[instance].array[:nbytes]
+
+    def steady_announcement(self, peers: Sequence[int]) -> bytes | None:
+        """The phase-11 payload of a call that changes nothing (every segment mapped both ways, mine as large as
+        it is), or None while some peer still lacks my segment or I theirs."""
+        if self._mine is None or any(p not in self._fd_sent or p not in self._peers for p in peers):
+            return None
+        return _ANNOUNCEMENT.pack(self._mine.size, 0)
 
     def close(self) -> None:
         for segment in [self._mine, *self._peers.values()]:
