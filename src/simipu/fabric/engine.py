@@ -55,7 +55,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .board import BoardAllreduce, BoardAllreduces
+from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces
 from .calls import EMPTY, UFUNCS, Call, Group, chunks, make_group, reduce_in_order, to_bytes
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
 from .exchange import exchange, exchange_all
@@ -338,6 +338,8 @@ class Fabric:
             peers = tuple(tuple(arena.peer(g.members[k], 2 * n)[h].view(x.dtype).reshape(x.shape) for k in g.others)
                           for h in halves)
             plan = self._boards.shared_plan(x, op, ANNOUNCE_PHASE, steady)
+            if len(self._whole_plans) >= MAX_PLANS:
+                self._whole_plans.clear()
             cached = self._whole_plans[key] = (arena.epoch, plan, mine, peers)
         _, plan, mine, peers = cached
         half = arena.uses % 2
