@@ -27,6 +27,8 @@ CASES = [  # (dtype, shape, op)
     (np.int32, (7,), "prod"),
     (np.float16, (33,), "min"),
     (np.float32, (64 * 1024,), "sum"),  # 256 KiB: shared memory (sockets with tcp)
+    (np.float64, (128, 256), "mean"),  # 256 KiB too, 2-d, divided after the sum
+    (np.int32, (40_000,), "max"),  # 160 KiB
     (np.float32, (70_000,), "sum"),  # beyond a board (over 64 KiB)
 ]
 
