@@ -166,7 +166,14 @@ class Fabric:
         out = np.empty_like(x)
         plan = self._boards.plan_for(x, op) if self._boards is not None and group is None else None
         if plan is None:
+            shared = self._boards is not None and group is None and x.nbytes > SHARED_BYTES
+
             def general() -> np.ndarray:
+                if shared:  # shm's whole layout straight into ``out``, when its plan applies
+                    self._check_usable()
+                    result = self._whole_on_board(x, op, out)
+                    if result is not None:
+                        return result
                 np.copyto(out, self.allreduce(x, op, group))
                 return out
             return general
@@ -321,10 +328,11 @@ class Fabric:
         self._exchange(call, 1, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
 
-    def _whole_on_board(self, x: np.ndarray, op: str) -> np.ndarray | None:
+    def _whole_on_board(self, x: np.ndarray, op: str, out: np.ndarray | None = None) -> np.ndarray | None:
         """The world group's allreduce in shm's *whole* layout, its phase published and taken with a board plan:
-        the frames and bits of ``allreduce_shared``, with a fraction of its Python. None, having done nothing,
-        unless the last call set the arena up for just this layout (the general path then runs)."""
+        the frames and bits of ``allreduce_shared``, with a fraction of its Python, into ``out`` or a new array.
+        None, having done nothing, unless the last call set the arena up for just this layout (then the general
+        path runs)."""
         g = self._group(None)
         arena = self.arena_for(g)
         if arena.layout != ("whole", x.nbytes, x.itemsize) or self._boards is None:
@@ -350,13 +358,14 @@ class Fabric:
         counter = self._world_seq
         seq = counter[0] = counter[0] + 1
         try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, None, EMPTY, peers[half])
+            result = plan.allreduce(seq, x, SPIN_SECONDS, out, EMPTY, peers[half])
         except BaseException as exc:
             self._broken_by(exc)
             raise
-        return result if result is not None else self._whole_fallback(plan, x, op, seq, half)
+        return result if result is not None else self._whole_fallback(plan, x, op, seq, half, out)
 
-    def _whole_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int, half: int) -> np.ndarray:
+    def _whole_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int, half: int,
+                        out: np.ndarray | None = None) -> np.ndarray:
         """``_whole_on_board``'s call ``seq``, published, whose peers' frames were not all there (or not as
         expected) within the spin: received and adopted as ``shm._announce`` does, then reduced."""
         call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
@@ -373,7 +382,7 @@ class Fabric:
         n = x.nbytes
         peers = [arena.peer(g.members[k], 2 * n)[half * n:(half + 1) * n].view(x.dtype).reshape(x.shape)
                  for k in g.others]
-        return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]])
+        return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
 
     def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
                              like: np.ndarray) -> dict[int, np.ndarray]:
