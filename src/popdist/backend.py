@@ -45,7 +45,7 @@ class LoneFabric:
     def allreduce(self, array, op="sum", group=None):
         import numpy as np
 
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array)  # (not ascontiguousarray, which makes a 0-d array 1-d; copy() is C-ordered)
         return array / 1 if op == "mean" and not np.issubdtype(array.dtype, np.floating) else array.copy()
 
     def broadcast(self, array, root=0, group=None):

@@ -20,7 +20,7 @@ from popdist.backend import _backend, current_fabric, current_group, instance_gr
 
 __all__ = [
     "Average", "Max", "Min", "Product", "Sum",
-    "allgather", "allreduce", "barrier", "broadcast", "execute_on_instances", "grouped_allreduce",
+    "allgather", "allreduce", "allreduce_init", "barrier", "broadcast", "execute_on_instances", "grouped_allreduce",
     "local_rank", "local_size", "rank", "reduce_scatter", "size", "synchronize",
 ]
 
@@ -30,6 +30,9 @@ _OPS = {
     "max": Max, "min": Min, "prod": Product, "product": Product,
 }
 T = TypeVar("T")
+#: ``numpy.ndarray`` once the first collective has imported NumPy: an array of it needs no ``_array``.
+_ndarray: Any = None
+_NUMERIC = "biufc"  # the dtype kinds the collectives take
 
 
 def _op(op: str) -> str:
@@ -46,17 +49,45 @@ def _op(op: str) -> str:
 def _array(value: Any):
     """``value`` as a numeric NumPy array. (Every check here is paid on every collective: with more instances
     than cores a microsecond per call costs several per step, so it keeps to a dtype kind check.)"""
+    global _ndarray
     import numpy as np  # with the first collective, not with popdist
 
+    _ndarray = np.ndarray
     array = np.asarray(value)
-    if array.dtype.kind not in "biufc":
+    if array.dtype.kind not in _NUMERIC:
         raise TypeError(f"collectives take numeric arrays, not {array.dtype}")
     return array
 
 
 def allreduce(array: Any, op: str = Sum):
     """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod)."""
-    return current_fabric().allreduce(_array(array), _op(op), _backend.groups.members)
+    fabric = _backend.fabric or current_fabric()
+    if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (else ``_array`` would return it)
+        array = _array(array)
+    return fabric.allreduce(array, op if op is Sum else _op(op), _backend.groups.members)
+
+
+def allreduce_init(array: Any, op: str = Sum) -> Callable[[], Any]:
+    """A persistent allreduce, as MPI 4's ``MPI_Allreduce_init``: bind ``array`` (a C-contiguous NumPy array)
+    once, then each call of the returned function allreduces its current contents across the instances of the
+    current group, with the same result, bit for bit, as ``allreduce(array, op)``, into one output array that
+    it returns every time (the next call overwrites it). The plan, the checks and the output are made once."""
+    import numpy as np
+
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or not array.dtype.isnative:
+        raise ValueError("allreduce_init binds its array (each call reduces its current contents), so it takes a "
+                         "C-contiguous numpy.ndarray in native byte order: pass np.ascontiguousarray(x) and keep it")
+    fabric = _backend.fabric or current_fabric()
+    init = getattr(fabric, "allreduce_init", None)
+    x, op, group = _array(array), _op(op), _backend.groups.members
+    if init is not None:
+        return init(x, op, group)
+    out = np.empty_like(x)  # one instance, no fabric: each call copies the array
+
+    def alone():
+        np.copyto(out, fabric.allreduce(x, op, group))
+        return out
+    return alone
 
 
 def grouped_allreduce(arrays: Iterable[Any], op: str = Sum) -> list:

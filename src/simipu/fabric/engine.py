@@ -53,11 +53,11 @@ from typing import Callable, Mapping, Sequence, TypeVar
 import numpy as np
 
 from .algorithms import sockets
-from .algorithms.board import BoardAllreduce, BoardAllreduces
-from .algorithms.calls import UFUNCS, Call, Group, make_group, to_bytes
+from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
+from .algorithms.calls import EMPTY, UFUNCS, Call, Group, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.phases import Phase
-from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
+from .algorithms.shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena, allreduce_shared
 from .algorithms.shared_copies import allgather_shared, broadcast_shared
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
 from .frames.exchange import exchange, exchange_all
@@ -101,14 +101,19 @@ class Fabric:
         self._board = mailboxes if mailboxes is not None and len(mailboxes.local) == self.num_instances else None
         self._groups: dict[tuple[int, ...], Group] = {}
         self._everyone = tuple(range(self.num_instances))
-        self._seq: dict[tuple[int, ...], int] = {}
+        #: Each group's call counter (a one-item list, so that the hot path holds the world group's own).
+        self._seq: dict[tuple[int, ...], list[int]] = {}
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
+        self._world_seq = self._seq.setdefault(self._everyone, [0])
         self._scratch: dict[int, np.ndarray] = {}
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
         self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
                                  tuple[list[np.ndarray], list[memoryview]]] = {}
         self._arenas: dict[tuple[str, int, tuple[int, ...]], SharedArena] = {}
+        #: ``_whole_on_board``'s plans by signature: (the arena's epoch, the plan, my halves, the peers' halves).
+        self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], tuple[int, BoardAllreduce,
+                                tuple[memoryview, ...], tuple[tuple[np.ndarray, ...], ...]]] = {}
         self._broken: BaseException | None = None
         self._closed = False
 
@@ -120,11 +125,21 @@ class Fabric:
             if type(array) is np.ndarray and array.flags.c_contiguous:
                 plan = boards.plans.get((array.dtype, array.shape, op))
                 if plan is not None and self._broken is None and not self._closed:  # the hot path: see board.py
-                    return self._allreduce_on_board(plan, array, op)  # (its signature passed _prepare's checks)
+                    counter = self._world_seq  # (``_allreduce_on_board``'s first try, inline: a call less)
+                    seq = counter[0] = counter[0] + 1
+                    try:
+                        result = plan.allreduce(seq, array, SPIN_SECONDS)
+                    except BaseException as exc:
+                        self._broken_by(exc)
+                        raise
+                    return result if result is not None else self._board_fallback(plan, array, op, seq)
             x = self._prepare(array, op)
             plan = boards.plan_for(x, op)
             if plan is not None:
                 return self._allreduce_on_board(plan, x, op)
+            shared = self._whole_on_board(x, op) if x.nbytes > SHARED_BYTES else None
+            if shared is not None:
+                return shared
         else:
             x = self._prepare(array, op)
         call = self._call(ALLREDUCE, x, group, op=op)
@@ -145,6 +160,39 @@ class Fabric:
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
+
+    def allreduce_init(self, array: np.ndarray, op: str = "sum",
+                       group: Sequence[int] | None = None) -> Callable[[], np.ndarray]:
+        """A persistent allreduce (MPI 4's ``MPI_Allreduce_init``): a callable that allreduces ``array``'s current
+        contents, as ``allreduce`` would, into one output array it returns each time (overwritten by the next
+        call). ``array`` is bound, not copied, so it must be a C-contiguous ndarray in native byte order."""
+        x = self._prepare(array, op)
+        if x is not array:
+            raise ValueError("allreduce_init binds its array, so it needs a C-contiguous numpy.ndarray in native "
+                             "byte order; pass np.ascontiguousarray(array) and keep that one")
+        group = None if group is None or tuple(group) == self._everyone else tuple(group)
+        self._group(group)  # (checked now, not at the first call)
+        out = np.empty_like(x)
+        plan = self._boards.plan_for(x, op) if self._boards is not None and group is None else None
+        if plan is None:
+            shared = self._boards is not None and group is None and x.nbytes > SHARED_BYTES
+
+            def general() -> np.ndarray:
+                if shared:  # shm's whole layout straight into ``out``, when its plan applies
+                    self._check_usable()
+                    result = self._whole_on_board(x, op, out)
+                    if result is not None:
+                        return result
+                np.copyto(out, self.allreduce(x, op, group))
+                return out
+            return general
+        payload = to_bytes(x)
+
+        def on_board() -> np.ndarray:
+            if self._broken is not None or self._closed:
+                self._check_usable()
+            return self._allreduce_on_board(plan, x, op, out, payload)
+        return on_board
 
     def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None) -> np.ndarray:
         """The root's array, on every member (the others pass an array of the same dtype and shape)."""
@@ -209,6 +257,7 @@ class Fabric:
         self._scratch.clear()
         self._scratch_views.clear()
         self._scratch_sets.clear()
+        self._whole_plans.clear()
         if self._boards is not None:
             self._boards.close()  # (before the mailboxes)
         for arena in self._arenas.values():
@@ -225,24 +274,86 @@ class Fabric:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- algorithms over sockets, and the phases (``algorithms.protocol.Phases``) the others run over -
-    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str) -> np.ndarray:
-        """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already."""
-        seq = self._seq[self._everyone] = self._seq[self._everyone] + 1
+    # -- the boards' paths, and the phases (``algorithms.protocol.Phases``) the algorithms run over ------
+    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str, out: np.ndarray | None = None,
+                            payload: memoryview | None = None) -> np.ndarray:
+        """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already, into ``out``
+        or a new array (``payload``: ``x``'s bytes, held by a persistent call)."""
+        counter = self._world_seq
+        seq = counter[0] = counter[0] + 1
         try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS)
-            if result is not None:
-                return result
+            result = plan.allreduce(seq, x, SPIN_SECONDS, out, payload)
         except BaseException as exc:
             self._broken_by(exc)
             raise
+        return result if result is not None else self._board_fallback(plan, x, op, seq, out)
+
+    def _board_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int,
+                        out: np.ndarray | None = None) -> np.ndarray:
+        """Call ``seq``, published on the board, whose peers' frames were not all there within the spin."""
         # the general path receives the peers' frames (nothing is taken yet), or raises why they cannot come;
         # without spinning again: the board's wait spun already, so a peer that is still late is slept on
         call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
         g = call.group
         scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
-        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
+        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
+
+    def _whole_on_board(self, x: np.ndarray, op: str, out: np.ndarray | None = None) -> np.ndarray | None:
+        """The world group's allreduce in shm's *whole* layout, its phase published and taken with a board plan:
+        the frames and bits of ``allreduce_shared``, with a fraction of its Python, into ``out`` or a new array.
+        None, having done nothing, unless the last call set the arena up for just this layout (then the general
+        path runs)."""
+        g = self._group(None)
+        arena = self.arena_for(g)
+        if arena.layout != ("whole", x.nbytes, x.itemsize) or self._boards is None:
+            return None  # (the usual answer above 256 KiB, found cheaply)
+        steady = arena.steady_announcement([g.members[k] for k in g.others])
+        if steady is None:
+            return None
+        key, n = (x.dtype, x.shape, op), x.nbytes
+        cached = self._whole_plans.get(key)
+        if cached is None or cached[0] != arena.epoch:
+            halves = [slice(h * n, (h + 1) * n) for h in (0, 1)]
+            mine = tuple(to_bytes(arena.reserve(2 * n)[h]) for h in halves)
+            peers = tuple(tuple(arena.peer(g.members[k], 2 * n)[h].view(x.dtype).reshape(x.shape) for k in g.others)
+                          for h in halves)
+            plan = self._boards.shared_plan(x, op, Phase.SHARED_READY, steady)
+            if len(self._whole_plans) >= MAX_PLANS:
+                self._whole_plans.clear()
+            cached = self._whole_plans[key] = (arena.epoch, plan, mine, peers)
+        _, plan, mine, peers = cached
+        half = arena.uses % 2
+        arena.uses += 1
+        mine[half][:] = to_bytes(x)
+        counter = self._world_seq
+        seq = counter[0] = counter[0] + 1
+        try:
+            result = plan.allreduce(seq, x, SPIN_SECONDS, out, EMPTY, peers[half])
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
+        return result if result is not None else self._whole_fallback(plan, x, op, seq, half, out)
+
+    def _whole_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int, half: int,
+                        out: np.ndarray | None = None) -> np.ndarray:
+        """``_whole_on_board``'s call ``seq``, published, whose peers' frames were not all there (or not as
+        expected) within the spin: received and adopted as ``shm._announce`` does, then reduced."""
+        call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
+        g, arena = call.group, self.arena_for(call.group)
+        received = [bytearray(ANNOUNCEMENT_BYTES) for _ in g.others]
+        self._exchange(call, Phase.SHARED_READY, [], [(link, memoryview(b)) for link, b in zip(g.other_links, received)],
+                       spin=0.0)
+        try:
+            for link, payload in zip(g.other_links, received):
+                arena.adopt(link, bytes(payload))
+        except FabricError as exc:
+            self.fail(exc)
+            raise
+        n = x.nbytes
+        peers = [arena.peer(g.members[k], 2 * n)[half * n:(half + 1) * n].view(x.dtype).reshape(x.shape)
+                 for k in g.others]
+        return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
 
     def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
                              like: np.ndarray) -> dict[int, np.ndarray]:
@@ -383,7 +494,8 @@ class Fabric:
             self._check_usable()
         g = self._group(group)
         if not seq:
-            seq = self._seq[g.members] = self._seq[g.members] + 1
+            counter = self._seq[g.members]
+            seq = counter[0] = counter[0] + 1
         return Call(kind, OP_CODES[op] if op else 0, "" if x is None else x.dtype.str,
                     () if x is None else tuple(x.shape), root, seq, g, g.members)
 
@@ -400,5 +512,5 @@ class Fabric:
             raise ValueError(f"instance {self.instance} called a collective on group {list(members)}, "
                              "which does not include it; only members may call it")
         g = self._groups[members] = make_group(self.membership, self._links, members)
-        self._seq[members] = 0
+        self._seq.setdefault(members, [0])
         return g

@@ -37,6 +37,8 @@ import numpy as np
 from ..frames.header import ALLREDUCE, OP_CODES, HeaderTemplate, header_size
 from ..frames.link import claim_each, took_published
 from ..frames.mailbox import (
+    FENCE_ACQUIRE,
+    FENCE_RELEASE,
     INDICES,
     LENGTH,
     OFFSET,
@@ -45,7 +47,6 @@ from ..frames.mailbox import (
     Mailbox,
     MailboxSegment,
     board_frame_at,
-    full_fence,
 )
 from .calls import UFUNCS, Group, reduce_in_order
 from .phases import Phase
@@ -79,6 +80,11 @@ class BoardAllreduces:
             plan = self.plans[key] = BoardAllreduce(self._segment, self._group, x, op, self._spreader)
         return plan
 
+    def shared_plan(self, like: np.ndarray, op: str, phase: int, tail: bytes) -> BoardAllreduce:
+        """A plan for a shared-memory allreduce's phase ``phase``, whose frames carry ``tail`` (the arrays are in
+        the shared arenas: the caller passes them to each call as ``sources``)."""
+        return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail)
+
     def close(self) -> None:
         """Drop the plans (their views of the boards must go before the mailboxes close)."""
         self.plans.clear()
@@ -88,17 +94,21 @@ class BoardAllreduce:
     """One signature (dtype, shape, op) of the world group's allreduce, with every view it needs made once."""
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
-                 spreader: Spreader) -> None:
-        # the header the general path would write for this signature (``Call.prefix``), each call's seq put in
-        template = HeaderTemplate(ALLREDUCE, OP_CODES[op], Phase.FIRST, like.dtype.str, tuple(like.shape), -1,
-                                  group.key, like.nbytes)
+                 spreader: Spreader, phase: int = Phase.FIRST, tail: bytes = b"") -> None:
+        # the header the general path would write for this signature (``Call.prefix``), each call's seq put in;
+        # with ``tail`` (a fixed payload compared with the header) when the arrays travel elsewhere: shm's
+        template = HeaderTemplate(ALLREDUCE, OP_CODES[op], phase, like.dtype.str, tuple(like.shape), -1,
+                                  group.key, like.nbytes, tail)
         self._header_at = template.at
         hlen = template.size
-        self._total = total = hlen + like.nbytes
-        assert self.fits(segment, like), "the engine asks first"
+        self._total = total = hlen + (0 if tail else like.nbytes)
+        assert tail or self.fits(segment, like), "the engine asks first"
         self._ufunc = UFUNCS[op]
         self._mean = len(group.members) if op == "mean" else 0
-        self._spreader = spreader if spreader.oversubscribed else None
+        #: Whether ``allreduce`` reduces inline: not for the mean (it divides) nor 0-d arrays (a ufunc of those
+        #: makes a scalar), which take ``reduce``.
+        self._inline = like.ndim > 0 and not self._mean
+        self._spreader = spreader if spreader.oversubscribed and not tail else None  # (shm: as its general path)
         self._rank = group.rank
         self._links = group.other_links
         local = len(segment.local)
@@ -118,7 +128,7 @@ class BoardAllreduce:
         self._flags = tuple(v[0] for v in views)
         self._me = views[0][3]
         slots = [[(at // 8, start - at, peer_board[start:start + hlen],
-                   np.frombuffer(peer_board, like.dtype, like.size, start + hlen).reshape(like.shape))
+                   None if tail else np.frombuffer(peer_board, like.dtype, like.size, start + hlen).reshape(like.shape))
                   for at, start in frames]
                  for _, peer_board, _, _ in views]
         self._waits = tuple(zip(self._links, self._boxes, (v[2] for v in views), slots))
@@ -128,33 +138,33 @@ class BoardAllreduce:
         """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
         return 0 < like.nbytes <= segment.board_capacity - header_size(like.ndim)
 
-    def allreduce(self, seq: int, x: np.ndarray, spin: float) -> np.ndarray | None:
-        """Call ``seq`` of this signature: publish ``x``, then reduce every member's array in member order,
-        the peers' read in place from their boards; None if some peer's next frame is not this call's on its
-        board within ``spin`` seconds (published, nothing taken: the general path receives). One method
-        with local names, because each Python call and attribute lookup here is paid on every step."""
+    def allreduce(self, seq: int, x: np.ndarray, spin: float, out: np.ndarray | None = None,
+                  payload: memoryview | None = None, sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
+        """Call ``seq``: publish ``x`` (or ``payload``, its bytes), reduce every member's array in member order,
+        the peers' read in place on their boards (or ``sources``), into ``out`` or a new array; None if some
+        peer's next frame is not this call's on its board within ``spin`` s (published, nothing taken: the
+        general path receives). One method: each call and lookup here is paid on every step."""
         if self._spreader is not None and not seq % SPREAD_EVERY:
             self._spreader.spread()
-        # publish (``MailboxSegment.publish``, with this signature's header and views)
         header = self._header_at(seq)
-        words, links = self._words, self._links
-        segment = self._segment
-        published = segment.publications = segment.publications + 1
+        words, links, segment = self._words, self._links, self._segment
+        published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
         first, offset, header_bytes, payload_bytes = self._mine[published & 1]
         header_bytes[:] = header
-        payload_bytes[:] = x.data.cast("B")
+        payload_bytes[:] = x.data.cast("B") if payload is None else payload
         words[first + LENGTH] = self._total
         words[first + OFFSET] = offset
         at = first + INDICES
         for position, index in zip(self._positions, claim_each(links)):
             words[at + position] = index
         words[first + PUBLICATION] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
-        full_fence()  # then the sleeping flags (see mailbox)
+        FENCE_ACQUIRE()  # ``full_fence``, inline: then the sleeping flags (see mailbox)
+        FENCE_RELEASE()
         for link, flag in zip(links, self._flags):
             if flag[SLEEPING]:
                 link.nudge()
         # gather: each peer's next publication, checked as the general path checks a frame
-        arrays = []
+        arrays: list = []  # (the boards' arrays, or None where ``sources`` are the arrays)
         deadline = 0.0
         me, total = self._me + INDICES, self._total
         for link, box, peer_words, slots in self._waits:
@@ -167,21 +177,28 @@ class BoardAllreduce:
                     return None
                 os.sched_yield()  # with more instances than cores, the peer we wait for may need this one
             if (peer_words[first + me] != link.received or peer_words[first + LENGTH] != total
-                    or peer_words[first + OFFSET] != offset or header_bytes != header):
-                return None
+                    or peer_words[first + OFFSET] != offset or header_bytes.tobytes() != header):
+                return None  # (tobytes and a memcmp: a third of a memoryview comparison's cost)
             arrays.append(array)
+        arrays = [*sources] if sources else arrays
         arrays.insert(self._rank, x)
-        result = self.reduce(arrays)
+        if self._inline:  # ``calls.reduce_in_order``, inline (a new result: the first ufunc call makes it)
+            ufunc = self._ufunc
+            result = ufunc(arrays[0], arrays[1]) if out is None else ufunc(arrays[0], arrays[1], out)
+            for other in arrays[2:]:
+                ufunc(result, other, result)
+        else:
+            result = self.reduce(arrays, out)
         # take: their writers may reuse those slots (see mailbox)
         took_published(links)
         if self._spreader is not None:
             os.sched_yield()  # a peer on our CPU may still have this call to finish (see the module docstring)
         return result
 
-    def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """A new array: the members' arrays reduced in member order (``calls.reduce_in_order``), then the mean's
-        division."""
-        result = reduce_in_order(self._ufunc, arrays)
+    def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """The members' arrays reduced in member order (``calls.reduce_in_order``) into ``out`` or a new array,
+        then the mean's division."""
+        result = reduce_in_order(self._ufunc, arrays, out)
         if self._mean:
             np.divide(result, self._mean, out=result, casting="unsafe")
         return result

@@ -41,7 +41,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -106,6 +106,8 @@ class SharedArena:
         #: The last allreduce's (layout, bytes, item size), and how many used the whole layout (its parity).
         self.layout: tuple[str, int, int] | None = None
         self.uses = 0
+        #: Counts the (re)mappings of any segment here: views made before a change are made again.
+        self.epoch = 0
 
     @staticmethod
     def available() -> bool:
@@ -118,9 +120,11 @@ class SharedArena:
             fd = os.memfd_create(self._label, os.MFD_CLOEXEC)
             os.ftruncate(fd, size)
             self._mine = _Segment(fd, size)
+            self.epoch += 1
         elif self._mine.size < size:
             os.ftruncate(self._mine.fd, size)
             self._mine.remap(size)
+            self.epoch += 1
         return self._mine.array[:nbytes]
 
     def announcement(self, peer: int) -> tuple[memoryview, tuple[int, ...]]:
@@ -134,6 +138,8 @@ class SharedArena:
         """Map (or remap, if it grew) the segment ``link``'s peer announced."""
         size, attached = _ANNOUNCEMENT.unpack(payload)
         segment = self._peers.get(link.peer)
+        if attached or segment is None or segment.size < size:
+            self.epoch += 1
         if attached:
             if not link.fds:
                 raise FabricError(f"instance {link.peer} announced a shared segment but no descriptor arrived")
@@ -147,6 +153,13 @@ class SharedArena:
 
     def peer(self, instance: int, nbytes: int) -> np.ndarray:
         return self._peers[instance].array[:nbytes]
+
+    def steady_announcement(self, peers: Sequence[int]) -> bytes | None:
+        """The SHARED_READY payload of a call that changes nothing (every segment mapped both ways, mine as large as
+        it is), or None while some peer still lacks my segment or I theirs."""
+        if self._mine is None or any(p not in self._fd_sent or p not in self._peers for p in peers):
+            return None
+        return _ANNOUNCEMENT.pack(self._mine.size, 0)
 
     def close(self) -> None:
         for segment in [self._mine, *self._peers.values()]:

@@ -91,21 +91,23 @@ def header_size(ndim: int) -> int:
 class HeaderTemplate:
     """The whole header of one signature's frames (payload length included), made once by ``encode_prefix``;
     each call puts its sequence number in. For a path that sends the same signature on every call (the
-    board's allreduce), with the very bytes ``Call.prefix`` gives the general path."""
+    board's allreduce), with the very bytes ``Call.prefix`` gives the general path. ``tail``: a fixed payload
+    carried with the header and compared with it (the shared-memory allreduce's announcement)."""
 
-    __slots__ = ("_before", "_after", "size")
+    __slots__ = ("_bytes", "size")
 
     def __init__(self, kind: int, op: int, phase: int, dtype: str, shape: tuple[int, ...], root: int,
-                 group_key: int, nbytes: int) -> None:
+                 group_key: int, nbytes: int, tail: bytes = b"") -> None:
         prefix = encode_prefix(kind, op, phase, dtype, shape, root, 0, group_key)
-        self._before = prefix[:SEQ_AT]
-        self._after = prefix[SEQ_AT + _SEQ.size:] + NBYTES.pack(nbytes)
-        #: The header's length in bytes.
-        self.size = len(prefix) + NBYTES.size
+        self._bytes = bytearray(prefix + NBYTES.pack(len(tail) if tail else nbytes) + tail)
+        #: The header's length in bytes (with the tail's).
+        self.size = len(self._bytes)
 
-    def at(self, seq: int) -> bytes:
-        """The header of call ``seq``."""
-        return self._before + _SEQ.pack(seq) + self._after
+    def at(self, seq: int) -> bytearray:
+        """The header of call ``seq``: the template's own bytes, rewritten in place (no new bytes per call),
+        so valid until the next call of ``at``."""
+        _SEQ.pack_into(self._bytes, SEQ_AT, seq)
+        return self._bytes
 
 
 def decode_prefix(data: bytes | memoryview) -> tuple[Signature, int]:
