@@ -54,9 +54,10 @@ import numpy as np
 
 from .algorithms import sockets
 from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
-from .algorithms.calls import EMPTY, UFUNCS, Call, Group, make_group, to_bytes
+from .algorithms.calls import EMPTY, UFUNCS, Call, Group, check_members, checked_array, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.phases import Phase
+from .algorithms.scratch import ScratchBuffers
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena, allreduce_shared
 from .algorithms.shared_copies import allgather_shared, broadcast_shared
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
@@ -106,10 +107,9 @@ class Fabric:
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
         self._world_seq = self._seq.setdefault(self._everyone, [0])
-        self._scratch: dict[int, np.ndarray] = {}
-        self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
-        self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
-                                 tuple[list[np.ndarray], list[memoryview]]] = {}
+        self._scratch = ScratchBuffers()
+        #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.
+        self.scratch_for = self._scratch.for_group
         self._arenas: dict[tuple[str, int, tuple[int, ...]], SharedArena] = {}
         #: ``_whole_on_board``'s plans by signature: (the arena's epoch, the plan, my halves, the peers' halves).
         self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], tuple[int, BoardAllreduce,
@@ -255,8 +255,6 @@ class Fabric:
             link.close()
         self._links.clear()
         self._scratch.clear()
-        self._scratch_views.clear()
-        self._scratch_sets.clear()
         self._whole_plans.clear()
         if self._boards is not None:
             self._boards.close()  # (before the mailboxes)
@@ -360,7 +358,7 @@ class Fabric:
         """Send ``payloads`` (a frame per rank) and receive one ``like``-shaped array from every other member.
         (One payload to every member is ``run_all`` with ``scratch_for``: the small collectives' hot path.)"""
         ranks = call.group.others
-        scratch = [self._scratch_array(k, like) for k in ranks]
+        scratch = [self._scratch.for_rank(k, like) for k in ranks]
         self.run(call, phase, payloads, {k: view for k, (_, view) in zip(ranks, scratch)})
         return {k: array for k, (array, _) in zip(ranks, scratch)}
 
@@ -433,53 +431,10 @@ class Fabric:
         for link in self._links.values():
             link.send_notice(notice)
 
-    def scratch_for(self, g: Group, like: np.ndarray) -> tuple[list[np.ndarray], list[memoryview]]:
-        """A ``like``-shaped scratch array per other member of ``g`` (in ``g.others`` order) and their bytes,
-        looked up once per call: with more instances than cores each microsecond here costs every instance."""
-        key = (g.members, like.dtype, like.shape)
-        cached = self._scratch_sets.get(key)
-        if cached is None:
-            if len(self._scratch_sets) >= 64:
-                self._scratch_sets.clear()
-            pairs = [self._scratch_array(k, like) for k in g.others]
-            cached = self._scratch_sets[key] = ([a for a, _ in pairs], [v for _, v in pairs])
-        return cached
-
-    def _scratch_array(self, rank: int, like: np.ndarray) -> tuple[np.ndarray, memoryview]:
-        """A ``like``-shaped array (and its bytes) to receive rank ``rank``'s frame into, reused across calls."""
-        key = (rank, like.dtype, like.shape)
-        cached = self._scratch_views.get(key)
-        if cached is not None:
-            return cached
-        buffer = self._scratch.get(rank)
-        if buffer is None or buffer.nbytes < like.nbytes:
-            buffer = self._scratch[rank] = np.empty(max(like.nbytes, 64), dtype=np.uint8)
-            self._scratch_views = {k: v for k, v in self._scratch_views.items() if k[0] != rank}
-        if len(self._scratch_views) >= 64:
-            self._scratch_views.clear()
-        array = buffer[:like.nbytes].view(like.dtype).reshape(like.shape)
-        cached = self._scratch_views[key] = (array, to_bytes(array))
-        return cached
-
     def _prepare(self, array: np.ndarray, op: str | None) -> np.ndarray:
-        """A C-contiguous, native-byte-order view or copy of ``array``, checked for the op."""
+        """``array`` checked for the op and made C-contiguous and native (``calls.checked_array``)."""
         self._check_usable()
-        x = np.asarray(array)
-        if not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x)  # (never for 0-d arrays, which it would make 1-d)
-        if x.dtype.kind not in "biufc":
-            raise TypeError(f"the fabric moves numeric arrays; got dtype {x.dtype}")
-        if op is not None:
-            if op not in UFUNCS:
-                raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(UFUNCS)}")
-            if x.dtype.kind == "b":
-                raise TypeError(f"{op} of a bool array is ambiguous; convert it to an integer dtype first")
-            if op == "mean" and x.dtype.kind in "iu":
-                raise TypeError(f"mean of {x.dtype} arrays would need rounding; use op='sum' and divide, "
-                                "or pass a floating-point array")
-        if not x.dtype.isnative:
-            x = x.astype(x.dtype.newbyteorder("="))
-        return x
+        return checked_array(array, op)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -504,13 +459,7 @@ class Fabric:
         cached = self._groups.get(members)
         if cached is not None:
             return cached
-        if list(members) != sorted(set(members)) or not members:
-            raise ValueError(f"group {list(members)} must be sorted instance indices without repeats")
-        if members[0] < 0 or members[-1] >= self.num_instances:
-            raise ValueError(f"group {list(members)} names instances outside 0..{self.num_instances - 1}")
-        if self.instance not in members:
-            raise ValueError(f"instance {self.instance} called a collective on group {list(members)}, "
-                             "which does not include it; only members may call it")
+        check_members(members, self.instance, self.num_instances)
         g = self._groups[members] = make_group(self.membership, self._links, members)
         self._seq.setdefault(members, [0])
         return g

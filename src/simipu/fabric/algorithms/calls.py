@@ -127,3 +127,35 @@ def reduce_in_order(ufunc: Callable[..., np.ndarray], arrays: list[np.ndarray],
     for other in arrays[2:]:
         ufunc(out, other, out)
     return out
+
+
+def checked_array(array: np.ndarray, op: str | None) -> np.ndarray:
+    """A C-contiguous, native-byte-order view or copy of ``array``, checked for the op (None: no reduction)."""
+    x = np.asarray(array)
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)  # (never for 0-d arrays, which it would make 1-d)
+    if x.dtype.kind not in "biufc":
+        raise TypeError(f"the fabric moves numeric arrays; got dtype {x.dtype}")
+    if op is not None:
+        if op not in UFUNCS:
+            raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(UFUNCS)}")
+        if x.dtype.kind == "b":
+            raise TypeError(f"{op} of a bool array is ambiguous; convert it to an integer dtype first")
+        if op == "mean" and x.dtype.kind in "iu":
+            raise TypeError(f"mean of {x.dtype} arrays would need rounding; use op='sum' and divide, "
+                            "or pass a floating-point array")
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
+def check_members(members: tuple[int, ...], instance: int, num_instances: int) -> None:
+    """Raise unless ``members`` is a group ``instance`` may call a collective on: sorted instances of the job
+    without repeats, this one among them."""
+    if list(members) != sorted(set(members)) or not members:
+        raise ValueError(f"group {list(members)} must be sorted instance indices without repeats")
+    if members[0] < 0 or members[-1] >= num_instances:
+        raise ValueError(f"group {list(members)} names instances outside 0..{num_instances - 1}")
+    if instance not in members:
+        raise ValueError(f"instance {instance} called a collective on group {list(members)}, "
+                         "which does not include it; only members may call it")
