@@ -370,6 +370,23 @@ def test_shared_memory_broadcasts_and_allgathers_that_differ_raise_everywhere(jo
     assert lines[0][0]["message"].startswith("instance 0 called broadcast(root=0) on float32[100000] but ")
 
 
+def test_out_arrays_give_the_fresh_results_and_a_wrong_one_raises_without_a_hang(jobs: list[Job],
+                                                                                  tmp_path: Path) -> None:
+    """broadcast/allgather with ``out=`` (in place, into another array, a row of ``out`` as the input) equal
+    the fresh-array form bit for bit, small and through shared memory; a wrong ``out`` raises ValueError on
+    the instances that passed it, after a call the others finish normally (none waits forever)."""
+    job = run_job(jobs, tmp_path, 3, "copies-out")
+    lines = job.finish()
+    for i in range(3):
+        assert len(lines[i]) == 5 and lines[i][4] == {"done": i}, lines
+        messages = [line["bad_out"] for line in lines[i][:4]]
+        for count, message in zip((1_000, 100_000, 1_000, 100_000), messages):
+            if i == 1 or message is not None:  # (only instance 1's out was wrong in the first two calls)
+                assert message == (f"out is float32[3, {count + 1}] but the result is float32[3, {count}]; "
+                                   "pass an array of the result's dtype and shape, or no out"), lines
+        assert (messages[:2] == [None, None]) == (i != 1), lines
+
+
 def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
     """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory
     (the peers' board publications, which see its sleeping flag and send the wake-up byte)."""

@@ -21,6 +21,10 @@ Scenarios:
             between them, each checked exactly; then {"done": i, "copies": calls that took shared memory}
   mismatch-copies  three instances' shared-memory calls that differ: broadcast from root 0, from root 1,
             and an allgather
+  copies-out  broadcasts (every root, in place and into another array) and allgathers into an ``out``, small
+            and through shared memory, each compared bit for bit with the fresh-array form; then a wrong
+            ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
+            last allgather (the fabric still works); then {"done": i}
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -120,6 +124,36 @@ def run_mismatch_copies(fabric, instance: int) -> None:
         fabric.allgather(big)
 
 
+def run_copies_out(fabric, instance: int, n: int) -> None:
+    for count in (7, 1_000, 100_000):  # board-sized and link frames, then shared memory (400 KB)
+        for root in range(n):
+            x = (np.arange(count) * 0.37 + instance).astype(np.float32)
+            fresh = fabric.broadcast(x, root=root)
+            into = np.full_like(x, -1.0)
+            same = fabric.broadcast(x, root=root, out=into) is into and into.tobytes() == fresh.tobytes()
+            inplace = fabric.broadcast(x, root=root, out=x) is x and x.tobytes() == fresh.tobytes()
+            if not (same and inplace):
+                raise SystemExit(f"broadcast of {count} from {root}: out= differs from the fresh array")
+        x = (np.arange(count) * 0.37 + instance).astype(np.float32)
+        out = np.full((n, count), -1.0, np.float32)
+        fresh = fabric.allgather(x)
+        row = out[instance]
+        row[:] = x
+        if fabric.allgather(x, out=out) is not out or out.tobytes() != fresh.tobytes() \
+                or fabric.allgather(row, out=out).tobytes() != fresh.tobytes():  # (x a row of out: in place)
+            raise SystemExit(f"allgather of {count}: out= differs from the fresh array")
+    for bad_on in ((1,), tuple(range(n))):
+        for count in (1_000, 100_000):
+            out = np.empty((n, count + 1 if instance in bad_on else count), np.float32)
+            try:
+                fabric.allgather(np.ones(count, np.float32), out=out)
+                message = None
+            except ValueError as exc:
+                message = str(exc)
+            report(bad_out=message)
+    fabric.allgather(np.ones(3, np.float32))
+
+
 def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     report(ready=instance, pid=os.getpid())
     if instance != 0:
@@ -178,6 +212,8 @@ def main() -> int:
             return 0
         elif scenario == "mismatch-copies":
             run_mismatch_copies(fabric, instance)
+        elif scenario == "copies-out":
+            run_copies_out(fabric, instance, n)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":

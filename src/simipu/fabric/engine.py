@@ -56,6 +56,7 @@ from .algorithms import sockets
 from .algorithms.board import BoardAllreduce, BoardAllreduces
 from .algorithms.calls import UFUNCS, Call, Group, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
+from .algorithms.outputs import result_for
 from .algorithms.phases import Phase
 from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
 from .algorithms.shared_copies import allgather_shared, broadcast_shared
@@ -146,31 +147,42 @@ class Fabric:
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
 
-    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None) -> np.ndarray:
-        """The root's array, on every member (the others pass an array of the same dtype and shape)."""
+    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """The root's array, on every member (the others pass an array of the same dtype and shape), in ``out``
+        if given (``out=array``: in place; a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         x = self._prepare(array, None)
         if root not in self._group(group).members:
             raise ValueError(f"broadcast root {root} is not in the group {list(self._group(group).members)}")
         call = self._call(BROADCAST, x, group, root=root)
         g = call.group
+        result, x, bad = result_for(out, x, x.shape)
         root_rank = g.members.index(root)
         if x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
-            return self._copy_shared(broadcast_shared, call, x, root_rank)
-        result = x.copy() if self.instance == root else np.empty_like(x)
-        if len(g.members) > 1:
-            sockets.broadcast(self, call, x, result, root_rank)
+            self._copy_shared(broadcast_shared, call, x, result, root_rank)
+        else:
+            if self.instance == root and result is not x:
+                result[...] = x
+            if len(g.members) > 1:
+                sockets.broadcast(self, call, x, result, root_rank)
+        if bad:
+            raise ValueError(bad)
         return result
 
-    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray:
-        """Every member's array, stacked in member order: shape ``(len(group), *array.shape)``."""
+    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """Every member's array, stacked in member order: shape ``(len(group), *array.shape)``, in ``out`` if
+        given (a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         x = self._prepare(array, None)
         call = self._call(ALLGATHER, x, group)
         g = call.group
-        result = np.empty((len(g.members), *x.shape), dtype=x.dtype)
+        result, x, bad = result_for(out, x, (len(g.members), *x.shape))
         if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
             self._copy_shared(allgather_shared, call, x, result)  # (fills ``result``)
         else:
             sockets.allgather(self, call, x, result)
+        if bad:
+            raise ValueError(bad)
         return result
 
     def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
