@@ -14,6 +14,9 @@ Scenarios:
   mismatch  allreduce with a dtype (instance 1) or shape (instance 2) unlike the others'
   mismatch-last  allreduce where only the last instance's dtype differs
   loop      allreduce 4 MiB arrays until an error; prints "ready" after the first
+  loop-gather  the same with allgathers of 1 KiB arrays (the board's path, algorithms/board_copies.py)
+  mismatch-board  small calls of the whole job, on the boards: allgathers of float32[16] (instance 0) and
+            float32[17] (instance 1), an allreduce of float32[16] (instance 2)
   churn     60 allreduces whose sizes, dtypes and layouts change from one to the next, each checked
             (exact integer-valued sums): shared segments reused as early as the algorithms allow, and
             board frames between them
@@ -24,7 +27,7 @@ Scenarios:
   copies-out  broadcasts (every root, in place and into another array) and allgathers into an ``out``, small
             and through shared memory, each compared bit for bit with the fresh-array form; then a wrong
             ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
-            last allgather (the fabric still works); then {"done": i}
+            last allgather (the fabric still works); then {"board_allgathers": shapes that took the boards}
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -137,6 +140,8 @@ def run_copies_out(fabric, instance: int, n: int) -> None:
         x = (np.arange(count) * 0.37 + instance).astype(np.float32)
         out = np.full((n, count), -1.0, np.float32)
         fresh = fabric.allgather(x)
+        if fresh.tobytes() != np.stack([(np.arange(count) * 0.37 + i).astype(np.float32) for i in range(n)]).tobytes():
+            raise SystemExit(f"allgather of {count}: wrong values")
         row = out[instance]
         row[:] = x
         if fabric.allgather(x, out=out) is not out or out.tobytes() != fresh.tobytes() \
@@ -152,6 +157,15 @@ def run_copies_out(fabric, instance: int, n: int) -> None:
                 message = str(exc)
             report(bad_out=message)
     fabric.allgather(np.ones(3, np.float32))
+    report(board_allgathers=sorted(shape for _, shape in fabric._allgathers.plans))
+
+
+def run_mismatch_board(fabric, instance: int) -> None:
+    """Small calls of the whole job, each on its board: two allgathers of other shapes and an allreduce."""
+    if instance < 2:
+        fabric.allgather(np.ones(16 + instance, np.float32))
+    else:
+        fabric.allreduce(np.ones(16, np.float32))
 
 
 def run_slow(fabric, instance: int, n: int, out: Path) -> None:
@@ -163,12 +177,13 @@ def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     np.savez(out / f"{instance}.npz", total=total)
 
 
-def run_loop(fabric, instance: int, n: int) -> None:
-    array = make_input("loop", instance, "float32", (1 << 20,))
-    fabric.allreduce(array)
+def run_loop(fabric, instance: int, n: int, collective: str = "allreduce") -> None:
+    array = make_input("loop", instance, "float32", (1 << 20,) if collective == "allreduce" else (256,))
+    call = getattr(fabric, collective)
+    call(array)
     report(ready=instance, pid=os.getpid())
     while True:
-        fabric.allreduce(array)
+        call(array)
 
 
 def run_group(fabric, instance: int, n: int, out: Path) -> None:
@@ -218,6 +233,10 @@ def main() -> int:
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":
             run_loop(fabric, instance, n)
+        elif scenario == "loop-gather":
+            run_loop(fabric, instance, n, "allgather")
+        elif scenario == "mismatch-board":
+            run_mismatch_board(fabric, instance)
         elif scenario == "group":
             run_group(fabric, instance, n, out)
         elif scenario == "barrier":

@@ -54,6 +54,7 @@ import numpy as np
 
 from .algorithms import sockets
 from .algorithms.board import BoardAllreduce, BoardAllreduces
+from .algorithms.board_copies import BoardAllgathers
 from .algorithms.calls import UFUNCS, Call, Group, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import result_for
@@ -105,6 +106,7 @@ class Fabric:
         self._seq: dict[tuple[int, ...], int] = {}
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
+        self._allgathers = None if self._boards is None else BoardAllgathers(self._boards)
         self._scratch: dict[int, np.ndarray] = {}
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
         self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
@@ -174,13 +176,18 @@ class Fabric:
         """Every member's array, stacked in member order: shape ``(len(group), *array.shape)``, in ``out`` if
         given (a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         x = self._prepare(array, None)
-        call = self._call(ALLGATHER, x, group)
-        g = call.group
-        result, x, bad = result_for(out, x, (len(g.members), *x.shape))
-        if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
-            self._copy_shared(allgather_shared, call, x, result)  # (fills ``result``)
+        result, x, bad = result_for(out, x, (len(self._group(group).members), *x.shape))
+        plan = None if self._allgathers is None or group is not None else self._allgathers.plan_for(x)
+        if plan is not None:  # the world group's small allgather on this host's boards (algorithms/board_copies.py)
+            plan.out = result
+            self._allreduce_on_board(plan, x, None, ALLGATHER)
         else:
-            sockets.allgather(self, call, x, result)
+            call = self._call(ALLGATHER, x, group)
+            g = call.group
+            if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
+                self._copy_shared(allgather_shared, call, x, result)  # (fills ``result``)
+            else:
+                sockets.allgather(self, call, x, result)
         if bad:
             raise ValueError(bad)
         return result
@@ -223,6 +230,7 @@ class Fabric:
         self._scratch_sets.clear()
         if self._boards is not None:
             self._boards.close()  # (before the mailboxes)
+            self._allgathers.close()  # type: ignore[union-attr]  # (made with the boards)
         for arena in self._arenas.values():
             arena.close()
         self._arenas.clear()
@@ -238,8 +246,9 @@ class Fabric:
         self.close()
 
     # -- algorithms over sockets, and the phases (``algorithms.protocol.Phases``) the others run over -
-    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str) -> np.ndarray:
-        """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already."""
+    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str | None,
+                            kind: int = ALLREDUCE) -> np.ndarray:
+        """The world group's small allreduce (or allgather: board_copies.py) through the boards (board.py), ``x`` checked."""
         seq = self._seq[self._everyone] = self._seq[self._everyone] + 1
         try:
             result = plan.allreduce(seq, x, SPIN_SECONDS)
@@ -250,7 +259,7 @@ class Fabric:
             raise
         # the general path receives the peers' frames (nothing is taken yet), or raises why they cannot come;
         # without spinning again: the board's wait spun already, so a peer that is still late is slept on
-        call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
+        call = self._call(kind, x, None, op=op, seq=seq)
         g = call.group
         scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)

@@ -1,0 +1,70 @@
+"""The world group's small allgather when every instance is on this host: the allreduce's boards, copied out.
+
+An allgather moves exactly the frames an allreduce of the same array does (one
+to every peer, one from each: ``sockets.allgather``), only with another kind
+in the header and a copy where the allreduce reduces. So its board path is the
+allreduce's (``board.BoardAllreduce``: publish once, watch one word per peer,
+compare each peer's header byte for byte, read its payload in place, fall
+back to the general exchange when anything is unusual), with the allgather's
+header (the very bytes ``Call.prefix`` gives ``sockets.allgather``) and, in
+place of the reduction, each member's array copied into its row of the
+result, before the peers' publications are marked taken. Determinism, the
+mismatch check and the never-hang guarantee are the allreduce's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frames.header import ALLGATHER, HeaderTemplate
+from ..frames.mailbox import MailboxSegment
+from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces
+from .calls import Group
+from .phases import Phase
+from .placement import Spreader
+
+
+class BoardAllgathers:
+    """The world group's small allgathers on this host's boards: a plan per (dtype, shape), made on first use."""
+
+    def __init__(self, allreduces: BoardAllreduces) -> None:
+        # the allreduces' boards, group and spreader (one spreader per instance: it moves this process)
+        self._segment: MailboxSegment = allreduces._segment
+        self._group: Group = allreduces._group
+        self._spreader: Spreader = allreduces._spreader
+        self.plans: dict[tuple[np.dtype, tuple[int, ...]], BoardAllgather] = {}
+
+    def plan_for(self, x: np.ndarray) -> BoardAllgather | None:
+        """The plan for allgathering ``x`` (checked by the engine), or None if it does not fit a board."""
+        key = (x.dtype, x.shape)
+        plan = self.plans.get(key)
+        if plan is None and BoardAllreduce.fits(self._segment, x):
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.clear()
+            plan = self.plans[key] = BoardAllgather(self._segment, self._group, x, self._spreader)
+        return plan
+
+    def close(self) -> None:
+        """Drop the plans (their views of the boards must go before the mailboxes close)."""
+        self.plans.clear()
+
+
+class BoardAllgather(BoardAllreduce):
+    """One signature (dtype, shape) of the world group's allgather: ``allreduce(seq, x, spin)`` fills ``out``
+    (set before each call) with every member's array in member order, or returns None as the allreduce does."""
+
+    def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, spreader: Spreader) -> None:
+        super().__init__(segment, group, like, "sum", spreader)  # (the op only names the reduction replaced here)
+        template = HeaderTemplate(ALLGATHER, 0, Phase.FIRST, like.dtype.str, tuple(like.shape), -1, group.key,
+                                  like.nbytes)
+        assert template.size == self._total - like.nbytes, "an allgather's header is an allreduce's length"
+        self._header_at = template.at
+        #: Where the next call's result goes: shape ``(members, *like.shape)``, C-contiguous.
+        self.out: np.ndarray = np.empty(0, like.dtype)
+
+    def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
+        """``out``, each member's array copied into its row (the peers' straight from their boards)."""
+        out = self.out
+        for k, array in enumerate(arrays):
+            out[k] = array
+        return out
