@@ -14,9 +14,11 @@ Scenarios:
   mismatch  allreduce with a dtype (instance 1) or shape (instance 2) unlike the others'
   mismatch-last  allreduce where only the last instance's dtype differs
   loop      allreduce 4 MiB arrays until an error; prints "ready" after the first
-  loop-gather  the same with allgathers of 1 KiB arrays (the board's path, algorithms/board_copies.py)
+  loop-gather, loop-broadcast  the same with allgathers or broadcasts (root 0) of 1 KiB arrays (the
+            boards' path, algorithms/board_copies.py)
   mismatch-board  small calls of the whole job, on the boards: allgathers of float32[16] (instance 0) and
-            float32[17] (instance 1), an allreduce of float32[16] (instance 2)
+            float32[17] (instance 1), an allreduce of float32[16] (instance 2), broadcasts of float32[16]
+            from root 0 (instance 3) and root 1 (instance 4)
   churn     60 allreduces whose sizes, dtypes and layouts change from one to the next, each checked
             (exact integer-valued sums): shared segments reused as early as the algorithms allow, and
             board frames between them
@@ -27,7 +29,8 @@ Scenarios:
   copies-out  broadcasts (every root, in place and into another array) and allgathers into an ``out``, small
             and through shared memory, each compared bit for bit with the fresh-array form; then a wrong
             ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
-            last allgather (the fabric still works); then {"board_allgathers": shapes that took the boards}
+            last allgather (the fabric still works); then {"board_plans": [root rank or -1, shape] of each
+            signature that took the boards}
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -132,6 +135,8 @@ def run_copies_out(fabric, instance: int, n: int) -> None:
         for root in range(n):
             x = (np.arange(count) * 0.37 + instance).astype(np.float32)
             fresh = fabric.broadcast(x, root=root)
+            if fresh.tobytes() != (np.arange(count) * 0.37 + root).astype(np.float32).tobytes():
+                raise SystemExit(f"broadcast of {count} from {root}: wrong values")
             into = np.full_like(x, -1.0)
             same = fabric.broadcast(x, root=root, out=into) is into and into.tobytes() == fresh.tobytes()
             inplace = fabric.broadcast(x, root=root, out=x) is x and x.tobytes() == fresh.tobytes()
@@ -157,15 +162,18 @@ def run_copies_out(fabric, instance: int, n: int) -> None:
                 message = str(exc)
             report(bad_out=message)
     fabric.allgather(np.ones(3, np.float32))
-    report(board_allgathers=sorted(shape for _, shape in fabric._allgathers.plans))
+    report(board_plans=sorted([root, list(shape)] for root, _, shape in fabric._copies.plans))
 
 
 def run_mismatch_board(fabric, instance: int) -> None:
-    """Small calls of the whole job, each on its board: two allgathers of other shapes and an allreduce."""
+    """Small calls of the whole job, each on its board: allgathers of two shapes, an allreduce, broadcasts
+    from two roots."""
     if instance < 2:
         fabric.allgather(np.ones(16 + instance, np.float32))
-    else:
+    elif instance == 2:
         fabric.allreduce(np.ones(16, np.float32))
+    else:
+        fabric.broadcast(np.ones(16, np.float32), root=instance - 3)
 
 
 def run_slow(fabric, instance: int, n: int, out: Path) -> None:
@@ -233,8 +241,8 @@ def main() -> int:
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":
             run_loop(fabric, instance, n)
-        elif scenario == "loop-gather":
-            run_loop(fabric, instance, n, "allgather")
+        elif scenario in ("loop-gather", "loop-broadcast"):
+            run_loop(fabric, instance, n, "allgather" if scenario == "loop-gather" else "broadcast")
         elif scenario == "mismatch-board":
             run_mismatch_board(fabric, instance)
         elif scenario == "group":

@@ -54,7 +54,7 @@ import numpy as np
 
 from .algorithms import sockets
 from .algorithms.board import BoardAllreduce, BoardAllreduces
-from .algorithms.board_copies import BoardAllgathers
+from .algorithms.board_copies import BoardCopies
 from .algorithms.calls import UFUNCS, Call, Group, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import result_for
@@ -106,7 +106,7 @@ class Fabric:
         self._seq: dict[tuple[int, ...], int] = {}
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
-        self._allgathers = None if self._boards is None else BoardAllgathers(self._boards)
+        self._copies = None if self._boards is None else BoardCopies(self._boards)
         self._scratch: dict[int, np.ndarray] = {}
         self._scratch_views: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[np.ndarray, memoryview]] = {}
         self._scratch_sets: dict[tuple[tuple[int, ...], np.dtype, tuple[int, ...]],
@@ -154,19 +154,22 @@ class Fabric:
         """The root's array, on every member (the others pass an array of the same dtype and shape), in ``out``
         if given (``out=array``: in place; a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         x = self._prepare(array, None)
-        if root not in self._group(group).members:
-            raise ValueError(f"broadcast root {root} is not in the group {list(self._group(group).members)}")
-        call = self._call(BROADCAST, x, group, root=root)
-        g = call.group
+        g = self._group(group)
+        if root not in g.members:
+            raise ValueError(f"broadcast root {root} is not in the group {list(g.members)}")
         result, x, bad = result_for(out, x, x.shape)
         root_rank = g.members.index(root)
-        if x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
-            self._copy_shared(broadcast_shared, call, x, result, root_rank)
+        plan = None if self._copies is None or g.members != self._everyone else self._copies.plan_for(x, root_rank)
+        if plan is not None:  # the world group's small broadcast on this host's boards (algorithms/board_copies.py)
+            plan.out = result
+            self._allreduce_on_board(plan, x, None, BROADCAST, root)
+        elif x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
+            self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
         else:
             if self.instance == root and result is not x:
                 result[...] = x
             if len(g.members) > 1:
-                sockets.broadcast(self, call, x, result, root_rank)
+                sockets.broadcast(self, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
         if bad:
             raise ValueError(bad)
         return result
@@ -176,8 +179,9 @@ class Fabric:
         """Every member's array, stacked in member order: shape ``(len(group), *array.shape)``, in ``out`` if
         given (a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         x = self._prepare(array, None)
-        result, x, bad = result_for(out, x, (len(self._group(group).members), *x.shape))
-        plan = None if self._allgathers is None or group is not None else self._allgathers.plan_for(x)
+        members = self._group(group).members
+        result, x, bad = result_for(out, x, (len(members), *x.shape))
+        plan = None if self._copies is None or members != self._everyone else self._copies.plan_for(x)
         if plan is not None:  # the world group's small allgather on this host's boards (algorithms/board_copies.py)
             plan.out = result
             self._allreduce_on_board(plan, x, None, ALLGATHER)
@@ -230,7 +234,7 @@ class Fabric:
         self._scratch_sets.clear()
         if self._boards is not None:
             self._boards.close()  # (before the mailboxes)
-            self._allgathers.close()  # type: ignore[union-attr]  # (made with the boards)
+            self._copies.close()  # type: ignore[union-attr]  # (made with the boards)
         for arena in self._arenas.values():
             arena.close()
         self._arenas.clear()
@@ -247,7 +251,7 @@ class Fabric:
 
     # -- algorithms over sockets, and the phases (``algorithms.protocol.Phases``) the others run over -
     def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str | None,
-                            kind: int = ALLREDUCE) -> np.ndarray:
+                            kind: int = ALLREDUCE, root: int = -1) -> np.ndarray:
         """The world group's small allreduce (or allgather: board_copies.py) through the boards (board.py), ``x`` checked."""
         seq = self._seq[self._everyone] = self._seq[self._everyone] + 1
         try:
@@ -259,7 +263,7 @@ class Fabric:
             raise
         # the general path receives the peers' frames (nothing is taken yet), or raises why they cannot come;
         # without spinning again: the board's wait spun already, so a peer that is still late is slept on
-        call = self._call(kind, x, None, op=op, seq=seq)
+        call = self._call(kind, x, None, op=op, root=root, seq=seq)
         g = call.group
         scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
