@@ -6,7 +6,7 @@ hosts, TCP (``frames.link``). The engine checks each call, numbers it on its
 group and picks an algorithm (``algorithms/``, their phases named in
 ``algorithms.phases``), each a function of the engine as ``algorithms.protocol.Phases``:
 
-* the small allreduce of the whole job on one host: the boards (algorithms/board.py);
+* the small allreduce, broadcast, allgather of the whole job on one host: the boards (algorithms/board*.py);
 * a large allreduce (above ``SHARED_BYTES``), all members on one host: through
   shared memory (algorithms/shared.py): each member reduces one chunk reading
   the others' segments directly;
