@@ -54,7 +54,7 @@ import numpy as np
 
 from .algorithms import sockets
 from .algorithms.board import BoardAllreduce, BoardAllreduces
-from .algorithms.board_copies import BoardCopies
+from .algorithms.board_copies import BoardAllgather, BoardCopies
 from .algorithms.calls import UFUNCS, Call, Group, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import result_for
@@ -162,7 +162,7 @@ class Fabric:
         plan = None if self._copies is None or g.members != self._everyone else self._copies.plan_for(x, root_rank)
         if plan is not None:  # the world group's small broadcast on this host's boards (algorithms/board_copies.py)
             plan.out = result
-            self._allreduce_on_board(plan, x, None, BROADCAST, root)
+            self._copy_on_board(plan, x, BROADCAST, root)
         elif x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
             self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
         else:
@@ -184,7 +184,7 @@ class Fabric:
         plan = None if self._copies is None or members != self._everyone else self._copies.plan_for(x)
         if plan is not None:  # the world group's small allgather on this host's boards (algorithms/board_copies.py)
             plan.out = result
-            self._allreduce_on_board(plan, x, None, ALLGATHER)
+            self._copy_on_board(plan, x, ALLGATHER)
         else:
             call = self._call(ALLGATHER, x, group)
             g = call.group
@@ -250,9 +250,8 @@ class Fabric:
         self.close()
 
     # -- algorithms over sockets, and the phases (``algorithms.protocol.Phases``) the others run over -
-    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str | None,
-                            kind: int = ALLREDUCE, root: int = -1) -> np.ndarray:
-        """The world group's small allreduce (or allgather: board_copies.py) through the boards (board.py), ``x`` checked."""
+    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str) -> np.ndarray:
+        """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already."""
         seq = self._seq[self._everyone] = self._seq[self._everyone] + 1
         try:
             result = plan.allreduce(seq, x, SPIN_SECONDS)
@@ -263,8 +262,24 @@ class Fabric:
             raise
         # the general path receives the peers' frames (nothing is taken yet), or raises why they cannot come;
         # without spinning again: the board's wait spun already, so a peer that is still late is slept on
-        call = self._call(kind, x, None, op=op, root=root, seq=seq)
+        call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
         g = call.group
+        scratch, views = self.scratch_for(g, x)
+        self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
+        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
+
+    def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, kind: int, root: int = -1) -> np.ndarray:
+        """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the
+        allreduce's path, so its fallback too), ``x`` checked already; fills ``plan.out``."""
+        call = self._call(kind, x, None, root=root)  # (numbered, and the general path's header if it falls back)
+        try:
+            result = plan.allreduce(call.seq, x, SPIN_SECONDS)
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
+        if result is not None:
+            return result
+        g = call.group  # the general path receives the peers' frames (as ``_allreduce_on_board``)
         scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])

@@ -75,12 +75,14 @@ class BoardAllgather(BoardAllreduce):
                                   tuple(like.shape), self.root, group.key, like.nbytes)
         assert template.size == self._total - like.nbytes, "an allgather's header is an allreduce's length"
         self._header_at = template.at
+        self._inline = False  # (where ``BoardAllreduce.allreduce`` would reduce inline, it calls ``reduce``)
         #: Where the next call's result goes: shape ``(members, *like.shape)``, C-contiguous.
         self.out: np.ndarray = np.empty(0, like.dtype)
 
-    def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """``out``, each member's array copied into its row (the peers' straight from their boards)."""
-        out = self.out
+    def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """``out`` (the argument, else the attribute), each member's array copied into its row (the peers'
+        straight from their boards)."""
+        out = self.out if out is None else out
         for k, array in enumerate(arrays):
             out[k] = array
         return out
@@ -90,9 +92,10 @@ class BoardBroadcast(BoardAllgather):
     """One signature (root, dtype, shape) of the world group's broadcast: fills ``out`` with the root's array
     (every member's frame carries its array: see the module docstring)."""
 
-    def reduce(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """``out``, the root's array copied in (unless it is the root's own array: ``out=x`` in place)."""
-        out, root = self.out, arrays[self._root_rank]
+    def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """``out`` (the argument, else the attribute), the root's array copied in (unless it is the root's own
+        array: ``out=x`` in place)."""
+        out, root = self.out if out is None else out, arrays[self._root_rank]
         if out is not root:
             out[...] = root
         return out
