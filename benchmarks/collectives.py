@@ -4,12 +4,12 @@ The allreduce benchmark's method (``benchmarks/allreduce.py``: the same workers,
 launches, rounds, checks and plans) applied to two more collectives, float32,
 N = 2 and 4 processes on this one host, results of 4 KiB, 256 KiB, 4 MiB and 64 MiB:
 
-* broadcast from root 0: ``popdist.collectives.broadcast(x, 0)`` under
+* broadcast from root 0: ``popdist.collectives.broadcast(x, 0, out=x)`` under
   ``poprun --offline-mode=1 --num-instances N --num-replicas N``, against
   ``comm.Bcast(x, root=0)`` (mpi4py under ``mpirun``) and ``dist.broadcast(t, src=0)``
-  (torch gloo under ``torchrun``), each in place where the library works in place;
-* allgather: ``popdist.collectives.allgather(x)`` against ``comm.Allgather(x, out)``
-  into a preallocated ``out`` and ``dist.all_gather(rows, t)`` into views of one
+  (torch gloo under ``torchrun``), all three in place;
+* allgather: ``popdist.collectives.allgather(x, out=out)`` against ``comm.Allgather(x, out)``,
+  each into a preallocated ``out``, and ``dist.all_gather(rows, t)`` into views of one
   preallocated array. The size is the gathered result's, as NCCL's tests count
   it: each process contributes size / N bytes.
 

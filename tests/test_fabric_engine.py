@@ -231,9 +231,25 @@ def test_a_board_frame_meets_link_frames_as_a_mismatch(jobs: list[Job], tmp_path
     assert lines[0][0]["message"].startswith("instance 0 called allreduce(sum) on float32[16] but instance ")
 
 
-@pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_a_killed_peer_is_named_by_every_survivor(jobs: list[Job], tmp_path: Path, transport: str) -> None:
-    job = run_job(jobs, tmp_path, 3, "loop", transport=transport)
+def test_small_copies_on_the_boards_that_differ_raise_everywhere(jobs: list[Job], tmp_path: Path) -> None:
+    """Two allgathers of other shapes, an allreduce and broadcasts from two roots, each published on its
+    board: all five raise."""
+    job = run_job(jobs, tmp_path, 5, "mismatch-board")
+    lines = job.finish()
+    for i in range(5):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[0][0]["message"].startswith("instance 0 called allgather on float32[16] but instance ")
+    assert lines[2][0]["message"].startswith("instance 2 called allreduce(sum) on float32[16] but instance ")
+    assert lines[4][0]["message"].startswith("instance 4 called broadcast(root=1) on float32[16] but instance ")
+
+
+@pytest.mark.parametrize("scenario,transport", [("loop", "auto"), ("loop", "tcp"), ("loop-gather", "auto"),
+                                                  ("loop-broadcast", "auto")])
+def test_a_killed_peer_is_named_by_every_survivor(jobs: list[Job], tmp_path: Path, scenario: str,
+                                                  transport: str) -> None:
+    """Mid-allreduce (4 MiB), or mid-allgather or mid-broadcast of 1 KiB arrays (on the boards, when there are
+    mailboxes)."""
+    job = run_job(jobs, tmp_path, 3, scenario, transport=transport)
     for worker in job.workers:
         assert job.workers[worker.instance].read_line(job.deadline) == {"ready": worker.instance,
                                                                        "pid": worker.proc.pid}
@@ -368,6 +384,26 @@ def test_shared_memory_broadcasts_and_allgathers_that_differ_raise_everywhere(jo
     for i in range(3):
         assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
     assert lines[0][0]["message"].startswith("instance 0 called broadcast(root=0) on float32[100000] but ")
+
+
+def test_out_arrays_give_the_fresh_results_and_a_wrong_one_raises_without_a_hang(jobs: list[Job],
+                                                                                  tmp_path: Path) -> None:
+    """broadcast/allgather with ``out=`` (in place, into another array, a row of ``out`` as the input) equal
+    the fresh-array form bit for bit, small and through shared memory; a wrong ``out`` raises ValueError on
+    the instances that passed it, after a call the others finish normally (none waits forever)."""
+    job = run_job(jobs, tmp_path, 3, "copies-out")
+    lines = job.finish()
+    for i in range(3):
+        assert len(lines[i]) == 6 and lines[i][5] == {"done": i}, lines
+        if LOCAL == "unix+mailbox":  # the small calls took the boards (algorithms/board_copies.py)
+            small = [[root, [count]] for root in range(-1, 3) for count in (7, 1_000)]
+            assert lines[i][4] == {"board_plans": sorted([[-1, [3]], *small])}, lines
+        messages = [line["bad_out"] for line in lines[i][:4]]
+        for count, message in zip((1_000, 100_000, 1_000, 100_000), messages):
+            if i == 1 or message is not None:  # (only instance 1's out was wrong in the first two calls)
+                assert message == (f"out is float32[3, {count + 1}] but the result is float32[3, {count}]; "
+                                   "pass an array of the result's dtype and shape, or no out"), lines
+        assert (messages[:2] == [None, None]) == (i != 1), lines
 
 
 def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:

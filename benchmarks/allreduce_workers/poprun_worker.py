@@ -1,5 +1,6 @@
-"""poprun-py worker: ``popdist.collectives.allreduce(x, "sum")`` (or ``broadcast(x, 0)``, ``allgather(x)``)
-on float32 NumPy arrays.
+"""poprun-py worker: ``popdist.collectives.allreduce(x, "sum")`` (or ``broadcast(x, 0, out=x)`` in place,
+``allgather(x, out=out)`` into a preallocated ``out``: like for like with the mpi4py worker's ``comm.Bcast(x)``
+and ``comm.Allgather(x, out)``) on float32 NumPy arrays.
 
 Launched as ``poprun --offline-mode=1 --num-instances N --num-replicas N python poprun_worker.py ...``.
 """
@@ -31,13 +32,24 @@ def gather(obj):
     return [json.loads(rows[r, :int(sizes[r])].tobytes()) for r in range(len(sizes))]
 
 
+_out: dict[tuple, np.ndarray] = {}
+
+
+def allgather(x: np.ndarray) -> np.ndarray:
+    """Into the preallocated result for ``x``'s shape (made once per shape, outside the timing)."""
+    out = _out.get((x.shape, x.dtype.str))
+    if out is None:
+        out = _out[(x.shape, x.dtype.str)] = np.empty((C.size(), *x.shape), dtype=x.dtype)
+    return C.allgather(x, out=out)
+
+
 _common.run(
     tool="poprun",
     rank=C.rank(),
     n=C.size(),
     allreduce=lambda x: C.allreduce(x, "sum"),
-    broadcast=lambda x: C.broadcast(x, 0),
-    allgather=C.allgather,
+    broadcast=lambda x: C.broadcast(x, 0, out=x),
+    allgather=allgather,
     barrier=C.barrier,
     gather=gather,
     init_s=init_s,

@@ -29,8 +29,10 @@ class Collectives(Protocol):
     num_instances: int
 
     def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray: ...
-    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None) -> np.ndarray: ...
-    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray: ...
+    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray: ...
+    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray: ...
     def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray: ...
     def barrier(self, group: Sequence[int] | None = None) -> None: ...
     def close(self) -> None: ...
@@ -48,17 +50,17 @@ class LoneFabric:
         array = np.asarray(array)  # (not ascontiguousarray, which makes a 0-d array 1-d; copy() is C-ordered)
         return array / 1 if op == "mean" and not np.issubdtype(array.dtype, np.floating) else array.copy()
 
-    def broadcast(self, array, root=0, group=None):
+    def broadcast(self, array, root=0, group=None, out=None):
         import numpy as np
 
         if root != 0:
             raise ValueError(f"broadcast root {root} does not exist: there is 1 instance")
-        return np.ascontiguousarray(array).copy()
+        return _filled(out, np.ascontiguousarray(array))
 
-    def allgather(self, array, group=None):
+    def allgather(self, array, group=None, out=None):
         import numpy as np
 
-        return np.ascontiguousarray(array)[np.newaxis].copy()
+        return _filled(out, np.ascontiguousarray(array)[np.newaxis])
 
     def reduce_scatter(self, array, op="sum", group=None):
         return self.allreduce(array, op)
@@ -164,6 +166,20 @@ def initialise() -> None:
     else:
         logger.debug("popdist initialised: instance %d of %d",
                      launch.instance_index, launch.num_instances)
+
+
+def _filled(out, result):
+    """A copy of ``result``, or ``out`` filled with it (checked as the fabric checks it; alone, a wrong one
+    raises at once: no peer waits)."""
+    if out is None:
+        return result.copy()
+    from simipu.fabric.algorithms.outputs import out_problem
+
+    problem = out_problem(out, result.shape, result.dtype)
+    if problem:
+        raise ValueError(problem)
+    out[...] = result
+    return out
 
 
 def current_fabric() -> Collectives:

@@ -95,14 +95,16 @@ def grouped_allreduce(arrays: Iterable[Any], op: str = Sum) -> list:
     return [allreduce(array, op) for array in arrays]
 
 
-def broadcast(array: Any, root: int = 0):
-    """Every instance gets the root instance's array."""
-    return current_fabric().broadcast(_array(array), int(root), current_group())
+def broadcast(array: Any, root: int = 0, out: Any = None):
+    """Every instance gets the root instance's array: a new one, or ``out`` filled (``out=array``: in place).
+    A wrong ``out`` (dtype, shape, not C-contiguous) raises ValueError once the broadcast is done."""
+    return current_fabric().broadcast(_array(array), int(root), current_group(), out=out)
 
 
-def allgather(array: Any):
-    """Every instance's array, stacked in instance order: shape (instances, *shape)."""
-    return current_fabric().allgather(_array(array), current_group())
+def allgather(array: Any, out: Any = None):
+    """Every instance's array, stacked in instance order: shape (instances, *shape); into ``out`` if given
+    (that shape and the array's dtype, C-contiguous; a wrong one raises ValueError once the call is done)."""
+    return current_fabric().allgather(_array(array), current_group(), out=out)
 
 
 def reduce_scatter(array: Any, op: str = Sum):

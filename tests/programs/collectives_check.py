@@ -57,6 +57,11 @@ def main():
         for root in range(n):
             check(f"broadcast-{root}-{np.dtype(dtype).name}", C.broadcast(inputs[me], root), inputs[root], digests)
         check(f"allgather-{np.dtype(dtype).name}", C.allgather(inputs[me]), stacked, digests)
+        mine, out = inputs[me].copy(), np.empty_like(stacked)
+        if C.broadcast(mine, n - 1, out=mine) is not mine or C.allgather(inputs[me], out=out) is not out:
+            raise AssertionError("broadcast/allgather with out= returned another array than out")
+        check(f"broadcast-out-{np.dtype(dtype).name}", mine, inputs[n - 1], digests)
+        check(f"allgather-out-{np.dtype(dtype).name}", out, stacked, digests)
     # zero-size and non-contiguous
     check("allreduce-empty", C.allreduce(np.zeros((0, 3), np.float32)), np.zeros((0, 3), np.float32), digests)
     strided = np.arange(40, dtype=np.float64).reshape(5, 8)[:, ::2] * (me + 1)

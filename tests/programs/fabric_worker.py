@@ -14,6 +14,11 @@ Scenarios:
   mismatch  allreduce with a dtype (instance 1) or shape (instance 2) unlike the others'
   mismatch-last  allreduce where only the last instance's dtype differs
   loop      allreduce 4 MiB arrays until an error; prints "ready" after the first
+  loop-gather, loop-broadcast  the same with allgathers or broadcasts (root 0) of 1 KiB arrays (the
+            boards' path, algorithms/board_copies.py)
+  mismatch-board  small calls of the whole job, on the boards: allgathers of float32[16] (instance 0) and
+            float32[17] (instance 1), an allreduce of float32[16] (instance 2), broadcasts of float32[16]
+            from root 0 (instance 3) and root 1 (instance 4)
   churn     60 allreduces whose sizes, dtypes and layouts change from one to the next, each checked
             (exact integer-valued sums): shared segments reused as early as the algorithms allow, and
             board frames between them
@@ -21,6 +26,11 @@ Scenarios:
             between them, each checked exactly; then {"done": i, "copies": calls that took shared memory}
   mismatch-copies  three instances' shared-memory calls that differ: broadcast from root 0, from root 1,
             and an allgather
+  copies-out  broadcasts (every root, in place and into another array) and allgathers into an ``out``, small
+            and through shared memory, each compared bit for bit with the fresh-array form; then a wrong
+            ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
+            last allgather (the fabric still works); then {"board_plans": [root rank or -1, shape] of each
+            signature that took the boards}
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -120,6 +130,52 @@ def run_mismatch_copies(fabric, instance: int) -> None:
         fabric.allgather(big)
 
 
+def run_copies_out(fabric, instance: int, n: int) -> None:
+    for count in (7, 1_000, 100_000):  # board-sized and link frames, then shared memory (400 KB)
+        for root in range(n):
+            x = (np.arange(count) * 0.37 + instance).astype(np.float32)
+            fresh = fabric.broadcast(x, root=root)
+            if fresh.tobytes() != (np.arange(count) * 0.37 + root).astype(np.float32).tobytes():
+                raise SystemExit(f"broadcast of {count} from {root}: wrong values")
+            into = np.full_like(x, -1.0)
+            same = fabric.broadcast(x, root=root, out=into) is into and into.tobytes() == fresh.tobytes()
+            inplace = fabric.broadcast(x, root=root, out=x) is x and x.tobytes() == fresh.tobytes()
+            if not (same and inplace):
+                raise SystemExit(f"broadcast of {count} from {root}: out= differs from the fresh array")
+        x = (np.arange(count) * 0.37 + instance).astype(np.float32)
+        out = np.full((n, count), -1.0, np.float32)
+        fresh = fabric.allgather(x)
+        if fresh.tobytes() != np.stack([(np.arange(count) * 0.37 + i).astype(np.float32) for i in range(n)]).tobytes():
+            raise SystemExit(f"allgather of {count}: wrong values")
+        row = out[instance]
+        row[:] = x
+        if fabric.allgather(x, out=out) is not out or out.tobytes() != fresh.tobytes() \
+                or fabric.allgather(row, out=out).tobytes() != fresh.tobytes():  # (x a row of out: in place)
+            raise SystemExit(f"allgather of {count}: out= differs from the fresh array")
+    for bad_on in ((1,), tuple(range(n))):
+        for count in (1_000, 100_000):
+            out = np.empty((n, count + 1 if instance in bad_on else count), np.float32)
+            try:
+                fabric.allgather(np.ones(count, np.float32), out=out)
+                message = None
+            except ValueError as exc:
+                message = str(exc)
+            report(bad_out=message)
+    fabric.allgather(np.ones(3, np.float32))
+    report(board_plans=sorted([root, list(shape)] for root, _, shape in fabric._copies.plans))
+
+
+def run_mismatch_board(fabric, instance: int) -> None:
+    """Small calls of the whole job, each on its board: allgathers of two shapes, an allreduce, broadcasts
+    from two roots."""
+    if instance < 2:
+        fabric.allgather(np.ones(16 + instance, np.float32))
+    elif instance == 2:
+        fabric.allreduce(np.ones(16, np.float32))
+    else:
+        fabric.broadcast(np.ones(16, np.float32), root=instance - 3)
+
+
 def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     report(ready=instance, pid=os.getpid())
     if instance != 0:
@@ -129,12 +185,13 @@ def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     np.savez(out / f"{instance}.npz", total=total)
 
 
-def run_loop(fabric, instance: int, n: int) -> None:
-    array = make_input("loop", instance, "float32", (1 << 20,))
-    fabric.allreduce(array)
+def run_loop(fabric, instance: int, n: int, collective: str = "allreduce") -> None:
+    array = make_input("loop", instance, "float32", (1 << 20,) if collective == "allreduce" else (256,))
+    call = getattr(fabric, collective)
+    call(array)
     report(ready=instance, pid=os.getpid())
     while True:
-        fabric.allreduce(array)
+        call(array)
 
 
 def run_group(fabric, instance: int, n: int, out: Path) -> None:
@@ -178,10 +235,16 @@ def main() -> int:
             return 0
         elif scenario == "mismatch-copies":
             run_mismatch_copies(fabric, instance)
+        elif scenario == "copies-out":
+            run_copies_out(fabric, instance, n)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":
             run_loop(fabric, instance, n)
+        elif scenario in ("loop-gather", "loop-broadcast"):
+            run_loop(fabric, instance, n, "allgather" if scenario == "loop-gather" else "broadcast")
+        elif scenario == "mismatch-board":
+            run_mismatch_board(fabric, instance)
         elif scenario == "group":
             run_group(fabric, instance, n, out)
         elif scenario == "barrier":

@@ -18,7 +18,8 @@ One collective, e.g. ``fabric.allreduce(x)`` (four files):
    ``algorithms/shared.py`` (``algorithms/shared_copies.py`` for a large
    broadcast or allgather) or ``algorithms/hierarchical.py``, or, for a
    small one when every instance is on this host, the board
-   (``algorithms/board.py``). Every algorithm moves its frames one phase
+   (``algorithms/board.py``; ``algorithms/board_copies.py`` for a small
+   broadcast or allgather). Every algorithm moves its frames one phase
    at a time (``algorithms/phases.py`` names them) through ``Fabric.run`` /
    ``run_all``.
 2. ``frames/exchange.py``: a phase: post a frame to each peer, take one

@@ -6,7 +6,7 @@ hosts, TCP (``frames.link``). The engine checks each call, numbers it on its
 group and picks an algorithm (``algorithms/``, their phases named in
 ``algorithms.phases``), each a function of the engine as ``algorithms.protocol.Phases``:
 
-* the small allreduce of the whole job on one host: the boards (algorithms/board.py);
+* the small allreduce, broadcast, allgather of the whole job on one host: the boards (algorithms/board*.py);
 * a large allreduce (above ``SHARED_BYTES``), all members on one host: through
   shared memory (algorithms/shared.py): each member reduces one chunk reading
   the others' segments directly;
@@ -54,8 +54,10 @@ import numpy as np
 
 from .algorithms import sockets
 from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
+from .algorithms.board_copies import BoardAllgather, BoardCopies
 from .algorithms.calls import EMPTY, UFUNCS, Call, Group, check_members, checked_array, make_group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
+from .algorithms.outputs import result_for
 from .algorithms.phases import Phase
 from .algorithms.scratch import ScratchBuffers
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena, allreduce_shared
@@ -107,6 +109,8 @@ class Fabric:
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
         self._world_seq = self._seq.setdefault(self._everyone, [0])
+        #: The world group's small broadcasts and allgathers on the boards (algorithms/board_copies.py).
+        self._copies = None if self._boards is None else BoardCopies(self._boards)
         self._scratch = ScratchBuffers()
         #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.
         self.scratch_for = self._scratch.for_group
@@ -194,31 +198,51 @@ class Fabric:
             return self._allreduce_on_board(plan, x, op, out, payload)
         return on_board
 
-    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None) -> np.ndarray:
-        """The root's array, on every member (the others pass an array of the same dtype and shape)."""
+    def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """The root's array, on every member (the others pass an array of the same dtype and shape), in ``out``
+        if given (``out=array``: in place; a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         x = self._prepare(array, None)
-        if root not in self._group(group).members:
-            raise ValueError(f"broadcast root {root} is not in the group {list(self._group(group).members)}")
-        call = self._call(BROADCAST, x, group, root=root)
-        g = call.group
+        g = self._group(group)
+        if root not in g.members:
+            raise ValueError(f"broadcast root {root} is not in the group {list(g.members)}")
+        result, x, bad = result_for(out, x, x.shape)
         root_rank = g.members.index(root)
-        if x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
-            return self._copy_shared(broadcast_shared, call, x, root_rank)
-        result = x.copy() if self.instance == root else np.empty_like(x)
-        if len(g.members) > 1:
-            sockets.broadcast(self, call, x, result, root_rank)
+        plan = None if self._copies is None or g.members != self._everyone else self._copies.plan_for(x, root_rank)
+        if plan is not None:  # the world group's small broadcast on this host's boards (algorithms/board_copies.py)
+            plan.out = result
+            self._copy_on_board(plan, x, BROADCAST, root)
+        elif x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
+            self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
+        else:
+            if self.instance == root and result is not x:
+                result[...] = x
+            if len(g.members) > 1:
+                sockets.broadcast(self, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
+        if bad:
+            raise ValueError(bad)
         return result
 
-    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None) -> np.ndarray:
-        """Every member's array, stacked in member order: shape ``(len(group), *array.shape)``."""
+    def allgather(self, array: np.ndarray, group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """Every member's array, stacked in member order: shape ``(len(group), *array.shape)``, in ``out`` if
+        given (a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         x = self._prepare(array, None)
-        call = self._call(ALLGATHER, x, group)
-        g = call.group
-        result = np.empty((len(g.members), *x.shape), dtype=x.dtype)
-        if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
-            self._copy_shared(allgather_shared, call, x, result)  # (fills ``result``)
+        members = self._group(group).members
+        result, x, bad = result_for(out, x, (len(members), *x.shape))
+        plan = None if self._copies is None or members != self._everyone else self._copies.plan_for(x)
+        if plan is not None:  # the world group's small allgather on this host's boards (algorithms/board_copies.py)
+            plan.out = result
+            self._copy_on_board(plan, x, ALLGATHER)
         else:
-            sockets.allgather(self, call, x, result)
+            call = self._call(ALLGATHER, x, group)
+            g = call.group
+            if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
+                self._copy_shared(allgather_shared, call, x, result)  # (fills ``result``)
+            else:
+                sockets.allgather(self, call, x, result)
+        if bad:
+            raise ValueError(bad)
         return result
 
     def reduce_scatter(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
@@ -258,6 +282,7 @@ class Fabric:
         self._whole_plans.clear()
         if self._boards is not None:
             self._boards.close()  # (before the mailboxes)
+            self._copies.close()  # type: ignore[union-attr]  # (made with the boards)
         for arena in self._arenas.values():
             arena.close()
         self._arenas.clear()
@@ -352,6 +377,22 @@ class Fabric:
         peers = [arena.peer(g.members[k], 2 * n)[half * n:(half + 1) * n].view(x.dtype).reshape(x.shape)
                  for k in g.others]
         return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
+
+    def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, kind: int, root: int = -1) -> np.ndarray:
+        """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the
+        allreduce's path, so its fallback too), ``x`` checked already; fills ``plan.out``."""
+        call = self._call(kind, x, None, root=root)  # (numbered, and the general path's header if it falls back)
+        try:
+            result = plan.allreduce(call.seq, x, SPIN_SECONDS)
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
+        if result is not None:
+            return result
+        g = call.group  # the general path receives the peers' frames (as ``_allreduce_on_board``)
+        scratch, views = self.scratch_for(g, x)
+        self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
+        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
 
     def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
                              like: np.ndarray) -> dict[int, np.ndarray]:

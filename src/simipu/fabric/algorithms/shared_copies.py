@@ -33,20 +33,21 @@ from .protocol import Phases
 from .shared import SharedArena, _announce
 
 
-def broadcast_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray, root_rank: int) -> np.ndarray:
-    """The root's array, new on every member; see the module docstring. (The root makes its own copy after
-    the announcement, while the others copy theirs out.)"""
+def broadcast_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray, result: np.ndarray,
+                     root_rank: int) -> None:
+    """Fill ``result`` with the root's array (the root's may be ``x`` itself); see the module docstring. (The
+    root fills its own after the announcement, while the others copy theirs out.)"""
     g, n = call.group, x.nbytes
     half = _next_half(phases, arena, call, ("broadcast", n, root_rank))
     if g.rank == root_rank:
         arena.reserve(2 * n)[half * n:(half + 1) * n] = x.reshape(-1).view(np.uint8)
         _announce(phases, arena, call, 0)
-        return x.copy()
-    result = np.empty_like(x)
+        if result is not x:
+            result[...] = x
+        return
     arena.reserve(0)  # (a segment to announce: the root maps it, never reads it)
     peers = _announce(phases, arena, call, 2 * n)
     result.reshape(-1).view(np.uint8)[:] = peers[root_rank][half * n:(half + 1) * n]
-    return result
 
 
 def allgather_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray, result: np.ndarray) -> None:

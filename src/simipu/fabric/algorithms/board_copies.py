@@ -1,0 +1,101 @@
+"""The world group's small allgather and broadcast when every instance is on this host: the allreduce's boards.
+
+An allgather moves exactly the frames an allreduce of the same array does (one
+to every peer, one from each: ``sockets.allgather``), only with another kind
+in the header and a copy where the allreduce reduces. So its board path is the
+allreduce's (``board.BoardAllreduce``: publish once, watch one word per peer,
+compare each peer's header byte for byte, read its payload in place, fall
+back to the general exchange when anything is unusual), with the allgather's
+header (the very bytes ``Call.prefix`` gives ``sockets.allgather``) and, in
+place of the reduction, each member's array copied into its row of the
+result, before the peers' publications are marked taken. Determinism, the
+mismatch check and the never-hang guarantee are the allreduce's.
+
+A broadcast on the boards moves other frames than ``sockets.broadcast``
+(there, the members other than the root send empty frames): here every member
+publishes its whole array, so that the frames are the allreduce's shape and
+its path applies unchanged; the root's is copied out. The two never meet: a
+broadcast of the whole job on one host with a board-sized array takes this
+path on every member (the engine decides by the call's signature and the
+group's members alone), and any other broadcast never does. Publishing
+an array of at most a board's size costs a copy of a few microseconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..frames.header import ALLGATHER, BROADCAST, HeaderTemplate
+from ..frames.mailbox import MailboxSegment
+from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces
+from .calls import Group
+from .phases import Phase
+from .placement import Spreader
+
+
+class BoardCopies:
+    """The world group's small allgathers and broadcasts on this host's boards: a plan per (root, dtype, shape)
+    (root -1: an allgather), made on first use."""
+
+    def __init__(self, allreduces: BoardAllreduces) -> None:
+        # the allreduces' boards, group and spreader (one spreader per instance: it moves this process)
+        self._segment: MailboxSegment = allreduces._segment
+        self._group: Group = allreduces._group
+        self._spreader: Spreader = allreduces._spreader
+        self.plans: dict[tuple[int, np.dtype, tuple[int, ...]], BoardAllgather] = {}
+
+    def plan_for(self, x: np.ndarray, root_rank: int = -1) -> BoardAllgather | None:
+        """The plan for allgathering ``x`` (checked by the engine), or broadcasting it from ``root_rank``; None
+        if it does not fit a board."""
+        key = (root_rank, x.dtype, x.shape)
+        plan = self.plans.get(key)
+        if plan is None and BoardAllreduce.fits(self._segment, x):
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.clear()
+            kind = BoardAllgather if root_rank < 0 else BoardBroadcast
+            plan = self.plans[key] = kind(self._segment, self._group, x, self._spreader, root_rank)
+        return plan
+
+    def close(self) -> None:
+        """Drop the plans (their views of the boards must go before the mailboxes close)."""
+        self.plans.clear()
+
+
+class BoardAllgather(BoardAllreduce):
+    """One signature (dtype, shape) of the world group's allgather: ``allreduce(seq, x, spin)`` fills ``out``
+    (set before each call) with every member's array in member order, or returns None as the allreduce does."""
+
+    def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, spreader: Spreader,
+                 root_rank: int = -1) -> None:
+        super().__init__(segment, group, like, "sum", spreader)  # (the op only names the reduction replaced here)
+        #: The broadcast's root, as an instance index (-1: an allgather), and as a rank in the group.
+        self.root = -1 if root_rank < 0 else group.members[root_rank]
+        self._root_rank = root_rank
+        template = HeaderTemplate(ALLGATHER if root_rank < 0 else BROADCAST, 0, Phase.FIRST, like.dtype.str,
+                                  tuple(like.shape), self.root, group.key, like.nbytes)
+        assert template.size == self._total - like.nbytes, "an allgather's header is an allreduce's length"
+        self._header_at = template.at
+        self._inline = False  # (where ``BoardAllreduce.allreduce`` would reduce inline, it calls ``reduce``)
+        #: Where the next call's result goes: shape ``(members, *like.shape)``, C-contiguous.
+        self.out: np.ndarray = np.empty(0, like.dtype)
+
+    def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """``out`` (the argument, else the attribute), each member's array copied into its row (the peers'
+        straight from their boards)."""
+        out = self.out if out is None else out
+        for k, array in enumerate(arrays):
+            out[k] = array
+        return out
+
+
+class BoardBroadcast(BoardAllgather):
+    """One signature (root, dtype, shape) of the world group's broadcast: fills ``out`` with the root's array
+    (every member's frame carries its array: see the module docstring)."""
+
+    def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """``out`` (the argument, else the attribute), the root's array copied in (unless it is the root's own
+        array: ``out=x`` in place)."""
+        out, root = self.out if out is None else out, arrays[self._root_rank]
+        if out is not root:
+            out[...] = root
+        return out
