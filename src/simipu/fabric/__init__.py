@@ -2,7 +2,8 @@
 
 Layers, by when they run (each imports only those below it, and ``errors``)::
 
-    engine.py, connect.py   the top: one instance's ``Fabric`` and how it is made
+    engine.py, runner.py,   the top: one instance's ``Fabric`` (its collectives; the phases
+    connect.py              they run, ``runner.PhaseRunner``) and how it is made
     algorithms/             a collective as phases: groups and calls, named phases, the
                             socket, shared-memory, hierarchical and board algorithms
     frames/                 one phase's frames: headers, links (socket + mailboxes), the wait loop
@@ -20,8 +21,8 @@ One collective, e.g. ``fabric.allreduce(x)`` (four files):
    small one when every instance is on this host, the board
    (``algorithms/board.py``; ``algorithms/board_copies.py`` for a small
    broadcast or allgather). Every algorithm moves its frames one phase
-   at a time (``algorithms/phases.py`` names them) through ``Fabric.run`` /
-   ``run_all``.
+   at a time (``algorithms/phases.py`` names them) through ``run`` /
+   ``run_all`` (``runner.py``: a failed phase breaks the fabric and tells the peers).
 2. ``frames/exchange.py``: a phase: post a frame to each peer, take one
    from each, spin then sleep in ``poll`` until all have moved, or raise why
    they cannot (a lost peer, a mismatched header).

@@ -48,78 +48,42 @@ member of a group.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .algorithms import sockets
 from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
 from .algorithms.board_copies import BoardAllgather, BoardCopies
-from .algorithms.calls import EMPTY, UFUNCS, Call, Group, check_members, checked_array, make_group, to_bytes
+from .algorithms.calls import EMPTY, UFUNCS, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import result_for
 from .algorithms.phases import Phase
-from .algorithms.scratch import ScratchBuffers
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena, allreduce_shared
 from .algorithms.shared_copies import allgather_shared, broadcast_shared
-from .errors import CollectiveMismatchError, FabricError, PeerLostError
-from .frames.exchange import exchange, exchange_all
-from .frames.header import (
-    ALLGATHER,
-    ALLREDUCE,
-    BARRIER,
-    BROADCAST,
-    OP_CODES,
-    REDUCE_SCATTER,
-    abort_notice,
-    mismatch_notice,
-)
+from .errors import FabricError
+from .frames.header import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, REDUCE_SCATTER
 from .frames.link import Link
 from .frames.mailbox import MailboxSegment
-from .frames.watch import Control, LossWatch
+from .frames.watch import Control
 from .join.membership import Membership
-
-T = TypeVar("T")
-
-#: How long a wait retries (yielding the CPU) before it sleeps in poll: see ``exchange._spin``.
-SPIN_SECONDS = 200e-6
+from .runner import SPIN_SECONDS, PhaseRunner
 
 
-class Fabric:
+class Fabric(PhaseRunner):
     """One instance's end of the job's collectives (see the module docstring for the algorithms)."""
 
     def __init__(self, membership: Membership, links: dict[int, Link], control: Control | None, *,
                  timeout: float = 10.0, on_close: Callable[[], None] | None = None,
                  mailboxes: MailboxSegment | None = None) -> None:
-        self.membership = membership
-        self.instance = membership.instance
-        self.num_instances = membership.num_instances
-        self.timeout = timeout
-        self._links = links
-        self._control = control
-        self._watch = LossWatch(control)
-        self._on_close = on_close
-        self._mailboxes = mailboxes
-        #: Frames to every peer go to our board once, when every instance is on this host (see ``frames.mailbox``).
-        self._board = mailboxes if mailboxes is not None and len(mailboxes.local) == self.num_instances else None
-        self._groups: dict[tuple[int, ...], Group] = {}
-        self._everyone = tuple(range(self.num_instances))
-        #: Each group's call counter (a one-item list, so that the hot path holds the world group's own).
-        self._seq: dict[tuple[int, ...], list[int]] = {}
+        super().__init__(membership, links, control, timeout=timeout, on_close=on_close, mailboxes=mailboxes)
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
-        self._world_seq = self._seq.setdefault(self._everyone, [0])
         #: The world group's small broadcasts and allgathers on the boards (algorithms/board_copies.py).
         self._copies = None if self._boards is None else BoardCopies(self._boards)
-        self._scratch = ScratchBuffers()
-        #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.
-        self.scratch_for = self._scratch.for_group
-        self._arenas: dict[tuple[str, int, tuple[int, ...]], SharedArena] = {}
         #: ``_whole_on_board``'s plans by signature: (the arena's epoch, the plan, my halves, the peers' halves).
         self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], tuple[int, BoardAllreduce,
                                 tuple[memoryview, ...], tuple[tuple[np.ndarray, ...], ...]]] = {}
-        self._broken: BaseException | None = None
-        self._closed = False
 
     # -- public collectives ------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
@@ -265,39 +229,13 @@ class Fabric:
         """Return once every member of the group has entered the barrier."""
         sockets.barrier(self, self._call(BARRIER, None, group))
 
-    def transports(self) -> dict[int, str]:
-        """How each peer is reached: "tcp", "unix", or "unix+mailbox" (shared-memory mailboxes beside it)."""
-        return {peer: ("unix" if link.local else "tcp") + ("+mailbox" if link.mailbox is not None else "")
-                for peer, link in sorted(self._links.items())}
-
-    def close(self) -> None:
-        """Release the links and leave the rendezvous cleanly. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for link in self._links.values():
-            link.close()
-        self._links.clear()
-        self._scratch.clear()
+    def _release_plans(self) -> None:
         self._whole_plans.clear()
         if self._boards is not None:
-            self._boards.close()  # (before the mailboxes)
+            self._boards.close()
             self._copies.close()  # type: ignore[union-attr]  # (made with the boards)
-        for arena in self._arenas.values():
-            arena.close()
-        self._arenas.clear()
-        if self._mailboxes is not None:
-            self._mailboxes.close()
-        if self._on_close is not None:
-            self._on_close()
 
-    def __enter__(self) -> Fabric:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # -- the boards' paths, and the phases (``algorithms.protocol.Phases``) the algorithms run over ------
+    # -- the boards' paths --------------------------------------------------------------------------
     def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str, out: np.ndarray | None = None,
                             payload: memoryview | None = None) -> np.ndarray:
         """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already, into ``out``
@@ -394,113 +332,3 @@ class Fabric:
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
 
-    def receive_into_scratch(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
-                             like: np.ndarray) -> dict[int, np.ndarray]:
-        """Send ``payloads`` (a frame per rank) and receive one ``like``-shaped array from every other member.
-        (One payload to every member is ``run_all`` with ``scratch_for``: the small collectives' hot path.)"""
-        ranks = call.group.others
-        scratch = [self._scratch.for_rank(k, like) for k in ranks]
-        self.run(call, phase, payloads, {k: view for k, (_, view) in zip(ranks, scratch)})
-        return {k: array for k, (array, _) in zip(ranks, scratch)}
-
-    def run(self, call: Call, phase: int, payloads: Mapping[int, memoryview],
-            destinations: Mapping[int, memoryview | None], fds: Mapping[int, Sequence[int]] | None = None) -> None:
-        """One phase: a frame to each rank in ``payloads``, one from each rank in ``destinations``."""
-        links: Sequence[Link] = call.group.links  # type: ignore[assignment]  # (by other ranks: never our None)
-        self._exchange(call, phase, [(links[k], p, fds.get(k, ()) if fds else ()) for k, p in payloads.items()],
-                       [(links[k], d) for k, d in destinations.items()])
-
-    def run_all(self, call: Call, phase: int, payload: memoryview, destinations: Sequence[memoryview | None]) -> None:
-        """One phase where this member sends ``payload`` to every other and receives a frame from each
-        (``destinations`` in the order of ``call.group.others``): the common case, made cheap."""
-        try:
-            exchange_all(call.prefix(phase), payload, call.group.other_links, destinations, self._watch,
-                         me=self.instance, members=call.scope, mine=lambda: call.signature(phase),
-                         flush_timeout=self.timeout, spin=SPIN_SECONDS, sleeper=self._mailboxes,
-                         board=self._board if call.group.members == self._everyone else None)
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-
-    def _exchange(self, call: Call, phase: int, sends: list[tuple[Link, memoryview, Sequence[int]]],
-                  receives: list[tuple[Link, memoryview | None]], spin: float = SPIN_SECONDS) -> None:
-        try:
-            exchange(call.prefix(phase), sends, receives, self._watch, me=self.instance, members=call.scope,
-                     mine=lambda: call.signature(phase), flush_timeout=self.timeout, spin=spin,
-                     sleeper=self._mailboxes)
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-
-    def _broken_by(self, exc: BaseException) -> None:
-        """A phase failed: the fabric is unusable from now on, and peers that can still be told are told why."""
-        if isinstance(exc, PeerLostError):
-            self._break(exc, abort_notice(exc))
-        elif isinstance(exc, CollectiveMismatchError):
-            self._break(exc, mismatch_notice(exc))
-        else:  # an interruption (Ctrl-C) or a corrupt stream: the streams are mid-frame
-            self._broken = exc if isinstance(exc, FabricError) else FabricError(f"a collective was interrupted: {exc!r}")
-
-    def arena_for(self, g: Group, use: str = "reduce") -> SharedArena:
-        """This instance's shared segment for the group (a subgroup of a hierarchical one has its own), one
-        per ``use``: the allreduce's and broadcast/allgather's (``algorithms/shared_copies.py``) each keep
-        their layout history."""
-        key = (use, g.key, g.members)
-        arena = self._arenas.get(key)
-        if arena is None:
-            label = f"poprun-{self.membership.job_id}-{self.instance}-arena{len(self._arenas)}"
-            arena = self._arenas[key] = SharedArena(label)
-        return arena
-
-    def _copy_shared(self, algorithm: Callable[..., T], call: Call, *args: object) -> T:
-        """Broadcast or allgather through shared memory (``algorithms/shared_copies.py``), marking the fabric
-        broken if it fails."""
-        try:
-            return algorithm(self, self.arena_for(call.group, "copy"), call, *args)
-        except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
-            self.fail(exc)
-            raise
-
-    def fail(self, exc: FabricError) -> None:
-        """A collective broke outside ``run`` (shared memory): the fabric is unusable from now on."""
-        self._broken = self._broken or exc
-
-    # -- plumbing ------------------------------------------------------------------
-    def _break(self, exc: FabricError, notice: bytes) -> None:
-        """Mark the fabric unusable and tell every peer whose stream is at a frame boundary why."""
-        self._broken = exc
-        for link in self._links.values():
-            link.send_notice(notice)
-
-    def _prepare(self, array: np.ndarray, op: str | None) -> np.ndarray:
-        """``array`` checked for the op and made C-contiguous and native (``calls.checked_array``)."""
-        self._check_usable()
-        return checked_array(array, op)
-
-    def _check_usable(self) -> None:
-        if self._closed:
-            raise FabricError("the fabric is closed")
-        if self._broken is not None:
-            raise FabricError(f"the fabric is unusable after an earlier error: {self._broken}") from self._broken
-
-    def _call(self, kind: int, x: np.ndarray | None, group: Sequence[int] | None, *, op: str | None = None,
-              root: int = -1, seq: int = 0) -> Call:
-        """The next call on the group (``seq``: one numbered already)."""
-        if x is None:
-            self._check_usable()
-        g = self._group(group)
-        if not seq:
-            counter = self._seq[g.members]
-            seq = counter[0] = counter[0] + 1
-        return Call(kind, OP_CODES[op] if op else 0, "" if x is None else x.dtype.str,
-                    () if x is None else tuple(x.shape), root, seq, g, g.members)
-
-    def _group(self, group: Sequence[int] | None) -> Group:
-        members = self._everyone if group is None else tuple(int(i) for i in group)
-        cached = self._groups.get(members)
-        if cached is not None:
-            return cached
-        check_members(members, self.instance, self.num_instances)
-        g = self._groups[members] = make_group(self.membership, self._links, members)
-        self._seq.setdefault(members, [0])
-        return g
