@@ -116,22 +116,23 @@ def test_horovod_fast_path_gives_the_general_paths_bits() -> None:
     seed = torch.Generator().manual_seed(7 + hvd.rank())
     for dtype in (torch.float16, torch.float32, torch.float64):
         t = torch.randn(1000, generator=seed).to(dtype)
+        assert mpi_ops._fast_array(t) is not None, dtype
         for op in (None, hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
-            fast = mpi_ops._fast_allreduce(t, op)
-            assert fast is not None, (dtype, op)
+            fast = hvd.allreduce(t, op=op)
             general = mpi_ops._allreduce(t, op if op is not None else hvd.Average, 1.0, 1.0)
             assert fast.dtype is dtype and torch.equal(fast, general), (dtype, op)
-            assert torch.equal(hvd.allreduce(t, op=op), general)
     w = torch.ones(3, requires_grad=True)
-    assert mpi_ops._fast_allreduce(w, hvd.Sum) is None  # a gradient to track: the autograd function
+    assert mpi_ops._fast_array(w) is None  # a gradient to track: the autograd function
     assert hvd.allreduce(w, op=hvd.Sum).grad_fn is not None
     with torch.no_grad():
+        assert mpi_ops._fast_array(w) is not None
         reduced = hvd.allreduce(w, op=hvd.Sum)
     assert reduced.tolist() == [2.0, 2.0, 2.0] and not reduced.requires_grad
     strided = torch.arange(8.0)[::2]
-    assert mpi_ops._fast_allreduce(strided, hvd.Sum) is None  # not contiguous: the general path copies it
+    assert mpi_ops._fast_array(strided) is None  # not contiguous: the general path copies it
     assert hvd.allreduce(strided, op=hvd.Sum).tolist() == [0.0, 4.0, 8.0, 12.0]
-    assert mpi_ops._fast_allreduce(torch.tensor([hvd.rank()]), hvd.Average) is None  # integers truncate
+    assert mpi_ops._fast_array(torch.tensor([hvd.rank()])) is None  # integers: Average truncates
+    assert hvd.allreduce(torch.tensor([hvd.rank() + 1])).tolist() == [1]
 
 
 # -- mpi4py -------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from popdist.backend import current_fabric, current_group
+from popdist.backend import _backend, current_fabric, current_group
 from popdist.horovod.common import ReduceOp, allreduce_array, rank, resolve_op, size
 from popdist.horovod.torch.compression import Compression, NoneCompressor
 from popdist.ragged import allgather_rows
@@ -82,21 +82,19 @@ _FAST_OPS = {None: "mean", ReduceOp.Average: "mean", ReduceOp.Sum: "sum", Reduce
              ReduceOp.Max: "max", ReduceOp.Product: "prod"}
 
 
-def _fast_allreduce(tensor: torch.Tensor, op: object) -> torch.Tensor | None:
-    """The reduced tensor for the common call, or None when the call needs the general path."""
+def _fast_array(tensor: torch.Tensor) -> np.ndarray | None:
+    """The common call's tensor as a NumPy array sharing its memory, or None when the call needs the general
+    path (another dtype or device, a strided view, a gradient to track, a lazy negation bit)."""
     if tensor.dtype not in _FAST_DTYPES or not tensor.is_cpu or not tensor.is_contiguous():
-        return None
-    if op is not None and type(op) is not ReduceOp:
         return None
     if tensor.requires_grad:
         if torch.is_grad_enabled():
             return None
         tensor = tensor.detach()
     try:
-        array = tensor.numpy()
-    except RuntimeError:  # a lazy negation bit: the general path resolves it
+        return tensor.numpy()
+    except RuntimeError:
         return None
-    return torch.from_numpy(current_fabric().allreduce(array, _FAST_OPS[op], current_group()))
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -105,10 +103,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """A new tensor: ``tensor`` reduced over every instance (default: the average). ``name`` is accepted
     and unused: collectives match by the order instances call them."""
     if (average is None and compression is NoneCompressor and process_set is None and prescale_factor == 1.0
-            and postscale_factor == 1.0 and op is not ReduceOp.Adasum):
-        reduced = _fast_allreduce(tensor, op)
-        if reduced is not None:
-            return reduced
+            and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp) and _backend.fabric is not None):
+        fabric_op, array = _FAST_OPS.get(op), _fast_array(tensor)  # (no Adasum: that raises on the general path)
+        if fabric_op is not None and array is not None:
+            return torch.from_numpy(_backend.fabric.allreduce(array, fabric_op, _backend.groups.members))
     _no_process_set(process_set)
     resolved = resolve_op(op, average)
     compressed, context = compression.compress(tensor)
