@@ -59,12 +59,14 @@ def _array(value: Any):
     return array
 
 
-def allreduce(array: Any, op: str = Sum):
-    """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod)."""
+def allreduce(array: Any, op: str = Sum, out: Any = None):
+    """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod): a new array, or ``out``
+    filled (``out=array``: in place, as MPI's ``IN_PLACE``). A wrong ``out`` (dtype, shape, not C-contiguous)
+    raises ValueError once the allreduce is done."""
     fabric = _backend.fabric or current_fabric()
     if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (else ``_array`` would return it)
         array = _array(array)
-    return fabric.allreduce(array, op if op is Sum else _op(op), _backend.groups.members)
+    return fabric.allreduce(array, op if op is Sum else _op(op), _backend.groups.members, out)
 
 
 def allreduce_init(array: Any, op: str = Sum) -> Callable[[], Any]:
