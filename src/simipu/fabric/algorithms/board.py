@@ -17,6 +17,13 @@ it is late, or it called something else, or it is gone) the engine hands the
 receiving to ``exchange``, which finishes the call or raises exactly as the
 general path would: nothing has been taken yet.
 
+The engine's hot path (``Fabric.allreduce``) looks the plan up by signature and
+calls it, checking nothing else: a plan is made only for a checked array, an
+``out`` only after it was checked with that very array, and the plans go when
+the fabric breaks or closes. With one peer (a job of two instances) the call is
+``one_peer_call``'s closure: the same steps unrolled, no loop, every constant
+bound once; at 4 KiB it takes about 1.9 us a call against 2.8 us before.
+
 With more instances on the host than CPUs, two more things (``algorithms.placement``):
 every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
 instance to a quieter CPU, and each call ends by yielding once, so that a

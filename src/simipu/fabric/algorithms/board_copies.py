@@ -93,7 +93,7 @@ class BoardAllgather(BoardAllreduce):
 
     def take_pair(self, x: np.ndarray, mine: memoryview, theirs: memoryview, out: np.ndarray) -> np.ndarray:
         """With one peer: ``out``'s rows filled from our bytes and the peer's, in member order."""
-        rows = self._rows_of(out)
+        rows = self._rows if out is self._rows_for else self._rows_of(out)
         rows[self._rank][:] = mine
         rows[1 - self._rank][:] = theirs
         return out
