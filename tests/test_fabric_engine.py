@@ -406,6 +406,44 @@ def test_out_arrays_give_the_fresh_results_and_a_wrong_one_raises_without_a_hang
         assert (messages[:2] == [None, None]) == (i != 1), lines
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_allreduce_into_out_gives_the_fresh_result_and_a_wrong_one_raises_without_a_hang(jobs: list[Job],
+                                                                                          tmp_path: Path,
+                                                                                          n: int) -> None:
+    """allreduce with ``out=`` (another array, called again with new values so that the second call takes the
+    engine's unchecked hot path; in place) equals the fresh-array form bit for bit, for sum, mean and max, small
+    and through shared memory, with one peer (its own call path) and three; a wrong ``out`` raises ValueError on
+    the instance that passed it only, after a call the others finish, and the fabric stays usable."""
+    job = run_job(jobs, tmp_path, n, "allreduce-out")
+    lines = job.finish()
+    for i in range(n):
+        assert len(lines[i]) == 3 and lines[i][2] == {"done": i}, lines
+        assert (lines[i][0]["bad_out"] is None) == (i != 1), lines
+        if LOCAL == "unix+mailbox":  # the small ones took the boards and remembered their out
+            assert lines[i][1]["checked"] == [[op, [count]] for op in ("max", "mean", "sum") for count in (7, 1_000)]
+    assert lines[1][0]["bad_out"] == ("out is float32[1001] but the result is float32[1000]; "
+                                      "pass an array of the result's dtype and shape, or no out")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_broadcasts_and_allgathers_into_one_out_again_stay_right(jobs: list[Job], tmp_path: Path, n: int) -> None:
+    """The boards' hot path for broadcast and allgather (the second call with the same arrays skips the checks
+    and reuses ``out``'s row views): new values each time, every root, in place and into another array, equal
+    to the fresh-array form bit for bit, with one peer and two."""
+    job = run_job(jobs, tmp_path, n, "copies-again")
+    lines = job.finish()
+    assert all(lines[i] == [{"done": i}] for i in range(n)), lines
+
+
+def test_a_broken_fabric_refuses_the_hot_path_too(jobs: list[Job], tmp_path: Path) -> None:
+    """After a mismatch, the small allreduce whose plan the hot path would find raises at once on every
+    instance (the plans go when the fabric breaks), rather than publishing into a broken fabric."""
+    job = run_job(jobs, tmp_path, 2, "after-break")
+    lines = job.finish()
+    for i in range(2):
+        assert lines[i] == [{"first": CollectiveMismatchError.__name__, "again": "FabricError"}, {"done": i}], lines
+
+
 def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
     """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory
     (the peers' board publications, which see its sleeping flag and send the wake-up byte)."""

@@ -1,6 +1,7 @@
-"""poprun-py worker: ``popdist.collectives.allreduce(x, "sum")`` (or ``broadcast(x, 0, out=x)`` in place,
-``allgather(x, out=out)`` into a preallocated ``out``: like for like with the mpi4py worker's ``comm.Bcast(x)``
-and ``comm.Allgather(x, out)``) on float32 NumPy arrays.
+"""poprun-py worker: ``popdist.collectives.allreduce(x, "sum", out=out)`` into a preallocated ``out`` (or
+``broadcast(x, 0, out=x)`` in place, ``allgather(x, out=out)`` into a preallocated ``out``: like for like with
+the mpi4py worker's ``comm.Allreduce(x, out)``, ``comm.Bcast(x)`` and ``comm.Allgather(x, out)``) on float32
+NumPy arrays.
 
 Launched as ``poprun --offline-mode=1 --num-instances N --num-replicas N python poprun_worker.py ...``.
 """
@@ -35,19 +36,27 @@ def gather(obj):
 _out: dict[tuple, np.ndarray] = {}
 
 
-def allgather(x: np.ndarray) -> np.ndarray:
-    """Into the preallocated result for ``x``'s shape (made once per shape, outside the timing)."""
-    out = _out.get((x.shape, x.dtype.str))
+def _out_for(x: np.ndarray, rows: int) -> np.ndarray:
+    """The preallocated result for ``x``: ``rows`` of its shape (made once per shape, outside the timing)."""
+    out = _out.get((rows, x.shape, x.dtype.str))
     if out is None:
-        out = _out[(x.shape, x.dtype.str)] = np.empty((C.size(), *x.shape), dtype=x.dtype)
-    return C.allgather(x, out=out)
+        out = _out[(rows, x.shape, x.dtype.str)] = np.empty((rows, *x.shape), dtype=x.dtype)
+    return out
+
+
+def allreduce(x: np.ndarray) -> np.ndarray:
+    return C.allreduce(x, "sum", out=_out_for(x, 1)[0])
+
+
+def allgather(x: np.ndarray) -> np.ndarray:
+    return C.allgather(x, out=_out_for(x, C.size()))
 
 
 _common.run(
     tool="poprun",
     rank=C.rank(),
     n=C.size(),
-    allreduce=lambda x: C.allreduce(x, "sum"),
+    allreduce=allreduce,
     broadcast=lambda x: C.broadcast(x, 0, out=x),
     allgather=allgather,
     barrier=C.barrier,

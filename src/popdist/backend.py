@@ -28,7 +28,8 @@ class Collectives(Protocol):
     instance: int
     num_instances: int
 
-    def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray: ...
+    def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray: ...
     def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None,
                   out: np.ndarray | None = None) -> np.ndarray: ...
     def allgather(self, array: np.ndarray, group: Sequence[int] | None = None,
@@ -44,11 +45,13 @@ class LoneFabric:
     instance = 0
     num_instances = 1
 
-    def allreduce(self, array, op="sum", group=None):
+    def allreduce(self, array, op="sum", group=None, out=None):
         import numpy as np
 
         array = np.asarray(array)  # (not ascontiguousarray, which makes a 0-d array 1-d; copy() is C-ordered)
-        return array / 1 if op == "mean" and not np.issubdtype(array.dtype, np.floating) else array.copy()
+        if op == "mean" and not np.issubdtype(array.dtype, np.floating):
+            array = array / 1
+        return _filled(out, array)
 
     def broadcast(self, array, root=0, group=None, out=None):
         import numpy as np

@@ -59,12 +59,14 @@ def _array(value: Any):
     return array
 
 
-def allreduce(array: Any, op: str = Sum):
-    """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod)."""
+def allreduce(array: Any, op: str = Sum, out: Any = None):
+    """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod): a new array, or ``out``
+    filled (``out=array``: in place, as MPI's ``IN_PLACE``). A wrong ``out`` (dtype, shape, not C-contiguous)
+    raises ValueError once the allreduce is done."""
     fabric = _backend.fabric or current_fabric()
     if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (else ``_array`` would return it)
         array = _array(array)
-    return fabric.allreduce(array, op if op is Sum else _op(op), _backend.groups.members)
+    return fabric.allreduce(array, op if op is Sum else _op(op), _backend.groups.members, out)
 
 
 def allreduce_init(array: Any, op: str = Sum) -> Callable[[], Any]:
@@ -98,13 +100,19 @@ def grouped_allreduce(arrays: Iterable[Any], op: str = Sum) -> list:
 def broadcast(array: Any, root: int = 0, out: Any = None):
     """Every instance gets the root instance's array: a new one, or ``out`` filled (``out=array``: in place).
     A wrong ``out`` (dtype, shape, not C-contiguous) raises ValueError once the broadcast is done."""
-    return current_fabric().broadcast(_array(array), int(root), current_group(), out=out)
+    fabric = _backend.fabric or current_fabric()
+    if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (as ``allreduce``: a call's Python is
+        array = _array(array)  # most of a small collective's time)
+    return fabric.broadcast(array, root if type(root) is int else int(root), _backend.groups.members, out)
 
 
 def allgather(array: Any, out: Any = None):
     """Every instance's array, stacked in instance order: shape (instances, *shape); into ``out`` if given
     (that shape and the array's dtype, C-contiguous; a wrong one raises ValueError once the call is done)."""
-    return current_fabric().allgather(_array(array), current_group(), out=out)
+    fabric = _backend.fabric or current_fabric()
+    if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (as ``allreduce``)
+        array = _array(array)
+    return fabric.allgather(array, _backend.groups.members, out)
 
 
 def reduce_scatter(array: Any, op: str = Sum):

@@ -31,6 +31,14 @@ Scenarios:
             ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
             last allgather (the fabric still works); then {"board_plans": [root rank or -1, shape] of each
             signature that took the boards}
+  allreduce-out  allreduces into an ``out`` (another array, twice with new values: the second call takes the
+            hot path; in place), sum, mean and max, small and through shared memory, each compared bit for bit
+            with the fresh-array form; then a wrong ``out`` on instance 1 alone ({"bad_out": message or None}),
+            and {"checked": [op, shape] of each board plan that remembered an ``out``}
+  copies-again  broadcasts (every root, in place and into another array) and allgathers into one ``out``,
+            each twice with new values (the hot path the second time), compared with the fresh-array form
+  after-break  a small allreduce twice (its plan made), then instance 0 calls another shape (a mismatch on
+            every instance); then the first allreduce again: {"first": error type, "again": error type}
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -165,6 +173,65 @@ def run_copies_out(fabric, instance: int, n: int) -> None:
     report(board_plans=sorted([root, list(shape)] for root, _, shape in fabric._copies.plans))
 
 
+def run_allreduce_out(fabric, instance: int, n: int) -> None:
+    for count in (7, 1_000, 100_000):  # board-sized, then shared memory
+        for op in ("sum", "mean", "max"):
+            x = (np.arange(count) * 0.37 + instance).astype(np.float32)
+            into = np.full_like(x, -1.0)
+            for step in range(2):  # (the second call: the engine's hot path, unchecked)
+                x += step
+                fresh = fabric.allreduce(x, op)
+                if fabric.allreduce(x, op, out=into) is not into or into.tobytes() != fresh.tobytes():
+                    raise SystemExit(f"allreduce({op}) of {count}, call {step}: out= differs from the fresh array")
+            inplace = x.copy()
+            if fabric.allreduce(inplace, op, out=inplace) is not inplace or inplace.tobytes() != fresh.tobytes():
+                raise SystemExit(f"allreduce({op}) of {count} in place differs from the fresh array")
+    out = np.empty(1_001 if instance == 1 else 1_000, np.float32)
+    try:
+        fabric.allreduce(np.ones(1_000, np.float32), out=out)
+        message = None
+    except ValueError as exc:
+        message = str(exc)
+    report(bad_out=message)
+    if fabric.allreduce(np.ones(3, np.float32)).tolist() != [n] * 3:
+        raise SystemExit("the fabric is not usable after a wrong out")
+    report(checked=sorted([op, list(shape)] for (_, shape, op), plan in fabric._boards.plans.items()
+                          if plan.checked_out is not None))
+
+
+def run_copies_again(fabric, instance: int, n: int) -> None:
+    for count in (7, 1_000):
+        x = (np.arange(count) * 0.37 + instance).astype(np.float32)
+        into = np.full_like(x, -1.0)
+        rows = np.full((n, count), -1.0, np.float32)
+        for step in range(2):  # (the second call of each: the engine's hot path, unchecked)
+            x += 1
+            for root in range(n):
+                fresh = fabric.broadcast(x, root=root)
+                if fabric.broadcast(x, root=root, out=into) is not into or into.tobytes() != fresh.tobytes():
+                    raise SystemExit(f"broadcast of {count} from {root}, call {step}: out= differs")
+                mine = x.copy()
+                if fabric.broadcast(mine, root=root, out=mine) is not mine or mine.tobytes() != fresh.tobytes():
+                    raise SystemExit(f"broadcast of {count} from {root} in place, call {step}: differs")
+            fresh = fabric.allgather(x)
+            if fabric.allgather(x, out=rows) is not rows or rows.tobytes() != fresh.tobytes():
+                raise SystemExit(f"allgather of {count}, call {step}: out= differs from the fresh array")
+
+
+def run_after_break(fabric, instance: int) -> None:
+    small = np.ones(16, np.float32)
+    fabric.allreduce(small)
+    fabric.allreduce(small)
+    errors = []
+    for array in (np.ones(17 if instance == 0 else 16, np.float32), small):
+        try:
+            fabric.allreduce(array)
+            errors.append(None)
+        except FabricError as exc:
+            errors.append(type(exc).__name__)
+    report(first=errors[0], again=errors[1])
+
+
 def run_mismatch_board(fabric, instance: int) -> None:
     """Small calls of the whole job, each on its board: allgathers of two shapes, an allreduce, broadcasts
     from two roots."""
@@ -237,6 +304,12 @@ def main() -> int:
             run_mismatch_copies(fabric, instance)
         elif scenario == "copies-out":
             run_copies_out(fabric, instance, n)
+        elif scenario == "allreduce-out":
+            run_allreduce_out(fabric, instance, n)
+        elif scenario == "copies-again":
+            run_copies_again(fabric, instance, n)
+        elif scenario == "after-break":
+            run_after_break(fabric, instance)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":

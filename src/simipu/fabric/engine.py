@@ -57,7 +57,7 @@ from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
 from .algorithms.board_copies import BoardAllgather, BoardCopies
 from .algorithms.calls import EMPTY, UFUNCS, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
-from .algorithms.outputs import result_for
+from .algorithms.outputs import out_problem, result_for
 from .algorithms.phases import Phase
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena, allreduce_shared
 from .algorithms.shared_copies import allgather_shared, broadcast_shared
@@ -86,30 +86,32 @@ class Fabric(PhaseRunner):
                                 tuple[memoryview, ...], tuple[tuple[np.ndarray, ...], ...]]] = {}
 
     # -- public collectives ------------------------------------------------------
-    def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None) -> np.ndarray:
-        """Reduce ``array`` elementwise over the group; every member gets the same bits."""
+    def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """Reduce ``array`` elementwise over the group; every member gets the same bits, in ``out`` if given
+        (``out=array``: in place; a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
         boards = self._boards
+        if boards is not None and group is None and type(array) is np.ndarray and array.flags.c_contiguous:
+            plan = boards.plans.get((array.dtype, array.shape, op))  # (none once the fabric broke or closed)
+            if plan is not None and (out is None or out is plan.checked_out and array is plan.checked_for):
+                counter = self._world_seq  # the hot path: see board.py (``_allreduce_on_board``, inline)
+                seq = counter[0] = counter[0] + 1
+                try:
+                    result = plan.allreduce(seq, array, SPIN_SECONDS, out)
+                except BaseException as exc:
+                    self._broken_by(exc)
+                    raise
+                return result if result is not None else self._board_fallback(plan, array, op, seq, out)
+        if out is not None:
+            return self._allreduce_into(array, op, group, out)
+        x = self._prepare(array, op)
         if boards is not None and group is None:
-            if type(array) is np.ndarray and array.flags.c_contiguous:
-                plan = boards.plans.get((array.dtype, array.shape, op))
-                if plan is not None and self._broken is None and not self._closed:  # the hot path: see board.py
-                    counter = self._world_seq  # (``_allreduce_on_board``'s first try, inline: a call less)
-                    seq = counter[0] = counter[0] + 1
-                    try:
-                        result = plan.allreduce(seq, array, SPIN_SECONDS)
-                    except BaseException as exc:
-                        self._broken_by(exc)
-                        raise
-                    return result if result is not None else self._board_fallback(plan, array, op, seq)
-            x = self._prepare(array, op)
             plan = boards.plan_for(x, op)
             if plan is not None:
                 return self._allreduce_on_board(plan, x, op)
             shared = self._whole_on_board(x, op) if x.nbytes > SHARED_BYTES else None
             if shared is not None:
                 return shared
-        else:
-            x = self._prepare(array, op)
         call = self._call(ALLREDUCE, x, group, op=op)
         g = call.group
         if len(g.members) == 1:
@@ -128,6 +130,25 @@ class Fabric(PhaseRunner):
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
+
+    def _allreduce_into(self, array: np.ndarray, op: str, group: Sequence[int] | None, out: np.ndarray) -> np.ndarray:
+        """``allreduce`` into the caller's ``out``: checked first (a bad one takes a result of its own, so the
+        peers finish the call, then raises); a board plan reduces into it straight, and remembers the pair so
+        that the next call with the same two arrays takes the hot path."""
+        x = self._prepare(array, op)
+        bad = out_problem(out, x.shape, x.dtype)
+        if bad:
+            self.allreduce(x, op, group)
+            raise ValueError(bad)
+        plan = self._boards.plan_for(x, op) if self._boards is not None and group is None else None
+        # in place (``out is x``) when our array is one of the first two reduced: a ufunc reads each element
+        # before it writes it, and the later ones read only the peers'
+        if plan is not None and ((out is x and self._group(None).rank < 2) or not np.may_share_memory(out, x)):
+            if x is array:
+                plan.checked_out, plan.checked_for = out, x
+            return self._allreduce_on_board(plan, x, op, out)
+        np.copyto(out, self.allreduce(x, op, group))
+        return out
 
     def allreduce_init(self, array: np.ndarray, op: str = "sum",
                        group: Sequence[int] | None = None) -> Callable[[], np.ndarray]:
@@ -166,6 +187,11 @@ class Fabric(PhaseRunner):
                   out: np.ndarray | None = None) -> np.ndarray:
         """The root's array, on every member (the others pass an array of the same dtype and shape), in ``out``
         if given (``out=array``: in place; a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
+        copies = self._copies
+        if copies is not None and group is None and type(array) is np.ndarray and array.flags.c_contiguous:
+            plan = copies.plans.get((root, array.dtype, array.shape))  # the hot path, as ``allreduce``'s
+            if plan is not None and (out is None or out is plan.checked_out and array is plan.checked_for):
+                return self._copy_on_board(plan, array, np.empty_like(array) if out is None else out)
         x = self._prepare(array, None)
         g = self._group(group)
         if root not in g.members:
@@ -174,8 +200,8 @@ class Fabric(PhaseRunner):
         root_rank = g.members.index(root)
         plan = None if self._copies is None or g.members != self._everyone else self._copies.plan_for(x, root_rank)
         if plan is not None:  # the world group's small broadcast on this host's boards (algorithms/board_copies.py)
-            plan.out = result
-            self._copy_on_board(plan, x, BROADCAST, root)
+            plan.remember(array, out, x, result)
+            self._copy_on_board(plan, x, result)
         elif x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
             self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
         else:
@@ -191,13 +217,19 @@ class Fabric(PhaseRunner):
                   out: np.ndarray | None = None) -> np.ndarray:
         """Every member's array, stacked in member order: shape ``(len(group), *array.shape)``, in ``out`` if
         given (a bad ``out`` raises after the call: ``algorithms/outputs.py``)."""
+        copies = self._copies
+        if copies is not None and group is None and type(array) is np.ndarray and array.flags.c_contiguous:
+            plan = copies.plans.get((-1, array.dtype, array.shape))  # the hot path, as ``allreduce``'s
+            if plan is not None and (out is None or out is plan.checked_out and array is plan.checked_for):
+                return self._copy_on_board(plan, array, np.empty((self.num_instances, *array.shape), array.dtype)
+                                           if out is None else out)
         x = self._prepare(array, None)
         members = self._group(group).members
         result, x, bad = result_for(out, x, (len(members), *x.shape))
         plan = None if self._copies is None or members != self._everyone else self._copies.plan_for(x)
         if plan is not None:  # the world group's small allgather on this host's boards (algorithms/board_copies.py)
-            plan.out = result
-            self._copy_on_board(plan, x, ALLGATHER)
+            plan.remember(array, out, x, result)
+            self._copy_on_board(plan, x, result)
         else:
             call = self._call(ALLGATHER, x, group)
             g = call.group
@@ -316,19 +348,22 @@ class Fabric(PhaseRunner):
                  for k in g.others]
         return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
 
-    def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, kind: int, root: int = -1) -> np.ndarray:
+    def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the
-        allreduce's path, so its fallback too), ``x`` checked already; fills ``plan.out``."""
-        call = self._call(kind, x, None, root=root)  # (numbered, and the general path's header if it falls back)
+        allreduce's path, so its fallback too), ``x`` checked already, into ``out``."""
+        counter = self._world_seq
+        seq = counter[0] = counter[0] + 1
         try:
-            result = plan.allreduce(call.seq, x, SPIN_SECONDS)
+            result = plan.allreduce(seq, x, SPIN_SECONDS, out)
         except BaseException as exc:
             self._broken_by(exc)
             raise
         if result is not None:
             return result
-        g = call.group  # the general path receives the peers' frames (as ``_allreduce_on_board``)
+        # the general path receives the peers' frames (as ``_board_fallback``), numbered and headed as ours
+        call = self._call(plan.kind, x, None, root=plan.root, seq=seq)
+        g = call.group
         scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
-        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]])
+        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
 

@@ -86,7 +86,9 @@ class PhaseRunner:
             self._on_close()
 
     def _release_plans(self) -> None:
-        """Drop what a subclass made over the boards and arenas (``close`` closes those next)."""
+        """Drop what a subclass made over the boards and arenas: when the fabric closes (``close`` closes those
+        next) or breaks (so that the hot paths, which look a plan up and check nothing else, find none and take
+        the checked path, which raises)."""
 
     def __enter__(self: R) -> R:
         return self
@@ -141,6 +143,7 @@ class PhaseRunner:
             self._break(exc, mismatch_notice(exc))
         else:  # an interruption (Ctrl-C) or a corrupt stream: the streams are mid-frame
             self._broken = exc if isinstance(exc, FabricError) else FabricError(f"a collective was interrupted: {exc!r}")
+            self._release_plans()
 
     def arena_for(self, g: Group, use: str = "reduce") -> SharedArena:
         """This instance's shared segment for the group (a subgroup of a hierarchical one has its own), one
@@ -165,11 +168,13 @@ class PhaseRunner:
     def fail(self, exc: FabricError) -> None:
         """A collective broke outside ``run`` (shared memory): the fabric is unusable from now on."""
         self._broken = self._broken or exc
+        self._release_plans()
 
     # -- plumbing ------------------------------------------------------------------
     def _break(self, exc: FabricError, notice: bytes) -> None:
         """Mark the fabric unusable and tell every peer whose stream is at a frame boundary why."""
         self._broken = exc
+        self._release_plans()
         for link in self._links.values():
             link.send_notice(notice)
 

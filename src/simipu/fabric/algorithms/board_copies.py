@@ -62,27 +62,51 @@ class BoardCopies:
 
 
 class BoardAllgather(BoardAllreduce):
-    """One signature (dtype, shape) of the world group's allgather: ``allreduce(seq, x, spin)`` fills ``out``
-    (set before each call) with every member's array in member order, or returns None as the allreduce does."""
+    """One signature (dtype, shape) of the world group's allgather: ``allreduce(seq, x, spin, out)`` fills ``out``
+    with every member's array in member order, or returns None as the allreduce does."""
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, spreader: Spreader,
                  root_rank: int = -1) -> None:
-        super().__init__(segment, group, like, "sum", spreader)  # (the op only names the reduction replaced here)
         #: The broadcast's root, as an instance index (-1: an allgather), and as a rank in the group.
         self.root = -1 if root_rank < 0 else group.members[root_rank]
         self._root_rank = root_rank
-        template = HeaderTemplate(ALLGATHER if root_rank < 0 else BROADCAST, 0, Phase.FIRST, like.dtype.str,
-                                  tuple(like.shape), self.root, group.key, like.nbytes)
-        assert template.size == self._total - like.nbytes, "an allgather's header is an allreduce's length"
-        self._header_at = template.at
-        self._inline = False  # (where ``BoardAllreduce.allreduce`` would reduce inline, it calls ``reduce``)
-        #: Where the next call's result goes: shape ``(members, *like.shape)``, C-contiguous.
-        self.out: np.ndarray = np.empty(0, like.dtype)
+        #: The collective's kind (its header's).
+        self.kind = ALLGATHER if root_rank < 0 else BROADCAST
+        template = HeaderTemplate(self.kind, 0, Phase.FIRST, like.dtype.str, tuple(like.shape), self.root, group.key,
+                                  like.nbytes)
+        # (the op only names the reduction that ``reduce`` replaces; an allgather's header is an allreduce's length)
+        super().__init__(segment, group, like, "sum", spreader, template=template)
+
+        #: The last ``out`` and its byte views, a row per member (one for a broadcast): see ``_rows_of``.
+        self._rows_for: np.ndarray | None = None
+        self._rows: list[memoryview] = []
+
+    def _rows_of(self, out: np.ndarray) -> list[memoryview]:
+        """``out``'s bytes, a view per member's row (a broadcast's: one); a loop that fills one ``out`` reuses them
+        (a view's copy is a third of an ndarray assignment's cost at a few KiB)."""
+        if out is not self._rows_for:
+            whole = out.data.cast("B")
+            rows = 1 if self.root >= 0 else out.shape[0]
+            n = len(whole) // rows
+            self._rows_for, self._rows = out, [whole[k * n:(k + 1) * n] for k in range(rows)]
+        return self._rows
+
+    def take_pair(self, x: np.ndarray, mine: memoryview, theirs: memoryview, out: np.ndarray) -> np.ndarray:
+        """With one peer: ``out``'s rows filled from our bytes and the peer's, in member order."""
+        rows = self._rows if out is self._rows_for else self._rows_of(out)
+        rows[self._rank][:] = mine
+        rows[1 - self._rank][:] = theirs
+        return out
+
+    def remember(self, array: np.ndarray, out: np.ndarray | None, x: np.ndarray, result: np.ndarray) -> None:
+        """After the engine's checks of a call (``x``: ``array`` checked; ``result``: ``out`` if it is fit, with
+        ``x`` apart from it): whether the next call with these two arrays may take the hot path, unchecked."""
+        if out is not None and result is out and x is array and (out is x or not np.may_share_memory(out, x)):
+            self.checked_out, self.checked_for = out, x
 
     def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        """``out`` (the argument, else the attribute), each member's array copied into its row (the peers'
-        straight from their boards)."""
-        out = self.out if out is None else out
+        """``out``, each member's array copied into its row (the peers' straight from their boards)."""
+        assert out is not None, "the engine passes the result"
         for k, array in enumerate(arrays):
             out[k] = array
         return out
@@ -93,9 +117,17 @@ class BoardBroadcast(BoardAllgather):
     (every member's frame carries its array: see the module docstring)."""
 
     def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        """``out`` (the argument, else the attribute), the root's array copied in (unless it is the root's own
-        array: ``out=x`` in place)."""
-        out, root = self.out if out is None else out, arrays[self._root_rank]
+        """``out``, the root's array copied in (unless it is the root's own array: ``out=x`` in place)."""
+        assert out is not None, "the engine passes the result"
+        root = arrays[self._root_rank]
         if out is not root:
             out[...] = root
+        return out
+
+    def take_pair(self, x: np.ndarray, mine: memoryview, theirs: memoryview, out: np.ndarray) -> np.ndarray:
+        """With one peer: the root's bytes into ``out`` (unless we are the root and ``out`` is our array)."""
+        if self._root_rank != self._rank:
+            self._rows_of(out)[0][:] = theirs
+        elif out is not x:
+            self._rows_of(out)[0][:] = mine
         return out

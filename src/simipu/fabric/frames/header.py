@@ -45,6 +45,8 @@ NBYTES = struct.Struct("<Q")
 #: Where the sequence number sits in a header: a header made once per signature can take each call's there.
 SEQ_AT = struct.calcsize("<2sBBBB8si")
 _SEQ = struct.Struct("<Q")
+#: ``put_seq(header, SEQ_AT, seq)``: a call's sequence number into a header made once (``HeaderTemplate.bytes``).
+put_seq = _SEQ.pack_into
 _SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(33)]
 
 
@@ -94,20 +96,21 @@ class HeaderTemplate:
     board's allreduce), with the very bytes ``Call.prefix`` gives the general path. ``tail``: a fixed payload
     carried with the header and compared with it (the shared-memory allreduce's announcement)."""
 
-    __slots__ = ("_bytes", "size")
+    __slots__ = ("bytes", "size")
 
     def __init__(self, kind: int, op: int, phase: int, dtype: str, shape: tuple[int, ...], root: int,
                  group_key: int, nbytes: int, tail: bytes = b"") -> None:
         prefix = encode_prefix(kind, op, phase, dtype, shape, root, 0, group_key)
-        self._bytes = bytearray(prefix + NBYTES.pack(len(tail) if tail else nbytes) + tail)
+        #: The header's bytes, each call's sequence number put in by ``at`` (or by ``put_seq`` at ``SEQ_AT``).
+        self.bytes = bytearray(prefix + NBYTES.pack(len(tail) if tail else nbytes) + tail)
         #: The header's length in bytes (with the tail's).
-        self.size = len(self._bytes)
+        self.size = len(self.bytes)
 
     def at(self, seq: int) -> bytearray:
         """The header of call ``seq``: the template's own bytes, rewritten in place (no new bytes per call),
         so valid until the next call of ``at``."""
-        _SEQ.pack_into(self._bytes, SEQ_AT, seq)
-        return self._bytes
+        _SEQ.pack_into(self.bytes, SEQ_AT, seq)
+        return self.bytes
 
 
 def decode_prefix(data: bytes | memoryview) -> tuple[Signature, int]:

@@ -72,6 +72,12 @@ class Link:
         """The frame numbered ``received`` has been taken whole (from the socket or a mailbox slot)."""
         self.received += 1
 
+    def took_published(self) -> None:
+        """``took`` for a frame read in place from the peer's board (the mailbox counts those too, as
+        ``Mailbox.consume`` does)."""
+        self.mailbox.board_taken += 1  # type: ignore[union-attr]  # (a board frame came through the mailbox)
+        self.received += 1
+
     def available(self) -> int:
         return self.end - self.start
 
@@ -329,8 +335,7 @@ def took_published(links: Sequence[Link]) -> None:
     """``Link.took`` on each of ``links``, for frames read in place from the peers' boards (each mailbox counts
     the publications taken from its peer's board, as ``Mailbox.consume`` does)."""
     for link in links:
-        link.mailbox.board_taken += 1  # type: ignore[union-attr]  # (a board frame came through the mailbox)
-        link.received += 1
+        link.took_published()
 
 
 def post(link: Link, header: bytes, payload: memoryview, fds: Sequence[int] = ()) -> Send | None:
