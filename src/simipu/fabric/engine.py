@@ -48,6 +48,7 @@ member of a group.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -120,6 +121,7 @@ class Fabric(PhaseRunner):
                     result = allreduce_hierarchical(self, self.arena_for, call, x, op)
                 else:
                     result = allreduce_shared(self, self.arena_for(g), call, x, UFUNCS[op])
+                    self._settle(call.seq)
             except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
                 self.fail(exc)
                 raise
@@ -315,6 +317,16 @@ class Fabric(PhaseRunner):
         peers = [arena.peer(g.members[k], 2 * n)[half * n:(half + 1) * n].view(x.dtype).reshape(x.shape)
                  for k in g.others]
         return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
+
+    def _settle(self, seq: int) -> None:
+        """After a shared-memory allreduce, with more instances than CPUs: now and then let a crowded instance
+        move (``algorithms/placement.py``), and yield once, so that a peer on our CPU finishes this call before
+        we spin on its next one (as the board plans do)."""
+        spreader = None if self._boards is None else self._boards.spreader
+        if spreader is not None and spreader.oversubscribed:
+            if not seq % 16:
+                spreader.spread()
+            os.sched_yield()
 
     def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, kind: int, root: int = -1) -> np.ndarray:
         """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the

@@ -85,6 +85,11 @@ class BoardAllreduces:
         the shared arenas: the caller passes them to each call as ``sources``)."""
         return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail)
 
+    @property
+    def spreader(self) -> Spreader:
+        """This instance's ``placement.Spreader`` (the shm allreduce's general path uses it too)."""
+        return self._spreader
+
     def close(self) -> None:
         """Drop the plans (their views of the boards must go before the mailboxes close)."""
         self.plans.clear()
@@ -108,7 +113,7 @@ class BoardAllreduce:
         #: Whether ``allreduce`` reduces inline: not for the mean (it divides) nor 0-d arrays (a ufunc of those
         #: makes a scalar), which take ``reduce``.
         self._inline = like.ndim > 0 and not self._mean
-        self._spreader = spreader if spreader.oversubscribed and not tail else None  # (shm: as its general path)
+        self._spreader = spreader if spreader.oversubscribed else None  # (shm's too: measured, README)
         self._rank = group.rank
         self._links = group.other_links
         local = len(segment.local)
