@@ -21,9 +21,9 @@ With more instances on the host than CPUs, two more things (``algorithms.placeme
 every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
 instance to a quieter CPU, and each call ends by yielding once, so that a
 peer on our CPU that still has this call's reduction to do runs it before we
-race into the next call and spin on its publication (the same reason as
-``shared``'s last phase: every instance's call then takes about one round,
-rather than one call none and the next two).
+race into the next call and spin on its publication (every instance's call
+then takes about one round, rather than one call none and the next two). The
+shared-memory allreduces do both too (``Fabric._settle``, and their plans here).
 """
 
 from __future__ import annotations
