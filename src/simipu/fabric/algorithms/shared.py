@@ -54,11 +54,12 @@ from .protocol import Phases
 
 #: Above this many bytes, an allreduce among instances of one host goes through shared memory.
 SHARED_BYTES = 64 * 1024
-#: The one-phase *whole* layout for arrays up to this size, else the three-phase *chunked* one. Measured on 2
-#: cores (per-instance medians, 4 instances): at 128 and 256 KiB whole took 134-223 us against 166-300 chunked,
-#: at 512 KiB they were level, at 1 MiB whole took 554-658 us against 330-468; with 2 instances the crossover
-#: was 256 KiB too. (Whole's work grows with the group, but with more instances than cores, each phase they
-#: all must reach costs more than the reading.)
+#: The one-phase *whole* layout for arrays up to this size, else the *chunked* one. Measured on 2 cores when
+#: chunked had three phases (per-instance medians, 4 instances): at 128 and 256 KiB whole took 134-223 us against
+#: 166-300 chunked, at 512 KiB they were level, at 1 MiB whole took 554-658 us against 330-468; with 2 instances
+#: the crossover was 256 KiB too. With two phases, chunked still took 1.5-3x whole's time at 256 KiB (N=2 and 4).
+#: (Whole's work grows with the group, but with more instances than cores, each phase they all must reach costs
+#: more than the reading.)
 WHOLE_BYTES = 256 * 1024
 #: Segments grow in steps of this many bytes.
 GRANULE = 1 << 20
