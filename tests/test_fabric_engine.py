@@ -32,6 +32,7 @@ sys.path.insert(0, str(PROGRAMS))
 from fabric_cases import suite  # noqa: E402
 
 from simipu.fabric import CollectiveMismatchError, PeerLostError  # noqa: E402
+from simipu.fabric.algorithms.phases import Phase  # noqa: E402
 from simipu.fabric.connect import Listeners, build_mesh, open_mailboxes  # noqa: E402
 from simipu.fabric.engine import Fabric  # noqa: E402
 from simipu.fabric.frames.exchange import exchange  # noqa: E402
@@ -363,6 +364,18 @@ def test_shared_segments_reused_back_to_back_keep_results_right(jobs: list[Job],
     job = run_job(jobs, tmp_path, 4, "churn", hosts=hosts)
     lines = job.finish()
     assert all(lines[i] == [{"done": i}] for i in range(4)), lines
+
+
+def test_the_chunked_shared_memory_allreduce_runs_two_phases_and_drains_on_a_layout_change(
+        jobs: list[Job], tmp_path: Path) -> None:
+    """Chunked: SHARED_READY (its descriptor the first time), SHARED_REDUCED, and no third phase; a change of
+    layout (to the whole one and back) drains first (algorithms/shared.py)."""
+    job = run_job(jobs, tmp_path, 3, "shm-phases")
+    lines = job.finish()
+    ready, reduced, drain = Phase.SHARED_READY, Phase.SHARED_REDUCED, Phase.SHARED_DRAIN
+    chunked = [ready, reduced]
+    expected = [{"phases": p} for p in (chunked, chunked, chunked, [drain, ready], [drain, *chunked])]
+    assert all(lines[i] == [*expected, {"done": i}] for i in range(3)), lines
 
 
 def test_broadcasts_and_allgathers_through_shared_memory_back_to_back_stay_right(jobs: list[Job],

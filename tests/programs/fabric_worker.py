@@ -22,6 +22,9 @@ Scenarios:
   churn     60 allreduces whose sizes, dtypes and layouts change from one to the next, each checked
             (exact integer-valued sums): shared segments reused as early as the algorithms allow, and
             board frames between them
+  shm-phases  allreduces through shared memory (1.2 MB thrice: the chunked layout; 200 KB: the whole one;
+            1.2 MB), each checked exactly; after each, {"phases": [the phases this instance ran through
+            the engine's run or run_all]}
   copy-churn  48 broadcasts (every root) and allgathers whose sizes and roots change, with allreduces
             between them, each checked exactly; then {"done": i, "copies": calls that took shared memory}
   mismatch-copies  three instances' shared-memory calls that differ: broadcast from root 0, from root 1,
@@ -106,6 +109,25 @@ def run_churn(fabric, instance: int, n: int) -> None:
         want = (n * (np.arange(count) % 97 + step) + n * (n - 1) // 2).astype(dtype)
         if not np.array_equal(got, want):
             raise SystemExit(f"step {step}: {int((got != want).sum())} of {count} elements wrong")
+
+
+def run_shm_phases(fabric, instance: int, n: int) -> None:
+    phases: list[int] = []
+    run, run_all = fabric.run, fabric.run_all
+
+    def recorded(method):
+        def recording(call, phase, *args, **kwargs):
+            phases.append(int(phase))
+            return method(call, phase, *args, **kwargs)
+        return recording
+    fabric.run, fabric.run_all = recorded(run), recorded(run_all)
+    for step, count in enumerate([300_001, 300_001, 300_001, 50_000, 300_001]):
+        values = (np.arange(count) % 97 + instance + step).astype(np.float32)
+        want = (n * (np.arange(count) % 97 + step) + n * (n - 1) // 2).astype(np.float32)
+        if not np.array_equal(fabric.allreduce(values), want):
+            raise SystemExit(f"step {step}: wrong result")
+        report(phases=phases[:])
+        phases.clear()
 
 
 def run_copy_churn(fabric, instance: int, n: int) -> int:
@@ -297,6 +319,8 @@ def main() -> int:
             run_mismatch(fabric, instance, n, (n - 1, -1))
         elif scenario == "churn":
             run_churn(fabric, instance, n)
+        elif scenario == "shm-phases":
+            run_shm_phases(fabric, instance, n)
         elif scenario == "copy-churn":
             report(done=instance, copies=run_copy_churn(fabric, instance, n))
             return 0

@@ -48,7 +48,8 @@ member of a group.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import os
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -70,6 +71,17 @@ from .join.membership import Membership
 from .runner import SPIN_SECONDS, PhaseRunner
 
 
+class _WholePlan(NamedTuple):
+    """``Fabric._whole_on_board``'s plan for one signature, valid while its arena keeps this epoch and layout."""
+
+    arena: SharedArena
+    epoch: int
+    layout: tuple[str, int, int]
+    plan: BoardAllreduce
+    mine: tuple[memoryview, ...]  # my halves' bytes
+    peers: tuple[tuple[np.ndarray, ...], ...]  # per half, each peer's copy
+
+
 class Fabric(PhaseRunner):
     """One instance's end of the job's collectives (see the module docstring for the algorithms)."""
 
@@ -81,9 +93,8 @@ class Fabric(PhaseRunner):
         self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
         #: The world group's small broadcasts and allgathers on the boards (algorithms/board_copies.py).
         self._copies = None if self._boards is None else BoardCopies(self._boards)
-        #: ``_whole_on_board``'s plans by signature: (the arena's epoch, the plan, my halves, the peers' halves).
-        self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], tuple[int, BoardAllreduce,
-                                tuple[memoryview, ...], tuple[tuple[np.ndarray, ...], ...]]] = {}
+        #: ``_whole_on_board``'s plans by signature (see ``_WholePlan``).
+        self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], _WholePlan] = {}
 
     # -- public collectives ------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None,
@@ -122,6 +133,7 @@ class Fabric(PhaseRunner):
                     result = allreduce_hierarchical(self, self.arena_for, call, x, op)
                 else:
                     result = allreduce_shared(self, self.arena_for(g), call, x, UFUNCS[op])
+                    self._settle(call.seq)
             except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
                 self.fail(exc)
                 raise
@@ -297,36 +309,47 @@ class Fabric(PhaseRunner):
         the frames and bits of ``allreduce_shared``, with a fraction of its Python, into ``out`` or a new array.
         None, having done nothing, unless the last call set the arena up for just this layout (then the general
         path runs)."""
-        g = self._group(None)
-        arena = self.arena_for(g)
-        if arena.layout != ("whole", x.nbytes, x.itemsize) or self._boards is None:
-            return None  # (the usual answer above 256 KiB, found cheaply)
-        steady = arena.steady_announcement([g.members[k] for k in g.others])
-        if steady is None:
-            return None
-        key, n = (x.dtype, x.shape, op), x.nbytes
-        cached = self._whole_plans.get(key)
-        if cached is None or cached[0] != arena.epoch:
-            halves = [slice(h * n, (h + 1) * n) for h in (0, 1)]
-            mine = tuple(to_bytes(arena.reserve(2 * n)[h]) for h in halves)
-            peers = tuple(tuple(arena.peer(g.members[k], 2 * n)[h].view(x.dtype).reshape(x.shape) for k in g.others)
-                          for h in halves)
-            plan = self._boards.shared_plan(x, op, Phase.SHARED_READY, steady)
-            if len(self._whole_plans) >= MAX_PLANS:
-                self._whole_plans.clear()
-            cached = self._whole_plans[key] = (arena.epoch, plan, mine, peers)
-        _, plan, mine, peers = cached
+        cached = self._whole_plans.get((x.dtype, x.shape, op))
+        if cached is None or cached.arena.epoch != cached.epoch or cached.arena.layout != cached.layout:
+            cached = self._whole_plan(x, op)  # (a first call, a remapped segment, or another layout in between)
+            if cached is None:
+                return None
+        arena = cached.arena
         half = arena.uses % 2
         arena.uses += 1
-        mine[half][:] = to_bytes(x)
+        cached.mine[half][:] = to_bytes(x)
         counter = self._world_seq
         seq = counter[0] = counter[0] + 1
+        plan = cached.plan
         try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, out, EMPTY, peers[half])
+            result = plan.allreduce(seq, x, SPIN_SECONDS, out, EMPTY, cached.peers[half])
         except BaseException as exc:
             self._broken_by(exc)
             raise
         return result if result is not None else self._whole_fallback(plan, x, op, seq, half, out)
+
+    def _whole_plan(self, x: np.ndarray, op: str) -> _WholePlan | None:
+        """``_whole_on_board``'s plan for ``x``'s signature, made for the arena as it is now; None unless the last
+        call left the arena in this layout with every segment mapped both ways (the usual answer above 256 KiB,
+        found cheaply)."""
+        g = self._group(None)
+        arena = self.arena_for(g)
+        layout = ("whole", x.nbytes, x.itemsize)
+        if arena.layout != layout or self._boards is None:
+            return None
+        steady = arena.steady_announcement([g.members[k] for k in g.others])
+        if steady is None:  # (once it is not, it stays so until the arena remaps: a new epoch)
+            return None
+        n = x.nbytes
+        halves = [slice(h * n, (h + 1) * n) for h in (0, 1)]
+        mine = tuple(to_bytes(arena.reserve(2 * n)[h]) for h in halves)
+        peers = tuple(tuple(arena.peer(g.members[k], 2 * n)[h].view(x.dtype).reshape(x.shape) for k in g.others)
+                      for h in halves)
+        plan = self._boards.shared_plan(x, op, Phase.SHARED_READY, steady)
+        if len(self._whole_plans) >= MAX_PLANS:
+            self._whole_plans.clear()
+        cached = self._whole_plans[(x.dtype, x.shape, op)] = _WholePlan(arena, arena.epoch, layout, plan, mine, peers)
+        return cached
 
     def _whole_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int, half: int,
                         out: np.ndarray | None = None) -> np.ndarray:
@@ -347,6 +370,16 @@ class Fabric(PhaseRunner):
         peers = [arena.peer(g.members[k], 2 * n)[half * n:(half + 1) * n].view(x.dtype).reshape(x.shape)
                  for k in g.others]
         return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
+
+    def _settle(self, seq: int) -> None:
+        """After a shared-memory allreduce, with more instances than CPUs: now and then let a crowded instance
+        move (``algorithms/placement.py``), and yield once, so that a peer on our CPU finishes this call before
+        we spin on its next one (as the board plans do)."""
+        spreader = None if self._boards is None else self._boards.spreader
+        if spreader is not None and spreader.oversubscribed:
+            if not seq % 16:
+                spreader.spread()
+            os.sched_yield()
 
     def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the

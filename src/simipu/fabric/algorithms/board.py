@@ -28,9 +28,9 @@ With more instances on the host than CPUs, two more things (``algorithms.placeme
 every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
 instance to a quieter CPU, and each call ends by yielding once, so that a
 peer on our CPU that still has this call's reduction to do runs it before we
-race into the next call and spin on its publication (the same reason as
-``shared``'s last phase: every instance's call then takes about one round,
-rather than one call none and the next two).
+race into the next call and spin on its publication (every instance's call
+then takes about one round, rather than one call none and the next two). The
+shared-memory allreduces do both too (``Fabric._settle``, and their plans here).
 """
 
 from __future__ import annotations
@@ -92,6 +92,11 @@ class BoardAllreduces:
         the shared arenas: the caller passes them to each call as ``sources``)."""
         return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail)
 
+    @property
+    def spreader(self) -> Spreader:
+        """This instance's ``placement.Spreader`` (the shm allreduce's general path uses it too)."""
+        return self._spreader
+
     def close(self) -> None:
         """Drop the plans (their views of the boards must go before the mailboxes close)."""
         self.plans.clear()
@@ -126,7 +131,7 @@ class BoardAllreduce:
         #: Whether ``allreduce`` reduces inline: not for the mean (it divides) nor 0-d arrays (a ufunc of those
         #: makes a scalar), which take ``reduce``.
         self._inline = like.ndim > 0 and not self._mean and not copies
-        self._spreader = spreader if spreader.oversubscribed and not tail else None  # (shm: as its general path)
+        self._spreader = spreader if spreader.oversubscribed else None  # (shm's too: measured, README)
         self._crowded = spreader.oversubscribed
         self._rank = group.rank
         self._links = group.other_links

@@ -26,7 +26,8 @@ class Phase(IntEnum):
     SHARED_READY = 11
     #: Shared memory, *chunked* layout: "my chunk is reduced, in my segment".
     SHARED_REDUCED = 12
-    #: Shared memory, *chunked* layout: "I have finished reading your segments".
+    #: Shared memory, *chunked* layout: "I have finished reading your segments" (no longer sent: the next call's
+    #: SHARED_READY says it; the number stays taken).
     SHARED_DONE = 13
     #: Hierarchical (``hierarchical``): within each host, every member's array (or its announcement) to the
     #: host's leader.

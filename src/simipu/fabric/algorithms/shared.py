@@ -20,20 +20,21 @@ phases are ``phases.Phase``'s, run through the engine as ``protocol.Phases``):
   written again two calls later, after the next call's SHARED_READY showed that
   every peer has finished reading it.
 * *chunked* (larger): each member copies into its segment the chunks the
-  others own; SHARED_READY; member k reduces chunk k reading every peer's
-  segment in index order and puts it in its own segment (where no peer
-  reads its input); SHARED_REDUCED says "my chunk is reduced"; each member copies
-  the other chunks out; SHARED_DONE says "I have finished reading". The last
-  phase is not needed for correctness when the next call has the same
-  layout, but it keeps the members in step: with more instances than cores,
-  a member that finished first would otherwise spin at the next call's
-  SHARED_READY on a core its peers need for their copies (4 MiB, 4 instances on
-  2 cores: 1.60-1.71 ms with it, 1.76-1.85 ms without).
+  others own; SHARED_READY; member k reduces chunk k, reading every peer's
+  segment in index order, straight into its own segment (where no peer reads
+  its input); SHARED_REDUCED says "my chunk is reduced"; each member copies
+  every chunk out into its result. Two phases: the next call of the same
+  layout may write a segment at once, since its copy-in touches only the
+  chunks the peers read before they said SHARED_REDUCED, and its reduction
+  starts only after every peer's next SHARED_READY, sent once it had copied
+  this call's chunks out. (A third phase, "I have finished reading", kept
+  4 instances on 2 cores in step; the yield after each call does that now.)
 
-When a *whole* call is followed by one of another layout (size, dtype,
-kind), its peers may still read the half it used, so a SHARED_DRAIN phase first makes
-every member wait until the others have finished. Every member of a group
-runs the same calls, so all agree on when that happens.
+When a call has another layout than the last (whole or chunked, size, item
+size), its peers may still read what the last one left in the segments, so a
+SHARED_DRAIN phase first makes every member wait until the others have
+finished. Every member of a group runs the same calls, so all agree on when
+that happens.
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ from .protocol import Phases
 
 #: Above this many bytes, an allreduce among instances of one host goes through shared memory.
 SHARED_BYTES = 64 * 1024
-#: The one-phase *whole* layout for arrays up to this size, else the three-phase *chunked* one. Measured on 2
-#: cores (per-instance medians, 4 instances): at 128 and 256 KiB whole took 134-223 us against 166-300 chunked,
-#: at 512 KiB they were level, at 1 MiB whole took 554-658 us against 330-468; with 2 instances the crossover
-#: was 256 KiB too. (Whole's work grows with the group, but with more instances than cores, each phase they
-#: all must reach costs more than the reading.)
+#: The one-phase *whole* layout for arrays up to this size, else the *chunked* one. Measured on 2 cores when
+#: chunked had three phases (per-instance medians, 4 instances): at 128 and 256 KiB whole took 134-223 us against
+#: 166-300 chunked, at 512 KiB they were level, at 1 MiB whole took 554-658 us against 330-468; with 2 instances
+#: the crossover was 256 KiB too. With two phases, chunked still took 1.5-3x whole's time at 256 KiB (N=2 and 4).
+#: (Whole's work grows with the group, but with more instances than cores, each phase they all must reach costs
+#: more than the reading.)
 WHOLE_BYTES = 256 * 1024
 #: Segments grow in steps of this many bytes.
 GRANULE = 1 << 20
@@ -175,7 +177,7 @@ def allreduce_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarr
     """Allreduce through the members' shared segments (all on this host); see the module docstring."""
     g = call.group
     layout = ("whole" if x.nbytes <= WHOLE_BYTES else "chunked", x.nbytes, x.itemsize)
-    if arena.layout is not None and arena.layout[0] == "whole" and arena.layout != layout:
+    if arena.layout is not None and arena.layout != layout:
         phases.run_all(call, Phase.SHARED_DRAIN, EMPTY, [None] * len(g.others))
     arena.layout = layout
     flat = x.reshape(-1)
@@ -193,15 +195,13 @@ def allreduce_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarr
         segment[spans[k]] = flat[spans[k]]
     peers = {k: array.view(x.dtype) for k, array in _announce(phases, arena, call, x.nbytes).items()}
     mine = spans[g.rank]
-    result = np.empty_like(flat)
     reduce_in_order(ufunc, [flat[mine] if k == g.rank else peers[k][mine] for k in range(len(g.members))],
-                    result[mine])
-    segment[mine] = result[mine]
+                    segment[mine])
     phases.run_all(call, Phase.SHARED_REDUCED, EMPTY, [None] * len(g.others))
+    result = np.empty_like(flat)
+    result[mine] = segment[mine]
     for k in g.others:
         result[spans[k]] = peers[k][spans[k]]
-    del peers, segment
-    phases.run_all(call, Phase.SHARED_DONE, EMPTY, [None] * len(g.others))
     return result.reshape(x.shape)
 
 
