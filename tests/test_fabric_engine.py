@@ -532,3 +532,53 @@ def test_a_link_keeps_frame_order_across_board_mailbox_and_socket(link_pair) -> 
     publish_ints(link0, seg0, 5)
     assert receive_ints(link1) == [5] * 3
     assert link1.available() == 0
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_large_copies_read_in_place_match_the_tcp_path_bit_for_bit(jobs: list[Job], tmp_path: Path,
+                                                                    n: int) -> None:
+    """Broadcasts from every root and allgathers above the (lowered) threshold read the peers' arrays in place
+    (algorithms/cross_memory.py), with shared-segment calls between; each result exact, and the digest of them
+    all the same on every instance and as over TCP."""
+    job, tcp = run_job(jobs, tmp_path, n, "cross-copies"), run_job(jobs, tmp_path, n, "cross-copies", transport="tcp")
+    lines, over_tcp = job.finish(), tcp.finish()
+    digests = {line[-1].get("digest") for line in [*lines.values(), *over_tcp.values()]}
+    assert len(digests) == 1 and None not in digests, (lines, over_tcp)
+    large = 3 * (2 * n + 2)  # three of the four steps' arrays are above 256 KiB: 2 broadcasts per root, 2 allgathers
+    assert all(lines[i][-1]["cross"] is True and lines[i][-1]["calls"] == large for i in range(n)), lines
+    assert all(over_tcp[i][-1]["calls"] == 0 for i in range(n)), over_tcp
+
+
+def test_large_copies_fall_back_to_the_segments_where_reads_are_refused(jobs: list[Job], tmp_path: Path) -> None:
+    """Instance 1 runs as another user without CAP_SYS_PTRACE, so the kernel refuses its reads of the others'
+    memory: the group's probe says so, and every instance takes the shared segments, with the same results."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: one instance changes to user nobody so that its reads are refused")
+    job, reference = run_job(jobs, tmp_path, 3, "cross-refused"), run_job(jobs, tmp_path, 3, "cross-copies")
+    lines, allowed = job.finish(), reference.finish()
+    for i in range(3):
+        assert lines[i][-1]["cross"] is False and lines[i][-1]["calls"] == 0, lines
+        assert lines[i][-1]["digest"] == allowed[i][-1]["digest"] and allowed[i][-1]["cross"] is True, (lines, allowed)
+
+
+def test_large_copies_read_in_place_that_differ_raise_everywhere(jobs: list[Job], tmp_path: Path) -> None:
+    """After one allgather read in place: broadcasts from two roots and an allgather; each raises, none hangs."""
+    job = run_job(jobs, tmp_path, 3, "mismatch-cross")
+    lines = job.finish()
+    for i in range(3):
+        assert lines[i][0] == {"cross": True, "calls": 1}, lines
+        assert len(lines[i]) == 2 and lines[i][1]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[0][1]["message"].startswith("instance 0 called broadcast(root=0) on float32[100000] but ")
+
+
+def test_a_peer_killed_while_arrays_are_read_in_place_is_named_by_every_survivor(jobs: list[Job],
+                                                                                 tmp_path: Path) -> None:
+    """Instance 1 (the broadcasts' root, whose memory the others read) is killed mid-loop."""
+    job = run_job(jobs, tmp_path, 3, "loop-cross")
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid, "cross": True,
+                                                  "calls": 1}
+    os.kill(job.workers[1].proc.pid, signal.SIGKILL)
+    lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
+    for i in (0, 2):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == PeerLostError.__name__ and lines[i][0]["instance"] == 1, lines

@@ -31,6 +31,15 @@ Scenarios:
             ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
             last allgather (the fabric still works); then {"board_plans": [root rank or -1, shape] of each
             signature that took the boards}
+  cross-copies  broadcasts (every root, in place and fresh) and allgathers (fresh and into ``out``) read in
+            place from the peers' memory (algorithms/cross_memory.py, its threshold lowered to 256 KiB), a
+            shared-segment one between; results to OUT_DIR; then {"cross": usable, "calls": calls read in place}
+  cross-refused  the same with instance 1 running as user nobody (setresuid after connecting), so that it
+            may not read the others' memory: every instance falls back to the shared segments
+  mismatch-cross  one large allgather ({"cross": usable, "calls": 1}), then broadcasts from root 0
+            (instance 0) and 1 (instance 1) and an allgather (instance 2), read in place
+  loop-cross  large allgathers and broadcasts from root 1, read in place, until an error; prints "ready" (with
+            the cross-memory state) after the first
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -44,6 +53,7 @@ Scenarios:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -165,6 +175,64 @@ def run_copies_out(fabric, instance: int, n: int) -> None:
     report(board_plans=sorted([root, list(shape)] for root, _, shape in fabric._copies.plans))
 
 
+def lower_cross_threshold() -> None:
+    """Read arrays in place from 256 KiB (every instance the same): the tests' arrays stay small."""
+    from simipu.fabric.algorithms import cross_memory
+
+    cross_memory.CROSS_MEMORY_BYTES = 256 * 1024
+
+
+def cross_state(fabric) -> dict:
+    crosses = list(fabric._cross.values())  # (none over TCP: the path is for one host)
+    return {"cross": crosses[0].usable if crosses else None, "calls": sum(c.calls for c in crosses)}
+
+
+def run_cross_copies(fabric, instance: int, n: int, refused: bool) -> None:
+    """Each result checked bit for bit here; the digest of them all lets the test compare jobs and instances."""
+    lower_cross_threshold()
+    if refused and instance == 1:  # (no CAP_SYS_PTRACE, another user: the kernel refuses its reads)
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+    digest = hashlib.sha256()
+    for step, count in enumerate((100_000, 70_001, 30_000, 100_000)):  # 400 KB, 280 KB, then 120 KB: segments
+        def values(i: int, count: int = count, step: int = step) -> np.ndarray:
+            return (np.arange(count) * 0.37 + i + step).astype(np.float32)
+        for root in range(n):
+            x = values(instance)
+            got = [fabric.broadcast(x, root=root), fabric.broadcast(x, root=root, out=x)]
+            if any(g.tobytes() != values(root).tobytes() for g in got):
+                raise SystemExit(f"broadcast of {count} from {root}: wrong values")
+            digest.update(got[0].tobytes())
+        x = values(instance)
+        rows = np.full((n, count), -1.0, np.float32)
+        got = [fabric.allgather(x), fabric.allgather(x, out=rows)]
+        if any(g.tobytes() != np.stack([values(i) for i in range(n)]).tobytes() for g in got):
+            raise SystemExit(f"allgather of {count}: wrong values")
+        digest.update(got[0].tobytes())
+    report(**cross_state(fabric), digest=digest.hexdigest())
+
+
+def run_mismatch_cross(fabric, instance: int) -> None:
+    lower_cross_threshold()
+    big = np.ones(100_000, np.float32)
+    fabric.allgather(big)
+    report(**cross_state(fabric))
+    if instance < 2:
+        fabric.broadcast(big, root=instance)
+    else:
+        fabric.allgather(big)
+
+
+def run_loop_cross(fabric, instance: int) -> None:
+    lower_cross_threshold()
+    x = np.full(100_000, instance, np.float32)
+    fabric.allgather(x)
+    report(ready=instance, pid=os.getpid(), **cross_state(fabric))
+    while True:
+        fabric.broadcast(x, root=1)
+        fabric.allgather(x)
+
+
 def run_mismatch_board(fabric, instance: int) -> None:
     """Small calls of the whole job, each on its board: allgathers of two shapes, an allreduce, broadcasts
     from two roots."""
@@ -237,6 +305,13 @@ def main() -> int:
             run_mismatch_copies(fabric, instance)
         elif scenario == "copies-out":
             run_copies_out(fabric, instance, n)
+        elif scenario in ("cross-copies", "cross-refused"):
+            run_cross_copies(fabric, instance, n, scenario == "cross-refused")
+            return 0
+        elif scenario == "mismatch-cross":
+            run_mismatch_cross(fabric, instance)
+        elif scenario == "loop-cross":
+            run_loop_cross(fabric, instance)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":

@@ -28,16 +28,21 @@ from __future__ import annotations
 import numpy as np
 
 from .calls import EMPTY, Call
+from .cross_memory import CrossMemory, allgather_cross, broadcast_cross
 from .phases import Phase
 from .protocol import Phases
 from .shared import SharedArena, _announce
 
 
-def broadcast_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray, result: np.ndarray,
-                     root_rank: int) -> None:
+def broadcast_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, call: Call, x: np.ndarray,
+                     result: np.ndarray, root_rank: int) -> None:
     """Fill ``result`` with the root's array (the root's may be ``x`` itself); see the module docstring. (The
     root fills its own after the announcement, while the others copy theirs out.)"""
     g, n = call.group, x.nbytes
+    if cross.wanted(phases, call, n):
+        arena.layout = None  # (its first phase shows every peer has left every earlier call: no drain needed)
+        broadcast_cross(phases, cross, call, x, result, root_rank)
+        return
     half = _next_half(phases, arena, call, ("broadcast", n, root_rank))
     if g.rank == root_rank:
         arena.reserve(2 * n)[half * n:(half + 1) * n] = x.reshape(-1).view(np.uint8)
@@ -50,9 +55,14 @@ def broadcast_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarr
     result.reshape(-1).view(np.uint8)[:] = peers[root_rank][half * n:(half + 1) * n]
 
 
-def allgather_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray, result: np.ndarray) -> None:
+def allgather_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, call: Call, x: np.ndarray,
+                     result: np.ndarray) -> None:
     """Fill ``result`` (shape ``(members, *x.shape)``) with every member's array in member order."""
     g, n = call.group, x.nbytes
+    if cross.wanted(phases, call, n):
+        arena.layout = None  # (as in broadcast_shared)
+        allgather_cross(phases, cross, call, x, result)
+        return
     half = _next_half(phases, arena, call, ("allgather", n, 0))
     mine = x.reshape(-1).view(np.uint8)
     arena.reserve(2 * n)[half * n:(half + 1) * n] = mine
