@@ -21,6 +21,13 @@ layout changes (another kind, size or root) a SHARED_DRAIN phase first makes
 every member wait until the others have left the previous call, since the
 new halves may overlap the old. These arenas are not the allreduce's: each
 keeps its own layout history (``Fabric.arena_for(g, "copy")``).
+
+From ``cross_memory.CROSS_MEMORY_BYTES`` per array, where the copies run at
+memory bandwidth, the peers read each other's arrays in place instead (one
+copy: ``cross_memory``), when the group's members may. A call like the last
+one (same layout, nothing remapped) reuses its views and announcement
+(``_Views``): with more instances than cores, each one's Python is paid by
+all of them.
 """
 
 from __future__ import annotations
