@@ -582,3 +582,22 @@ def test_a_peer_killed_while_arrays_are_read_in_place_is_named_by_every_survivor
     lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
     for i in (0, 2):
         assert len(lines[i]) == 1 and lines[i][0]["error"] == PeerLostError.__name__ and lines[i][0]["instance"] == 1, lines
+
+
+def test_a_read_refused_after_the_probe_raises_on_every_instance_without_a_hang(jobs: list[Job],
+                                                                                tmp_path: Path) -> None:
+    """The probe said yes, then instance 1 became another user: its reads fail mid-call; it still says so in
+    the last phase, so every instance raises the same FabricError and none waits for it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: one instance changes to user nobody so that its reads are refused")
+    job = run_job(jobs, tmp_path, 3, "cross-revoked")
+    lines = job.finish()
+    for i in range(3):
+        assert lines[i][0] == {"cross": True, "calls": 1}, lines
+        assert len(lines[i]) == 2 and lines[i][1]["error"] == "FabricError", lines
+        message = lines[i][1]["message"]
+        if i == 1:
+            assert message.startswith("reading instance ") and "Operation not permitted" in message, lines
+        else:
+            assert message == ("instance 1 could not read a peer's array in place (process_vm_readv); this fabric "
+                               "is unusable now"), lines

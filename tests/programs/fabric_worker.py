@@ -36,6 +36,8 @@ Scenarios:
             shared-segment one between; results to OUT_DIR; then {"cross": usable, "calls": calls read in place}
   cross-refused  the same with instance 1 running as user nobody (setresuid after connecting), so that it
             may not read the others' memory: every instance falls back to the shared segments
+  cross-revoked  one large allgather read in place, then instance 1 becomes user nobody (its reads are
+            refused from now on) and another: {"cross": usable, "calls": 1} after the first
   mismatch-cross  one large allgather ({"cross": usable, "calls": 1}), then broadcasts from root 0
             (instance 0) and 1 (instance 1) and an allgather (instance 2), read in place
   loop-cross  large allgathers and broadcasts from root 1, read in place, until an error; prints "ready" (with
@@ -212,6 +214,17 @@ def run_cross_copies(fabric, instance: int, n: int, refused: bool) -> None:
     report(**cross_state(fabric), digest=digest.hexdigest())
 
 
+def run_cross_revoked(fabric, instance: int) -> None:
+    lower_cross_threshold()
+    big = np.ones(100_000, np.float32)
+    fabric.allgather(big)
+    report(**cross_state(fabric))
+    if instance == 1:
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+    fabric.allgather(big)
+
+
 def run_mismatch_cross(fabric, instance: int) -> None:
     lower_cross_threshold()
     big = np.ones(100_000, np.float32)
@@ -308,6 +321,8 @@ def main() -> int:
         elif scenario in ("cross-copies", "cross-refused"):
             run_cross_copies(fabric, instance, n, scenario == "cross-refused")
             return 0
+        elif scenario == "cross-revoked":
+            run_cross_revoked(fabric, instance)
         elif scenario == "mismatch-cross":
             run_mismatch_cross(fabric, instance)
         elif scenario == "loop-cross":
