@@ -601,3 +601,21 @@ def test_a_read_refused_after_the_probe_raises_on_every_instance_without_a_hang(
         else:
             assert message == ("instance 1 could not read a peer's array in place (process_vm_readv); this fabric "
                                "is unusable now"), lines
+
+
+def test_a_steady_copy_whose_peers_are_late_falls_back_and_stays_right(jobs: list[Job], tmp_path: Path) -> None:
+    """A large allgather like the last one takes the boards (algorithms/shared_copies_board.py); instance 0
+    enters it while the others wait for this test: its plan gives up waiting, receives the general way, and
+    every result (then broadcasts on the same path) is exact."""
+    job = run_job(jobs, tmp_path, 3, "copy-late")
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
+    first = job.workers[0]
+    quiet, _, _ = select.select([first.proc.stdout], [], [], 0.5)  # instance 0 waits in the allgather, alone
+    assert not quiet and not first.buffer
+    for worker in job.workers[1:]:
+        worker.proc.stdin.write(b"go\n")
+        worker.proc.stdin.flush()
+    lines = job.finish()
+    assert [line[0]["done"] for line in lines.values()] == [0, 1, 2], lines
+    assert lines[0][0]["fallbacks"] >= 1, lines

@@ -38,6 +38,10 @@ Scenarios:
             may not read the others' memory: every instance falls back to the shared segments
   cross-revoked  one large allgather read in place, then instance 1 becomes user nobody (its reads are
             refused from now on) and another: {"cross": usable, "calls": 1} after the first
+  copy-late  two allgathers of 400 KB (the second one on the boards' steady path: algorithms/
+            shared_copies_board.py), print "ready", then a third, instance 0 at once, the others after reading a
+            line from stdin (instance 0's plan gives up waiting and falls back); then broadcasts; each result
+            checked; then {"done": i, "fallbacks": calls that fell back}
   mismatch-cross  one large allgather ({"cross": usable, "calls": 1}), then broadcasts from root 0
             (instance 0) and 1 (instance 1) and an allgather (instance 2), read in place
   loop-cross  large allgathers and broadcasts from root 1, read in place, until an error; prints "ready" (with
@@ -214,6 +218,34 @@ def run_cross_copies(fabric, instance: int, n: int, refused: bool) -> None:
     report(**cross_state(fabric), digest=digest.hexdigest())
 
 
+def run_copy_late(fabric, instance: int, n: int) -> int:
+    from simipu.fabric.engine import Fabric
+
+    fallbacks = [0]
+    general = Fabric._copy_fallback
+
+    def counted(self, *args):  # (the engine's own fallback, counted)
+        fallbacks[0] += 1
+        return general(self, *args)
+
+    Fabric._copy_fallback = counted  # type: ignore[method-assign]
+    x = (np.arange(100_000) % 89 + 3 * instance).astype(np.float32)
+    want = np.stack([(np.arange(100_000) % 89 + 3 * i).astype(np.float32) for i in range(n)])
+    rows = np.empty_like(want)
+    for step in range(3):
+        if step == 2:
+            report(ready=instance, pid=os.getpid())
+            if instance != 0:
+                sys.stdin.readline()
+        if fabric.allgather(x, out=rows).tobytes() != want.tobytes():
+            raise SystemExit(f"allgather {step}: wrong values")
+    for _ in range(3):
+        y = x.copy()
+        if fabric.broadcast(y, root=n - 1, out=y).tobytes() != want[n - 1].tobytes():
+            raise SystemExit("broadcast: wrong values")
+    return fallbacks[0]
+
+
 def run_cross_revoked(fabric, instance: int) -> None:
     lower_cross_threshold()
     big = np.ones(100_000, np.float32)
@@ -320,6 +352,9 @@ def main() -> int:
             run_copies_out(fabric, instance, n)
         elif scenario in ("cross-copies", "cross-refused"):
             run_cross_copies(fabric, instance, n, scenario == "cross-refused")
+            return 0
+        elif scenario == "copy-late":
+            report(done=instance, fallbacks=run_copy_late(fabric, instance, n))
             return 0
         elif scenario == "cross-revoked":
             run_cross_revoked(fabric, instance)
