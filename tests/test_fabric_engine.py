@@ -619,3 +619,14 @@ def test_a_steady_copy_whose_peers_are_late_falls_back_and_stays_right(jobs: lis
     lines = job.finish()
     assert [line[0]["done"] for line in lines.values()] == [0, 1, 2], lines
     assert lines[0][0]["fallbacks"] >= 1, lines
+
+
+def test_a_call_unlike_the_steady_ones_raises_everywhere(jobs: list[Job], tmp_path: Path) -> None:
+    """The peers' third allgather takes the boards' steady path (algorithms/shared_copies_board.py), instance
+    0's another size: all three raise, none hangs."""
+    job = run_job(jobs, tmp_path, 3, "mismatch-steady")
+    lines = job.finish()
+    for i in range(3):
+        assert lines[i][0] == {"steady_plans": 1}, lines  # (the second call took the steady path)
+        assert len(lines[i]) == 2 and lines[i][1]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[0][1]["message"].startswith("instance 0 called allgather on float32[100001] but instance "), lines

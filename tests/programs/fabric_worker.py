@@ -42,6 +42,8 @@ Scenarios:
             shared_copies_board.py), print "ready", then a third, instance 0 at once, the others after reading a
             line from stdin (instance 0's plan gives up waiting and falls back); then broadcasts; each result
             checked; then {"done": i, "fallbacks": calls that fell back}
+  mismatch-steady  two allgathers of float32[100000] (the second on the boards' steady path), then a third
+            of float32[100001] on instance 0 alone ({"steady_plans": count} before it)
   mismatch-cross  one large allgather ({"cross": usable, "calls": 1}), then broadcasts from root 0
             (instance 0) and 1 (instance 1) and an allgather (instance 2), read in place
   loop-cross  large allgathers and broadcasts from root 1, read in place, until an error; prints "ready" (with
@@ -246,6 +248,13 @@ def run_copy_late(fabric, instance: int, n: int) -> int:
     return fallbacks[0]
 
 
+def run_mismatch_steady(fabric, instance: int) -> None:
+    for step in range(3):
+        if step == 2:
+            report(steady_plans=len(fabric._copy_plans))
+        fabric.allgather(np.ones(100_001 if step == 2 and instance == 0 else 100_000, np.float32))
+
+
 def run_cross_revoked(fabric, instance: int) -> None:
     lower_cross_threshold()
     big = np.ones(100_000, np.float32)
@@ -356,6 +365,8 @@ def main() -> int:
         elif scenario == "copy-late":
             report(done=instance, fallbacks=run_copy_late(fabric, instance, n))
             return 0
+        elif scenario == "mismatch-steady":
+            run_mismatch_steady(fabric, instance)
         elif scenario == "cross-revoked":
             run_cross_revoked(fabric, instance)
         elif scenario == "mismatch-cross":
