@@ -406,19 +406,25 @@ def test_out_arrays_give_the_fresh_results_and_a_wrong_one_raises_without_a_hang
         assert (messages[:2] == [None, None]) == (i != 1), lines
 
 
-def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
-    """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory
-    (the peers' board publications, which see its sleeping flag and send the wake-up byte)."""
-    job = run_job(jobs, tmp_path, 3, "slow")
+def let_the_others_follow_instance_0(job: Job) -> dict[int, list[dict]]:
+    """Every instance is ready; instance 0 has entered its collective alone (nothing printed for 0.5 s); then the
+    others are told to go; what each printed after."""
     for worker in job.workers:
         assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
     first = job.workers[0]
-    quiet, _, _ = select.select([first.proc.stdout], [], [], 0.5)  # instance 0 waits in the allreduce, alone
+    quiet, _, _ = select.select([first.proc.stdout], [], [], 0.5)  # instance 0 waits in the collective, alone
     assert not quiet and not first.buffer
     for worker in job.workers[1:]:
         worker.proc.stdin.write(b"go\n")
         worker.proc.stdin.flush()
-    lines = job.finish()
+    return job.finish()
+
+
+def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
+    """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory
+    (the peers' board publications, which see its sleeping flag and send the wake-up byte)."""
+    job = run_job(jobs, tmp_path, 3, "slow")
+    lines = let_the_others_follow_instance_0(job)
     assert all(lines[i] == [{"done": i}] for i in range(3)), lines
     assert all(job.results(i)["total"].tolist() == [6] * 5 for i in range(3))
 
@@ -608,15 +614,7 @@ def test_a_steady_copy_whose_peers_are_late_falls_back_and_stays_right(jobs: lis
     enters it while the others wait for this test: its plan gives up waiting, receives the general way, and
     every result (then broadcasts on the same path) is exact."""
     job = run_job(jobs, tmp_path, 3, "copy-late")
-    for worker in job.workers:
-        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
-    first = job.workers[0]
-    quiet, _, _ = select.select([first.proc.stdout], [], [], 0.5)  # instance 0 waits in the allgather, alone
-    assert not quiet and not first.buffer
-    for worker in job.workers[1:]:
-        worker.proc.stdin.write(b"go\n")
-        worker.proc.stdin.flush()
-    lines = job.finish()
+    lines = let_the_others_follow_instance_0(job)
     assert [line[0]["done"] for line in lines.values()] == [0, 1, 2], lines
     assert lines[0][0]["fallbacks"] >= 1, lines
 

@@ -190,6 +190,13 @@ def lower_cross_threshold() -> None:
     cross_memory.CROSS_MEMORY_BYTES = 256 * 1024
 
 
+def become_nobody() -> None:
+    """Run on as user nobody: no CAP_SYS_PTRACE, another user, so the kernel refuses its reads of the others'
+    memory (process_vm_readv)."""
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)
+
+
 def cross_state(fabric) -> dict:
     crosses = list(fabric._cross.values())  # (none over TCP: the path is for one host)
     return {"cross": crosses[0].usable if crosses else None, "calls": sum(c.calls for c in crosses)}
@@ -198,9 +205,8 @@ def cross_state(fabric) -> dict:
 def run_cross_copies(fabric, instance: int, n: int, refused: bool) -> None:
     """Each result checked bit for bit here; the digest of them all lets the test compare jobs and instances."""
     lower_cross_threshold()
-    if refused and instance == 1:  # (no CAP_SYS_PTRACE, another user: the kernel refuses its reads)
-        os.setresgid(65534, 65534, 65534)
-        os.setresuid(65534, 65534, 65534)
+    if refused and instance == 1:
+        become_nobody()
     digest = hashlib.sha256()
     for step, count in enumerate((100_000, 70_001, 30_000, 100_000)):  # 400 KB, 280 KB, then 120 KB: segments
         def values(i: int, count: int = count, step: int = step) -> np.ndarray:
@@ -261,8 +267,7 @@ def run_cross_revoked(fabric, instance: int) -> None:
     fabric.allgather(big)
     report(**cross_state(fabric))
     if instance == 1:
-        os.setresgid(65534, 65534, 65534)
-        os.setresuid(65534, 65534, 65534)
+        become_nobody()
     fabric.allgather(big)
 
 
