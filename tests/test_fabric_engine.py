@@ -457,19 +457,25 @@ def test_a_broken_fabric_refuses_the_hot_path_too(jobs: list[Job], tmp_path: Pat
         assert lines[i] == [{"first": CollectiveMismatchError.__name__, "again": "FabricError"}, {"done": i}], lines
 
 
-def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
-    """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory
-    (the peers' board publications, which see its sleeping flag and send the wake-up byte)."""
-    job = run_job(jobs, tmp_path, 3, "slow")
+def let_the_others_follow_instance_0(job: Job) -> dict[int, list[dict]]:
+    """Every instance is ready; instance 0 has entered its collective alone (nothing printed for 0.5 s); then the
+    others are told to go; what each printed after."""
     for worker in job.workers:
         assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
     first = job.workers[0]
-    quiet, _, _ = select.select([first.proc.stdout], [], [], 0.5)  # instance 0 waits in the allreduce, alone
+    quiet, _, _ = select.select([first.proc.stdout], [], [], 0.5)  # instance 0 waits in the collective, alone
     assert not quiet and not first.buffer
     for worker in job.workers[1:]:
         worker.proc.stdin.write(b"go\n")
         worker.proc.stdin.flush()
-    lines = job.finish()
+    return job.finish()
+
+
+def test_a_sleeping_waiter_is_woken_by_a_mailbox_frame(jobs: list[Job], tmp_path: Path) -> None:
+    """Instance 0 waits long enough to sleep in poll; the frames that end its wait come by shared memory
+    (the peers' board publications, which see its sleeping flag and send the wake-up byte)."""
+    job = run_job(jobs, tmp_path, 3, "slow")
+    lines = let_the_others_follow_instance_0(job)
     assert all(lines[i] == [{"done": i}] for i in range(3)), lines
     assert all(job.results(i)["total"].tolist() == [6] * 5 for i in range(3))
 
@@ -583,3 +589,93 @@ def test_a_link_keeps_frame_order_across_board_mailbox_and_socket(link_pair) -> 
     publish_ints(link0, seg0, 5)
     assert receive_ints(link1) == [5] * 3
     assert link1.available() == 0
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_large_copies_read_in_place_match_the_tcp_path_bit_for_bit(jobs: list[Job], tmp_path: Path,
+                                                                    n: int) -> None:
+    """Broadcasts from every root and allgathers above the (lowered) threshold read the peers' arrays in place
+    (algorithms/cross_memory.py), with shared-segment calls between; each result exact, and the digest of them
+    all the same on every instance and as over TCP."""
+    job, tcp = run_job(jobs, tmp_path, n, "cross-copies"), run_job(jobs, tmp_path, n, "cross-copies", transport="tcp")
+    lines, over_tcp = job.finish(), tcp.finish()
+    digests = {line[-1].get("digest") for line in [*lines.values(), *over_tcp.values()]}
+    assert len(digests) == 1 and None not in digests, (lines, over_tcp)
+    large = 3 * (2 * n + 2)  # three of the four steps' arrays are above 256 KiB: 2 broadcasts per root, 2 allgathers
+    assert all(lines[i][-1]["cross"] is True and lines[i][-1]["calls"] == large for i in range(n)), lines
+    assert all(over_tcp[i][-1]["calls"] == 0 for i in range(n)), over_tcp
+
+
+def test_large_copies_fall_back_to_the_segments_where_reads_are_refused(jobs: list[Job], tmp_path: Path) -> None:
+    """Instance 1 runs as another user without CAP_SYS_PTRACE, so the kernel refuses its reads of the others'
+    memory: the group's probe says so, and every instance takes the shared segments, with the same results."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: one instance changes to user nobody so that its reads are refused")
+    job, reference = run_job(jobs, tmp_path, 3, "cross-refused"), run_job(jobs, tmp_path, 3, "cross-copies")
+    lines, allowed = job.finish(), reference.finish()
+    for i in range(3):
+        assert lines[i][-1]["cross"] is False and lines[i][-1]["calls"] == 0, lines
+        assert lines[i][-1]["digest"] == allowed[i][-1]["digest"] and allowed[i][-1]["cross"] is True, (lines, allowed)
+
+
+def test_large_copies_read_in_place_that_differ_raise_everywhere(jobs: list[Job], tmp_path: Path) -> None:
+    """After one allgather read in place: broadcasts from two roots and an allgather; each raises, none hangs."""
+    job = run_job(jobs, tmp_path, 3, "mismatch-cross")
+    lines = job.finish()
+    for i in range(3):
+        assert lines[i][0] == {"cross": True, "calls": 1}, lines
+        assert len(lines[i]) == 2 and lines[i][1]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[0][1]["message"].startswith("instance 0 called broadcast(root=0) on float32[100000] but ")
+
+
+def test_a_peer_killed_while_arrays_are_read_in_place_is_named_by_every_survivor(jobs: list[Job],
+                                                                                 tmp_path: Path) -> None:
+    """Instance 1 (the broadcasts' root, whose memory the others read) is killed mid-loop."""
+    job = run_job(jobs, tmp_path, 3, "loop-cross")
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid, "cross": True,
+                                                  "calls": 1}
+    os.kill(job.workers[1].proc.pid, signal.SIGKILL)
+    lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
+    for i in (0, 2):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == PeerLostError.__name__ and lines[i][0]["instance"] == 1, lines
+
+
+def test_a_read_refused_after_the_probe_raises_on_every_instance_without_a_hang(jobs: list[Job],
+                                                                                tmp_path: Path) -> None:
+    """The probe said yes, then instance 1 became another user: its reads fail mid-call; it still says so in
+    the last phase, so every instance raises the same FabricError and none waits for it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: one instance changes to user nobody so that its reads are refused")
+    job = run_job(jobs, tmp_path, 3, "cross-revoked")
+    lines = job.finish()
+    for i in range(3):
+        assert lines[i][0] == {"cross": True, "calls": 1}, lines
+        assert len(lines[i]) == 2 and lines[i][1]["error"] == "FabricError", lines
+        message = lines[i][1]["message"]
+        if i == 1:
+            assert message.startswith("reading instance ") and "Operation not permitted" in message, lines
+        else:
+            assert message == ("instance 1 could not read a peer's array in place (process_vm_readv); this fabric "
+                               "is unusable now"), lines
+
+
+def test_a_steady_copy_whose_peers_are_late_falls_back_and_stays_right(jobs: list[Job], tmp_path: Path) -> None:
+    """A large allgather like the last one takes the boards (algorithms/shared_copies_board.py); instance 0
+    enters it while the others wait for this test: its plan gives up waiting, receives the general way, and
+    every result (then broadcasts on the same path) is exact."""
+    job = run_job(jobs, tmp_path, 3, "copy-late")
+    lines = let_the_others_follow_instance_0(job)
+    assert [line[0]["done"] for line in lines.values()] == [0, 1, 2], lines
+    assert lines[0][0]["fallbacks"] >= 1, lines
+
+
+def test_a_call_unlike_the_steady_ones_raises_everywhere(jobs: list[Job], tmp_path: Path) -> None:
+    """The peers' third allgather takes the boards' steady path (algorithms/shared_copies_board.py), instance
+    0's another size: all three raise, none hangs."""
+    job = run_job(jobs, tmp_path, 3, "mismatch-steady")
+    lines = job.finish()
+    for i in range(3):
+        assert lines[i][0] == {"steady_plans": 1}, lines  # (the second call took the steady path)
+        assert len(lines[i]) == 2 and lines[i][1]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[0][1]["message"].startswith("instance 0 called allgather on float32[100001] but instance "), lines

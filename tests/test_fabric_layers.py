@@ -77,7 +77,8 @@ def test_phase_numbers_are_distinct_and_stay_what_the_wire_carries() -> None:
     change, and two names for one number would let two phases' frames pass each other's check."""
     assert {phase.name: int(phase) for phase in Phase} == {
         "FIRST": 1, "SECOND": 2, "SHARED_DRAIN": 10, "SHARED_READY": 11, "SHARED_REDUCED": 12,
-        "SHARED_DONE": 13, "TO_LEADER": 21, "FROM_LEADER": 23}
+        "SHARED_DONE": 13, "TO_LEADER": 21, "FROM_LEADER": 23,
+        "CROSS_PROBE": 31, "CROSS_VERDICT": 32, "CROSS_READY": 33, "CROSS_DONE": 34}
     assert all(0 < phase < 256 for phase in Phase), "a phase is one byte of the header"
 
 

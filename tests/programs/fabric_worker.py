@@ -42,6 +42,23 @@ Scenarios:
             each twice with new values (the hot path the second time), compared with the fresh-array form
   after-break  a small allreduce twice (its plan made), then instance 0 calls another shape (a mismatch on
             every instance); then the first allreduce again: {"first": error type, "again": error type}
+  cross-copies  broadcasts (every root, in place and fresh) and allgathers (fresh and into ``out``) read in
+            place from the peers' memory (algorithms/cross_memory.py, its threshold lowered to 256 KiB), a
+            shared-segment one between; results to OUT_DIR; then {"cross": usable, "calls": calls read in place}
+  cross-refused  the same with instance 1 running as user nobody (setresuid after connecting), so that it
+            may not read the others' memory: every instance falls back to the shared segments
+  cross-revoked  one large allgather read in place, then instance 1 becomes user nobody (its reads are
+            refused from now on) and another: {"cross": usable, "calls": 1} after the first
+  copy-late  two allgathers of 400 KB (the second one on the boards' steady path: algorithms/
+            shared_copies_board.py), print "ready", then a third, instance 0 at once, the others after reading a
+            line from stdin (instance 0's plan gives up waiting and falls back); then broadcasts; each result
+            checked; then {"done": i, "fallbacks": calls that fell back}
+  mismatch-steady  two allgathers of float32[100000] (the second on the boards' steady path), then a third
+            of float32[100001] on instance 0 alone ({"steady_plans": count} before it)
+  mismatch-cross  one large allgather ({"cross": usable, "calls": 1}), then broadcasts from root 0
+            (instance 0) and 1 (instance 1) and an allgather (instance 2), read in place
+  loop-cross  large allgathers and broadcasts from root 1, read in place, until an error; prints "ready" (with
+            the cross-memory state) after the first
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -55,6 +72,7 @@ Scenarios:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -254,6 +272,115 @@ def run_after_break(fabric, instance: int) -> None:
     report(first=errors[0], again=errors[1])
 
 
+def lower_cross_threshold() -> None:
+    """Read arrays in place from 256 KiB (every instance the same): the tests' arrays stay small."""
+    from simipu.fabric.algorithms import cross_memory
+
+    cross_memory.CROSS_MEMORY_BYTES = 256 * 1024
+
+
+def become_nobody() -> None:
+    """Run on as user nobody: no CAP_SYS_PTRACE, another user, so the kernel refuses its reads of the others'
+    memory (process_vm_readv)."""
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)
+
+
+def cross_state(fabric) -> dict:
+    crosses = list(fabric._cross.values())  # (none over TCP: the path is for one host)
+    return {"cross": crosses[0].usable if crosses else None, "calls": sum(c.calls for c in crosses)}
+
+
+def run_cross_copies(fabric, instance: int, n: int, refused: bool) -> None:
+    """Each result checked bit for bit here; the digest of them all lets the test compare jobs and instances."""
+    lower_cross_threshold()
+    if refused and instance == 1:
+        become_nobody()
+    digest = hashlib.sha256()
+    for step, count in enumerate((100_000, 70_001, 30_000, 100_000)):  # 400 KB, 280 KB, then 120 KB: segments
+        def values(i: int, count: int = count, step: int = step) -> np.ndarray:
+            return (np.arange(count) * 0.37 + i + step).astype(np.float32)
+        for root in range(n):
+            x = values(instance)
+            got = [fabric.broadcast(x, root=root), fabric.broadcast(x, root=root, out=x)]
+            if any(g.tobytes() != values(root).tobytes() for g in got):
+                raise SystemExit(f"broadcast of {count} from {root}: wrong values")
+            digest.update(got[0].tobytes())
+        x = values(instance)
+        rows = np.full((n, count), -1.0, np.float32)
+        got = [fabric.allgather(x), fabric.allgather(x, out=rows)]
+        if any(g.tobytes() != np.stack([values(i) for i in range(n)]).tobytes() for g in got):
+            raise SystemExit(f"allgather of {count}: wrong values")
+        digest.update(got[0].tobytes())
+    report(**cross_state(fabric), digest=digest.hexdigest())
+
+
+def run_copy_late(fabric, instance: int, n: int) -> int:
+    from simipu.fabric.engine import Fabric
+
+    fallbacks = [0]
+    general = Fabric._copy_fallback
+
+    def counted(self, *args):  # (the engine's own fallback, counted)
+        fallbacks[0] += 1
+        return general(self, *args)
+
+    Fabric._copy_fallback = counted  # type: ignore[method-assign]
+    x = (np.arange(100_000) % 89 + 3 * instance).astype(np.float32)
+    want = np.stack([(np.arange(100_000) % 89 + 3 * i).astype(np.float32) for i in range(n)])
+    rows = np.empty_like(want)
+    for step in range(3):
+        if step == 2:
+            report(ready=instance, pid=os.getpid())
+            if instance != 0:
+                sys.stdin.readline()
+        if fabric.allgather(x, out=rows).tobytes() != want.tobytes():
+            raise SystemExit(f"allgather {step}: wrong values")
+    for _ in range(3):
+        y = x.copy()
+        if fabric.broadcast(y, root=n - 1, out=y).tobytes() != want[n - 1].tobytes():
+            raise SystemExit("broadcast: wrong values")
+    return fallbacks[0]
+
+
+def run_mismatch_steady(fabric, instance: int) -> None:
+    for step in range(3):
+        if step == 2:
+            report(steady_plans=len(fabric._copy_plans))
+        fabric.allgather(np.ones(100_001 if step == 2 and instance == 0 else 100_000, np.float32))
+
+
+def run_cross_revoked(fabric, instance: int) -> None:
+    lower_cross_threshold()
+    big = np.ones(100_000, np.float32)
+    fabric.allgather(big)
+    report(**cross_state(fabric))
+    if instance == 1:
+        become_nobody()
+    fabric.allgather(big)
+
+
+def run_mismatch_cross(fabric, instance: int) -> None:
+    lower_cross_threshold()
+    big = np.ones(100_000, np.float32)
+    fabric.allgather(big)
+    report(**cross_state(fabric))
+    if instance < 2:
+        fabric.broadcast(big, root=instance)
+    else:
+        fabric.allgather(big)
+
+
+def run_loop_cross(fabric, instance: int) -> None:
+    lower_cross_threshold()
+    x = np.full(100_000, instance, np.float32)
+    fabric.allgather(x)
+    report(ready=instance, pid=os.getpid(), **cross_state(fabric))
+    while True:
+        fabric.broadcast(x, root=1)
+        fabric.allgather(x)
+
+
 def run_mismatch_board(fabric, instance: int) -> None:
     """Small calls of the whole job, each on its board: allgathers of two shapes, an allreduce, broadcasts
     from two roots."""
@@ -334,6 +461,22 @@ def main() -> int:
             run_copies_again(fabric, instance, n)
         elif scenario == "after-break":
             run_after_break(fabric, instance)
+
+
+        elif scenario in ("cross-copies", "cross-refused"):
+            run_cross_copies(fabric, instance, n, scenario == "cross-refused")
+            return 0
+        elif scenario == "copy-late":
+            report(done=instance, fallbacks=run_copy_late(fabric, instance, n))
+            return 0
+        elif scenario == "mismatch-steady":
+            run_mismatch_steady(fabric, instance)
+        elif scenario == "cross-revoked":
+            run_cross_revoked(fabric, instance)
+        elif scenario == "mismatch-cross":
+            run_mismatch_cross(fabric, instance)
+        elif scenario == "loop-cross":
+            run_loop_cross(fabric, instance)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":

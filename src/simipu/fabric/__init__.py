@@ -17,7 +17,8 @@ One collective, e.g. ``fabric.allreduce(x)`` (four files):
    ``Phases``: one round over the links (``algorithms/sockets.py``, also
    home of broadcast, allgather, reduce_scatter and barrier),
    ``algorithms/shared.py`` (``algorithms/shared_copies.py`` for a large
-   broadcast or allgather) or ``algorithms/hierarchical.py``, or, for a
+   broadcast or allgather, ``algorithms/cross_memory.py`` when it reads the
+   peers' arrays in place) or ``algorithms/hierarchical.py``, or, for a
    small one when every instance is on this host, the board
    (``algorithms/board.py``; ``algorithms/board_copies.py`` for a small
    broadcast or allgather). Every algorithm moves its frames one phase

@@ -61,7 +61,8 @@ from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import out_problem, result_for
 from .algorithms.phases import Phase
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena, allreduce_shared
-from .algorithms.shared_copies import allgather_shared, broadcast_shared
+from .algorithms.shared_copies import allgather_shared, broadcast_shared, current_views, refresh_views, steady_views
+from .algorithms.shared_copies_board import SharedCopyPlan
 from .errors import FabricError
 from .frames.header import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, REDUCE_SCATTER
 from .frames.link import Link
@@ -95,6 +96,8 @@ class Fabric(PhaseRunner):
         self._copies = None if self._boards is None else BoardCopies(self._boards)
         #: ``_whole_on_board``'s plans by signature (see ``_WholePlan``).
         self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], _WholePlan] = {}
+        #: ``_copy_steady``'s plans by (root rank or -1, dtype, shape): (the announcement they carry, the plan).
+        self._copy_plans: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[bytes, SharedCopyPlan]] = {}
 
     # -- public collectives ------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None,
@@ -215,7 +218,8 @@ class Fabric(PhaseRunner):
             plan.remember(array, out, x, result)
             self._copy_on_board(plan, x, result)
         elif x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
-            self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
+            if group is not None or not self._copy_steady(x, result, root_rank):
+                self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
         else:
             if self.instance == root and result is not x:
                 result[...] = x
@@ -242,7 +246,7 @@ class Fabric(PhaseRunner):
         if plan is not None:  # the world group's small allgather on this host's boards (algorithms/board_copies.py)
             plan.remember(array, out, x, result)
             self._copy_on_board(plan, x, result)
-        else:
+        elif self._boards is None or members != self._everyone or not self._copy_steady(x, result, -1):
             call = self._call(ALLGATHER, x, group)
             g = call.group
             if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
@@ -275,6 +279,7 @@ class Fabric(PhaseRunner):
 
     def _release_plans(self) -> None:
         self._whole_plans.clear()
+        self._copy_plans.clear()
         if self._boards is not None:
             self._boards.close()
             self._copies.close()  # type: ignore[union-attr]  # (made with the boards)
@@ -380,6 +385,64 @@ class Fabric(PhaseRunner):
             if not seq % 16:
                 spreader.spread()
             os.sched_yield()
+
+    def _copy_steady(self, x: np.ndarray, result: np.ndarray, root_rank: int) -> bool:
+        """The world group's shared-memory broadcast from ``root_rank`` (-1: allgather) when it is like the last
+        one, its SHARED_READY on the boards (algorithms/shared_copies_board.py); False, having done nothing,
+        unless the last call set the arena up for just this one (then the general path runs)."""
+        g = self._group(None)
+        if self._boards is None or len(g.members) < 2 or not g.one_host:
+            return False
+        arena, n = self.arena_for(g, "copy"), x.nbytes
+        root = root_rank >= 0 and g.rank == root_rank
+        layout = ("allgather", n, 0) if root_rank < 0 else ("broadcast", n, root_rank)
+        steady = steady_views(arena, layout, 2 * n if root_rank < 0 or root else 0)
+        if steady is None:
+            return False
+        views, half = steady
+        key = (root_rank, x.dtype, x.shape)
+        tail = views.payload
+        assert tail is not None  # (``steady_views`` says so)
+        cached = self._copy_plans.get(key)
+        if cached is None or cached[0] != tail:
+            if len(self._copy_plans) >= MAX_PLANS:
+                self._copy_plans.clear()
+            cached = self._copy_plans[key] = (tail, SharedCopyPlan(self._boards, x, root_rank, tail))
+        plan = cached[1]
+        if root_rank < 0 or root:
+            views.mine[half][:] = x.reshape(-1).view(np.uint8)
+        counter = self._world_seq
+        seq = counter[0] = counter[0] + 1
+        sources = () if root else tuple(views.peers[half][k] for k in g.others)
+        try:
+            done = plan.allreduce(seq, x, SPIN_SECONDS, result, EMPTY, sources)
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
+        if done is None:
+            self._copy_fallback(plan, x, result, root_rank, seq, half)
+        return True
+
+    def _copy_fallback(self, plan: SharedCopyPlan, x: np.ndarray, result: np.ndarray, root_rank: int, seq: int,
+                       half: int) -> None:
+        """``_copy_steady``'s call ``seq``, published, whose peers' frames were not all there (or not as
+        expected) within the spin: received and adopted as ``shared_copies`` does, then copied."""
+        call = self._call(ALLGATHER if root_rank < 0 else BROADCAST, x, None, root=root_rank, seq=seq)
+        g, arena = call.group, self.arena_for(call.group, "copy")
+        received = [bytearray(ANNOUNCEMENT_BYTES) for _ in g.others]
+        self._exchange(call, Phase.SHARED_READY, [], [(link, memoryview(b)) for link, b in zip(g.other_links, received)],
+                       spin=0.0)
+        root = g.rank == root_rank
+        views = current_views(arena)
+        try:
+            for link, payload in zip(g.other_links, received):
+                arena.adopt(link, bytes(payload))
+            refresh_views(arena, views, call, 0 if root else 2 * x.nbytes)
+        except FabricError as exc:
+            self.fail(exc)
+            raise
+        sources = [x] * len(g.others) if root else [views.peers[half][k] for k in g.others]
+        plan.reduce([*sources[:g.rank], x, *sources[g.rank:]], result)
 
     def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the

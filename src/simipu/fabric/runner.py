@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Sequence, TypeVar
 import numpy as np
 
 from .algorithms.calls import Call, Group, check_members, checked_array, make_group
+from .algorithms.cross_memory import CrossMemory
 from .algorithms.scratch import ScratchBuffers
 from .algorithms.shared import SharedArena
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
@@ -59,6 +60,8 @@ class PhaseRunner:
         #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.
         self.scratch_for = self._scratch.for_group
         self._arenas: dict[tuple[str, int, tuple[int, ...]], SharedArena] = {}
+        #: Per group: may its members read each other's memory (``algorithms/cross_memory.py``)?
+        self._cross: dict[tuple[int, tuple[int, ...]], CrossMemory] = {}
         self._broken: BaseException | None = None
         self._closed = False
 
@@ -157,10 +160,14 @@ class PhaseRunner:
         return arena
 
     def _copy_shared(self, algorithm: Callable[..., T], call: Call, *args: object) -> T:
-        """Broadcast or allgather through shared memory (``algorithms/shared_copies.py``), marking the fabric
-        broken if it fails."""
+        """Broadcast or allgather through shared memory (``algorithms/shared_copies.py``, or reading the peers'
+        arrays in place: ``algorithms/cross_memory.py``), marking the fabric broken if it fails."""
+        g = call.group
+        cross = self._cross.get((g.key, g.members))
+        if cross is None:
+            cross = self._cross[(g.key, g.members)] = CrossMemory()
         try:
-            return algorithm(self, self.arena_for(call.group, "copy"), call, *args)
+            return algorithm(self, self.arena_for(g, "copy"), cross, call, *args)
         except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
             self.fail(exc)
             raise

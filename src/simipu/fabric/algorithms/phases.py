@@ -34,3 +34,11 @@ class Phase(IntEnum):
     TO_LEADER = 21
     #: Hierarchical: within each host, the leader's result (or its announcement) to every member.
     FROM_LEADER = 23
+    #: Cross-memory reads (``cross_memory``), once per group: "my pid, and a token at this address: read it".
+    CROSS_PROBE = 31
+    #: Cross-memory reads, once per group: "I could read every peer's token" (or not).
+    CROSS_VERDICT = 32
+    #: Cross-memory reads: "my array is at this address" (a broadcast's non-root: no array).
+    CROSS_READY = 33
+    #: Cross-memory reads: "I have finished reading your arrays" (and whether it worked).
+    CROSS_DONE = 34

@@ -21,46 +21,149 @@ layout changes (another kind, size or root) a SHARED_DRAIN phase first makes
 every member wait until the others have left the previous call, since the
 new halves may overlap the old. These arenas are not the allreduce's: each
 keeps its own layout history (``Fabric.arena_for(g, "copy")``).
+
+From ``cross_memory.CROSS_MEMORY_BYTES`` per array, where the copies run at
+memory bandwidth, the peers read each other's arrays in place instead (one
+copy: ``cross_memory``), when the group's members may. A call like the last
+one (same layout, nothing remapped) reuses its views and announcement
+(``_Views``): with more instances than cores, each one's Python is paid by
+all of them. For the whole job, such a call's phase goes on the board
+(``shared_copies_board``, through ``Fabric._copy_steady``).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .calls import EMPTY, Call
+from .cross_memory import CrossMemory, allgather_cross, broadcast_cross
 from .phases import Phase
 from .protocol import Phases
 from .shared import SharedArena, _announce
 
 
-def broadcast_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray, result: np.ndarray,
-                     root_rank: int) -> None:
+def broadcast_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, call: Call, x: np.ndarray,
+                     result: np.ndarray, root_rank: int) -> None:
     """Fill ``result`` with the root's array (the root's may be ``x`` itself); see the module docstring. (The
     root fills its own after the announcement, while the others copy theirs out.)"""
     g, n = call.group, x.nbytes
-    half = _next_half(phases, arena, call, ("broadcast", n, root_rank))
-    if g.rank == root_rank:
-        arena.reserve(2 * n)[half * n:(half + 1) * n] = x.reshape(-1).view(np.uint8)
-        _announce(phases, arena, call, 0)
+    if cross.wanted(phases, call, n):
+        arena.layout = None  # (its first phase shows every peer has left every earlier call: no drain needed)
+        broadcast_cross(phases, cross, call, x, result, root_rank)
+        return
+    root = g.rank == root_rank
+    views, half = _begin(phases, arena, call, ("broadcast", n, root_rank), 2 * n if root else 0)
+    if root:
+        views.mine[half][:] = x.reshape(-1).view(np.uint8)
+        _ready(phases, arena, views, call, 0)  # (a segment to announce: the root maps the others', never reads)
         if result is not x:
             result[...] = x
         return
-    arena.reserve(0)  # (a segment to announce: the root maps it, never reads it)
-    peers = _announce(phases, arena, call, 2 * n)
-    result.reshape(-1).view(np.uint8)[:] = peers[root_rank][half * n:(half + 1) * n]
+    _ready(phases, arena, views, call, 2 * n)
+    result.reshape(-1).view(np.uint8)[:] = views.peers[half][root_rank]
 
 
-def allgather_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray, result: np.ndarray) -> None:
+def allgather_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, call: Call, x: np.ndarray,
+                     result: np.ndarray) -> None:
     """Fill ``result`` (shape ``(members, *x.shape)``) with every member's array in member order."""
     g, n = call.group, x.nbytes
-    half = _next_half(phases, arena, call, ("allgather", n, 0))
+    if cross.wanted(phases, call, n):
+        arena.layout = None  # (as in broadcast_shared)
+        allgather_cross(phases, cross, call, x, result)
+        return
+    views, half = _begin(phases, arena, call, ("allgather", n, 0), 2 * n)
     mine = x.reshape(-1).view(np.uint8)
-    arena.reserve(2 * n)[half * n:(half + 1) * n] = mine
-    peers = _announce(phases, arena, call, 2 * n)
+    views.mine[half][:] = mine
+    _ready(phases, arena, views, call, 2 * n)
     rows = result.reshape(len(g.members), -1).view(np.uint8)
     rows[g.rank] = mine
-    for k, segment in peers.items():
-        rows[k] = segment[half * n:(half + 1) * n]
+    for k, segment in views.peers[half].items():
+        rows[k] = segment
+
+
+class _Views:
+    """One arena's views for its current layout, kept while nothing is remapped (``SharedArena.epoch``): a
+    call like the last one then costs its copies and one phase, little Python."""
+
+    def __init__(self, arena: SharedArena, layout: tuple[str, int, int], mine_bytes: int) -> None:
+        n = layout[1]
+        whole = arena.reserve(mine_bytes)
+        self.layout, self.epoch, self.mine_bytes = layout, arena.epoch, mine_bytes
+        self.mine = (whole[:n], whole[n:2 * n]) if mine_bytes else (whole, whole)
+        #: Each peer's two halves, by rank (filled by ``_ready`` once their segments are mapped).
+        self.peers: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})
+        #: The steady announcement (None until one call ran the general one), and where the peers' arrive.
+        self.payload: bytes | None = None
+        self.received: list[memoryview] = []
+
+
+_views: weakref.WeakKeyDictionary[SharedArena, _Views] = weakref.WeakKeyDictionary()
+
+
+def _begin(phases: Phases, arena: SharedArena, call: Call, layout: tuple[str, int, int],
+           mine_bytes: int) -> tuple[_Views, int]:
+    """This call's views and the half it writes (SHARED_DRAIN first if the layout changed: module docstring)."""
+    half = _next_half(phases, arena, call, layout)
+    views = _views.get(arena)
+    if views is None or views.layout != layout or views.epoch != arena.epoch or views.mine_bytes != mine_bytes:
+        views = _views[arena] = _Views(arena, layout, mine_bytes)
+    return views, half
+
+
+def _ready(phases: Phases, arena: SharedArena, views: _Views, call: Call, peer_bytes: int) -> None:
+    """Phase SHARED_READY (``shared._announce``): in the steady state one ``run_all`` of last time's bytes,
+    the peers' adopted (a no-op unless one grew); else (a descriptor to send, a segment not yet mapped) the
+    general announcement. Views are made again whenever a segment was (re)mapped."""
+    g = call.group
+    epoch = arena.epoch
+    if views.payload is not None:
+        phases.run_all(call, Phase.SHARED_READY, memoryview(views.payload), views.received)
+        for k, b in zip(g.others, views.received):
+            arena.adopt(g.links[k], b)  # type: ignore[arg-type]
+        if epoch == arena.epoch:
+            return
+        segments = {k: arena.peer(g.members[k], peer_bytes) for k in g.others}
+    else:
+        segments = _announce(phases, arena, call, peer_bytes)
+    _remake(views, arena, call, segments, peer_bytes)
+
+
+def _remake(views: _Views, arena: SharedArena, call: Call, segments: dict[int, np.ndarray], peer_bytes: int) -> None:
+    """The views again, after a general announcement or a (re)mapping."""
+    g = call.group
+    views.payload = arena.steady_announcement([g.members[k] for k in g.others])
+    views.received = [memoryview(bytearray(len(views.payload or b""))) for _ in g.others]
+    views.epoch = arena.epoch
+    n = views.layout[1]
+    for h in (0, 1):
+        views.peers[h].clear()
+        views.peers[h].update({k: seg[h * n:(h + 1) * n] for k, seg in segments.items()} if peer_bytes else {})
+
+
+def steady_views(arena: SharedArena, layout: tuple[str, int, int], mine_bytes: int) -> tuple[_Views, int] | None:
+    """For a call like the last one on ``arena`` (same layout, nothing remapped, the announcement steady): its
+    views and the half it writes, the use counted; None, having done nothing, otherwise."""
+    views = _views.get(arena)
+    if (arena.layout != layout or views is None or views.payload is None or views.layout != layout
+            or views.epoch != arena.epoch or views.mine_bytes != mine_bytes):
+        return None
+    half = arena.uses % 2
+    arena.uses += 1
+    return views, half
+
+
+def current_views(arena: SharedArena) -> _Views:
+    """The views ``steady_views`` handed out for ``arena``."""
+    return _views[arena]
+
+
+def refresh_views(arena: SharedArena, views: _Views, call: Call, peer_bytes: int) -> None:
+    """The peers' views made again if adopting their announcements (re)mapped a segment."""
+    if views.epoch != arena.epoch:
+        g = call.group
+        _remake(views, arena, call, {k: arena.peer(g.members[k], peer_bytes) for k in g.others}, peer_bytes)
 
 
 def _next_half(phases: Phases, arena: SharedArena, call: Call, layout: tuple[str, int, int]) -> int:
