@@ -2,8 +2,9 @@
 
 Layers, by when they run (each imports only those below it, and ``errors``)::
 
-    engine.py, runner.py,   the top: one instance's ``Fabric`` (its collectives; the phases
-    connect.py              they run, ``runner.PhaseRunner``) and how it is made
+    engine.py, planned.py,  the top: one instance's ``Fabric`` (its collectives; the paths of
+    runner.py, connect.py   calls like earlier ones, ``planned.PlannedPaths``; the phases they
+                            run, ``runner.PhaseRunner``) and how it is made
     algorithms/             a collective as phases: groups and calls, named phases, the
                             socket, shared-memory, hierarchical and board algorithms
     frames/                 one phase's frames: headers, links (socket + mailboxes), the wait loop

@@ -48,56 +48,24 @@ member of a group.
 
 from __future__ import annotations
 
-import os
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .algorithms import sockets
-from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
-from .algorithms.board_copies import BoardAllgather, BoardCopies
-from .algorithms.calls import EMPTY, UFUNCS, to_bytes
+from .algorithms.calls import UFUNCS, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import out_problem, result_for
-from .algorithms.phases import Phase
-from .algorithms.shared import ANNOUNCEMENT_BYTES, SHARED_BYTES, SharedArena, allreduce_shared
-from .algorithms.shared_copies import allgather_shared, broadcast_shared, current_views, refresh_views, steady_views
-from .algorithms.shared_copies_board import SharedCopyPlan
+from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
+from .algorithms.shared_copies import allgather_shared, broadcast_shared
 from .errors import FabricError
 from .frames.header import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, REDUCE_SCATTER
-from .frames.link import Link
-from .frames.mailbox import MailboxSegment
-from .frames.watch import Control
-from .join.membership import Membership
-from .runner import SPIN_SECONDS, PhaseRunner
+from .planned import PlannedPaths
+from .runner import SPIN_SECONDS
 
 
-class _WholePlan(NamedTuple):
-    """``Fabric._whole_on_board``'s plan for one signature, valid while its arena keeps this epoch and layout."""
-
-    arena: SharedArena
-    epoch: int
-    layout: tuple[str, int, int]
-    plan: BoardAllreduce
-    mine: tuple[memoryview, ...]  # my halves' bytes
-    peers: tuple[tuple[np.ndarray, ...], ...]  # per half, each peer's copy
-
-
-class Fabric(PhaseRunner):
+class Fabric(PlannedPaths):
     """One instance's end of the job's collectives (see the module docstring for the algorithms)."""
-
-    def __init__(self, membership: Membership, links: dict[int, Link], control: Control | None, *,
-                 timeout: float = 10.0, on_close: Callable[[], None] | None = None,
-                 mailboxes: MailboxSegment | None = None) -> None:
-        super().__init__(membership, links, control, timeout=timeout, on_close=on_close, mailboxes=mailboxes)
-        #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
-        self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
-        #: The world group's small broadcasts and allgathers on the boards (algorithms/board_copies.py).
-        self._copies = None if self._boards is None else BoardCopies(self._boards)
-        #: ``_whole_on_board``'s plans by signature (see ``_WholePlan``).
-        self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], _WholePlan] = {}
-        #: ``_copy_steady``'s plans by (root rank or -1, dtype, shape): (the announcement they carry, the plan).
-        self._copy_plans: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[bytes, SharedCopyPlan]] = {}
 
     # -- public collectives ------------------------------------------------------
     def allreduce(self, array: np.ndarray, op: str = "sum", group: Sequence[int] | None = None,
@@ -276,190 +244,3 @@ class Fabric(PhaseRunner):
     def barrier(self, group: Sequence[int] | None = None) -> None:
         """Return once every member of the group has entered the barrier."""
         sockets.barrier(self, self._call(BARRIER, None, group))
-
-    def _release_plans(self) -> None:
-        self._whole_plans.clear()
-        self._copy_plans.clear()
-        if self._boards is not None:
-            self._boards.close()
-            self._copies.close()  # type: ignore[union-attr]  # (made with the boards)
-
-    # -- the boards' paths --------------------------------------------------------------------------
-    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str, out: np.ndarray | None = None,
-                            payload: memoryview | None = None) -> np.ndarray:
-        """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already, into ``out``
-        or a new array (``payload``: ``x``'s bytes, held by a persistent call)."""
-        counter = self._world_seq
-        seq = counter[0] = counter[0] + 1
-        try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, out, payload)
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-        return result if result is not None else self._board_fallback(plan, x, op, seq, out)
-
-    def _board_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int,
-                        out: np.ndarray | None = None) -> np.ndarray:
-        """Call ``seq``, published on the board, whose peers' frames were not all there within the spin."""
-        # the general path receives the peers' frames (nothing is taken yet), or raises why they cannot come;
-        # without spinning again: the board's wait spun already, so a peer that is still late is slept on
-        call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
-        g = call.group
-        scratch, views = self.scratch_for(g, x)
-        self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
-        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
-
-    def _whole_on_board(self, x: np.ndarray, op: str, out: np.ndarray | None = None) -> np.ndarray | None:
-        """The world group's allreduce in shm's *whole* layout, its phase published and taken with a board plan:
-        the frames and bits of ``allreduce_shared``, with a fraction of its Python, into ``out`` or a new array.
-        None, having done nothing, unless the last call set the arena up for just this layout (then the general
-        path runs)."""
-        cached = self._whole_plans.get((x.dtype, x.shape, op))
-        if cached is None or cached.arena.epoch != cached.epoch or cached.arena.layout != cached.layout:
-            cached = self._whole_plan(x, op)  # (a first call, a remapped segment, or another layout in between)
-            if cached is None:
-                return None
-        arena = cached.arena
-        half = arena.uses % 2
-        arena.uses += 1
-        cached.mine[half][:] = to_bytes(x)
-        counter = self._world_seq
-        seq = counter[0] = counter[0] + 1
-        plan = cached.plan
-        try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, out, EMPTY, cached.peers[half])
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-        return result if result is not None else self._whole_fallback(plan, x, op, seq, half, out)
-
-    def _whole_plan(self, x: np.ndarray, op: str) -> _WholePlan | None:
-        """``_whole_on_board``'s plan for ``x``'s signature, made for the arena as it is now; None unless the last
-        call left the arena in this layout with every segment mapped both ways (the usual answer above 256 KiB,
-        found cheaply)."""
-        g = self._group(None)
-        arena = self.arena_for(g)
-        layout = ("whole", x.nbytes, x.itemsize)
-        if arena.layout != layout or self._boards is None:
-            return None
-        steady = arena.steady_announcement([g.members[k] for k in g.others])
-        if steady is None:  # (once it is not, it stays so until the arena remaps: a new epoch)
-            return None
-        n = x.nbytes
-        halves = [slice(h * n, (h + 1) * n) for h in (0, 1)]
-        mine = tuple(to_bytes(arena.reserve(2 * n)[h]) for h in halves)
-        peers = tuple(tuple(arena.peer(g.members[k], 2 * n)[h].view(x.dtype).reshape(x.shape) for k in g.others)
-                      for h in halves)
-        plan = self._boards.shared_plan(x, op, Phase.SHARED_READY, steady)
-        if len(self._whole_plans) >= MAX_PLANS:
-            self._whole_plans.clear()
-        cached = self._whole_plans[(x.dtype, x.shape, op)] = _WholePlan(arena, arena.epoch, layout, plan, mine, peers)
-        return cached
-
-    def _whole_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int, half: int,
-                        out: np.ndarray | None = None) -> np.ndarray:
-        """``_whole_on_board``'s call ``seq``, published, whose peers' frames were not all there (or not as
-        expected) within the spin: received and adopted as ``shm._announce`` does, then reduced."""
-        call = self._call(ALLREDUCE, x, None, op=op, seq=seq)
-        g, arena = call.group, self.arena_for(call.group)
-        received = [bytearray(ANNOUNCEMENT_BYTES) for _ in g.others]
-        self._exchange(call, Phase.SHARED_READY, [], [(link, memoryview(b)) for link, b in zip(g.other_links, received)],
-                       spin=0.0)
-        try:
-            for link, payload in zip(g.other_links, received):
-                arena.adopt(link, bytes(payload))
-        except FabricError as exc:
-            self.fail(exc)
-            raise
-        n = x.nbytes
-        peers = [arena.peer(g.members[k], 2 * n)[half * n:(half + 1) * n].view(x.dtype).reshape(x.shape)
-                 for k in g.others]
-        return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
-
-    def _settle(self, seq: int) -> None:
-        """After a shared-memory allreduce, with more instances than CPUs: now and then let a crowded instance
-        move (``algorithms/placement.py``), and yield once, so that a peer on our CPU finishes this call before
-        we spin on its next one (as the board plans do)."""
-        spreader = None if self._boards is None else self._boards.spreader
-        if spreader is not None and spreader.oversubscribed:
-            if not seq % 16:
-                spreader.spread()
-            os.sched_yield()
-
-    def _copy_steady(self, x: np.ndarray, result: np.ndarray, root_rank: int) -> bool:
-        """The world group's shared-memory broadcast from ``root_rank`` (-1: allgather) when it is like the last
-        one, its SHARED_READY on the boards (algorithms/shared_copies_board.py); False, having done nothing,
-        unless the last call set the arena up for just this one (then the general path runs)."""
-        g = self._group(None)
-        if self._boards is None or len(g.members) < 2 or not g.one_host:
-            return False
-        arena, n = self.arena_for(g, "copy"), x.nbytes
-        root = root_rank >= 0 and g.rank == root_rank
-        layout = ("allgather", n, 0) if root_rank < 0 else ("broadcast", n, root_rank)
-        steady = steady_views(arena, layout, 2 * n if root_rank < 0 or root else 0)
-        if steady is None:
-            return False
-        views, half = steady
-        key = (root_rank, x.dtype, x.shape)
-        tail = views.payload
-        assert tail is not None  # (``steady_views`` says so)
-        cached = self._copy_plans.get(key)
-        if cached is None or cached[0] != tail:
-            if len(self._copy_plans) >= MAX_PLANS:
-                self._copy_plans.clear()
-            cached = self._copy_plans[key] = (tail, SharedCopyPlan(self._boards, x, root_rank, tail))
-        plan = cached[1]
-        if root_rank < 0 or root:
-            views.mine[half][:] = x.reshape(-1).view(np.uint8)
-        counter = self._world_seq
-        seq = counter[0] = counter[0] + 1
-        sources = () if root else tuple(views.peers[half][k] for k in g.others)
-        try:
-            done = plan.allreduce(seq, x, SPIN_SECONDS, result, EMPTY, sources)
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-        if done is None:
-            self._copy_fallback(plan, x, result, root_rank, seq, half)
-        return True
-
-    def _copy_fallback(self, plan: SharedCopyPlan, x: np.ndarray, result: np.ndarray, root_rank: int, seq: int,
-                       half: int) -> None:
-        """``_copy_steady``'s call ``seq``, published, whose peers' frames were not all there (or not as
-        expected) within the spin: received and adopted as ``shared_copies`` does, then copied."""
-        call = self._call(ALLGATHER if root_rank < 0 else BROADCAST, x, None, root=root_rank, seq=seq)
-        g, arena = call.group, self.arena_for(call.group, "copy")
-        received = [bytearray(ANNOUNCEMENT_BYTES) for _ in g.others]
-        self._exchange(call, Phase.SHARED_READY, [], [(link, memoryview(b)) for link, b in zip(g.other_links, received)],
-                       spin=0.0)
-        root = g.rank == root_rank
-        views = current_views(arena)
-        try:
-            for link, payload in zip(g.other_links, received):
-                arena.adopt(link, bytes(payload))
-            refresh_views(arena, views, call, 0 if root else 2 * x.nbytes)
-        except FabricError as exc:
-            self.fail(exc)
-            raise
-        sources = [x] * len(g.others) if root else [views.peers[half][k] for k in g.others]
-        plan.reduce([*sources[:g.rank], x, *sources[g.rank:]], result)
-
-    def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the
-        allreduce's path, so its fallback too), ``x`` checked already, into ``out``."""
-        counter = self._world_seq
-        seq = counter[0] = counter[0] + 1
-        try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, out)
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-        if result is not None:
-            return result
-        # the general path receives the peers' frames (as ``_board_fallback``), numbered and headed as ours
-        call = self._call(plan.kind, x, None, root=plan.root, seq=seq)
-        g = call.group
-        scratch, views = self.scratch_for(g, x)
-        self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
-        return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
-
