@@ -135,62 +135,6 @@ def test_horovod_fast_path_gives_the_general_paths_bits() -> None:
     assert hvd.allreduce(torch.tensor([hvd.rank() + 1])).tolist() == [1]
 
 
-
-@pytest.mark.poprun(num_instances=2)
-def test_horovod_fast_path_reuses_a_tensors_view_only_while_it_still_fits() -> None:
-    """The fast path keeps each reduced tensor's NumPy view (``Tensor.numpy()`` is a quarter of the call) for
-    the next call on the same tensor: reused while the tensor keeps its memory, shape, dtype and layout, made
-    anew when any of them changed in place, and dropped when the tensor dies."""
-    import gc
-    import weakref
-
-    import horovod.torch as hvd
-
-    from popdist.horovod.torch import mpi_ops
-
-    hvd.init()
-    hvd.allreduce(torch.zeros(1))  # (the first collective joins the fabric; the fast path needs it joined)
-    me = hvd.rank() + 1
-    t = torch.full((2, 2), float(me))
-    assert hvd.allreduce(t, op=hvd.Sum).tolist() == [[3.0, 3.0], [3.0, 3.0]]
-    view = mpi_ops._views[id(t)][1]
-    t.mul_(10)  # new values, same memory: the same view, reading them
-    assert hvd.allreduce(t, op=hvd.Sum).tolist() == [[30.0, 30.0], [30.0, 30.0]]
-    assert mpi_ops._views[id(t)][1] is view
-
-    def sums(changed: torch.Tensor) -> list:
-        fast = hvd.allreduce(changed, op=hvd.Sum)
-        general = mpi_ops._allreduce(changed.detach().clone(), hvd.Sum, 1.0, 1.0)
-        assert torch.equal(fast, general)
-        return fast.tolist()
-
-    t.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * me)
-    assert sums(t.t_()) == [[3.0, 9.0], [6.0, 12.0]]  # transposed in place: same memory and shape, new strides
-    t.t_()
-    assert sums(t.resize_(3).fill_(me)) == [3.0] * 3  # shrunk: same memory, new shape (a view's memory
-    # cannot grow: ``Tensor.numpy()`` makes it not resizable)
-    assert sums(t.set_(torch.full((3,), 2.0 * me))) == [6.0] * 3  # another tensor's memory
-    t.data = t.data.double()
-    assert sums(t) == [6.0] * 3 and hvd.allreduce(t).dtype is torch.float64  # another dtype
-    double = t.data
-    t.data = double.view(torch.float32)[:3]  # the same memory and shape, read as another dtype
-    assert len(sums(t)) == 3 and hvd.allreduce(t).dtype is torch.float32
-    t.data = double
-    t.data = t.data._neg_view()  # the same memory with a lazy negation bit: the general path resolves it
-    assert sums(t) == [-6.0] * 3
-    with torch.no_grad():
-        t.data = torch.full((3,), float(me))
-    t.requires_grad_()
-    assert hvd.allreduce(t, op=hvd.Sum).grad_fn is not None  # a gradient to track: not the cached view
-    with torch.no_grad():
-        assert hvd.allreduce(t, op=hvd.Sum).tolist() == [3.0] * 3
-
-    memory = weakref.ref(mpi_ops._views[id(t)][1])
-    key = id(t)
-    del t, view
-    gc.collect()
-    assert key not in mpi_ops._views and memory() is None  # the view went with its tensor
-
 # -- mpi4py -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("instances, total", [(2, 3), (3, 6)])
 def test_mpi4py_allreduce_of_rank_plus_one(instances: int, total: int) -> None:

@@ -13,8 +13,6 @@ collectives in the same order, as Horovod requires anyway.
 
 from __future__ import annotations
 
-import weakref
-from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -77,46 +75,26 @@ class HorovodAllreduce(torch.autograd.Function):
 
 
 # The common call, a floating-point CPU tensor with no scaling, compression or gradient to track, goes to the
-# fabric in a few attribute reads; every other call takes the general path, which gives the same bits. Measured
-# (a stub fabric, 4 KiB, best of many): popdist.collectives 0.55 us a call; this path 1.78 us, of which
-# ``Tensor.numpy()`` is 0.47 us and ``torch.from_numpy`` with the result tensor's freeing about 0.6 us; 1.53 us
-# when the tensor's NumPy view is reused (``_views``). Under poprun at N=2 each iteration waits for the slower
-# instance, so what either instance pays per call shows about twice in the benchmark's latency.
+# fabric in a few attribute reads (1.7 us a 4 KiB call outside poprun, against 4.7 us on the general path and
+# 0.5 us for popdist.collectives); every other call takes the general path, which gives the same bits.
 _FAST_DTYPES = frozenset({torch.float32, torch.float64, torch.float16})
 _FAST_OPS = {None: "mean", ReduceOp.Average: "mean", ReduceOp.Sum: "sum", ReduceOp.Min: "min",
              ReduceOp.Max: "max", ReduceOp.Product: "prod"}
-#: The fast path's NumPy views of the tensors it reduced, by ``id``: (a weak reference to the tensor, its view,
-#: and the data pointer, shape and dtype the view was made for). Programs reduce the same tensors again and
-#: again (a metric, a buffer); reusing a view, once the tensor is checked to be the same object with the same
-#: memory and layout, costs less than ``Tensor.numpy()``. An entry goes when its tensor dies, so a view keeps no
-#: memory alive beyond its tensor (one whose memory was replaced in place keeps the old until its next call).
-_views: dict[int, tuple[Any, np.ndarray, int, torch.Size, torch.dtype]] = {}
-MAX_VIEWS = 64
 
 
 def _fast_array(tensor: torch.Tensor) -> np.ndarray | None:
-    """The common call's tensor as a NumPy array sharing its memory (remembered in ``_views``), or None when the
-    call needs the general path (another dtype or device, a strided view, a gradient to track, a lazy
-    negation bit)."""
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _FAST_DTYPES or not tensor.is_cpu \
-            or not tensor.is_contiguous():
+    """The common call's tensor as a NumPy array sharing its memory, or None when the call needs the general
+    path (another dtype or device, a strided view, a gradient to track, a lazy negation bit)."""
+    if tensor.dtype not in _FAST_DTYPES or not tensor.is_cpu or not tensor.is_contiguous():
         return None
-    if tensor.requires_grad and torch.is_grad_enabled():
-        return None
+    if tensor.requires_grad:
+        if torch.is_grad_enabled():
+            return None
+        tensor = tensor.detach()
     try:
-        array = (tensor.detach() if tensor.requires_grad else tensor).numpy()
+        return tensor.numpy()
     except RuntimeError:
         return None
-    if len(_views) >= MAX_VIEWS:
-        _views.clear()
-    key = id(tensor)
-    _views[key] = (weakref.ref(tensor, partial(_forget, key)), array, tensor.data_ptr(), tensor.shape, tensor.dtype)
-    return array
-
-
-def _forget(key: int, _: object) -> None:
-    """A tensor in ``_views`` died: its view goes (and with it the last hold on its memory)."""
-    _views.pop(key, None)
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -124,21 +102,11 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               postscale_factor: float = 1.0, process_set: object = None) -> torch.Tensor:
     """A new tensor: ``tensor`` reduced over every instance (default: the average). ``name`` is accepted
     and unused: collectives match by the order instances call them."""
-    fabric = _backend.fabric
-    if (fabric is not None and average is None and compression is NoneCompressor and process_set is None
-            and prescale_factor == 1.0 and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp)):
-        fabric_op = _FAST_OPS.get(op)  # (None for Adasum: that raises on the general path)
-        if fabric_op is not None:
-            known = _views.get(id(tensor))  # (each check below is what ``_fast_array`` made the view for)
-            if (known is not None and known[0]() is tensor and tensor.data_ptr() == known[2]
-                    and tensor.shape == known[3] and tensor.dtype is known[4] and tensor.is_contiguous()
-                    and tensor.is_cpu and not tensor.is_neg()
-                    and not (tensor.requires_grad and torch.is_grad_enabled())):
-                array: np.ndarray | None = known[1]
-            else:
-                array = _fast_array(tensor)
-            if array is not None:
-                return torch.from_numpy(fabric.allreduce(array, fabric_op, _backend.groups.members))
+    if (average is None and compression is NoneCompressor and process_set is None and prescale_factor == 1.0
+            and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp) and _backend.fabric is not None):
+        fabric_op, array = _FAST_OPS.get(op), _fast_array(tensor)  # (no Adasum: that raises on the general path)
+        if fabric_op is not None and array is not None:
+            return torch.from_numpy(_backend.fabric.allreduce(array, fabric_op, _backend.groups.members))
     _no_process_set(process_set)
     resolved = resolve_op(op, average)
     compressed, context = compression.compress(tensor)
