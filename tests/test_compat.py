@@ -12,6 +12,7 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,34 +107,56 @@ def test_horovod_under_the_pytest_marker() -> None:
 
 @pytest.mark.poprun(num_instances=2)
 def test_horovod_fast_path_gives_the_general_paths_bits() -> None:
-    """The common call (a float CPU tensor, no scaling, compression or gradient to track) skips the general
-    path's conversions: it must give the same bits, dtype and device, and leave every other call alone."""
+    """The common call (a float CPU tensor, no scaling, compression or gradient to track, strided or not) skips
+    the general path's conversions: it must give the same bits, dtype and device, and leave every other call
+    (found by ``Tensor.numpy()`` refusing it, or by its dtype) to the general path. Autograd off, a tensor that
+    requires a gradient has none to track: ``Tensor.numpy()`` takes it, as ``detach()`` would."""
     import horovod.torch as hvd
 
     from popdist.horovod.torch import mpi_ops
 
     hvd.init()
-    seed = torch.Generator().manual_seed(7 + hvd.rank())
-    for dtype in (torch.float16, torch.float32, torch.float64):
-        t = torch.randn(1000, generator=seed).to(dtype)
-        assert mpi_ops._fast_array(t) is not None, dtype
-        for op in (None, hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
-            fast = hvd.allreduce(t, op=op)
-            general = mpi_ops._allreduce(t, op if op is not None else hvd.Average, 1.0, 1.0)
-            assert fast.dtype is dtype and torch.equal(fast, general), (dtype, op)
-    w = torch.ones(3, requires_grad=True)
-    assert mpi_ops._fast_array(w) is None  # a gradient to track: the autograd function
-    assert hvd.allreduce(w, op=hvd.Sum).grad_fn is not None
-    with torch.no_grad():
-        assert mpi_ops._fast_array(w) is not None
-        reduced = hvd.allreduce(w, op=hvd.Sum)
-    assert reduced.tolist() == [2.0, 2.0, 2.0] and not reduced.requires_grad
-    strided = torch.arange(8.0)[::2]
-    assert mpi_ops._fast_array(strided) is None  # not contiguous: the general path copies it
-    assert hvd.allreduce(strided, op=hvd.Sum).tolist() == [0.0, 4.0, 8.0, 12.0]
-    assert mpi_ops._fast_array(torch.tensor([hvd.rank()])) is None  # integers: Average truncates
-    assert hvd.allreduce(torch.tensor([hvd.rank() + 1])).tolist() == [1]
+    hvd.allreduce(torch.zeros(1))  # (the first collective joins the fabric: the fast path needs it joined)
+    converted: list = []  # the tensors the general path converted
+    general_conversion = mpi_ops.to_array
 
+    def counted(tensor: torch.Tensor) -> Any:
+        converted.append(tensor)
+        return general_conversion(tensor)
+
+    mpi_ops.to_array = counted
+
+    def path(tensor: torch.Tensor, **kwargs: Any) -> tuple[str, torch.Tensor]:
+        """Which path ``hvd.allreduce(tensor, **kwargs)`` took, and its result."""
+        before = len(converted)
+        result = hvd.allreduce(tensor, **kwargs)
+        return ("general" if len(converted) > before else "fast"), result
+
+    try:
+        seed = torch.Generator().manual_seed(7 + hvd.rank())
+        for dtype in (torch.float16, torch.float32, torch.float64):
+            t = torch.randn(1000, generator=seed).to(dtype)
+            for op in (None, hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
+                taken, fast = path(t, op=op)
+                general = mpi_ops._allreduce(t, op if op is not None else hvd.Average, 1.0, 1.0)
+                assert taken == "fast" and fast.dtype is dtype and torch.equal(fast, general), (dtype, op)
+        strided = torch.arange(8.0)[::2]
+        taken, reduced = path(strided, op=hvd.Sum)
+        assert taken == "fast" and reduced.tolist() == [0.0, 4.0, 8.0, 12.0] and reduced.is_contiguous()
+        w = torch.ones(3, requires_grad=True)
+        taken, reduced = path(w, op=hvd.Sum)
+        assert taken == "general" and reduced.grad_fn is not None  # a gradient to track: the autograd function
+        with torch.no_grad():
+            taken, reduced = path(w, op=hvd.Sum)
+        assert taken == "fast" and reduced.tolist() == [2.0, 2.0, 2.0] and not reduced.requires_grad
+        taken, reduced = path(torch.tensor([hvd.rank() + 1]))
+        assert taken == "general" and reduced.tolist() == [1]  # integers: Average truncates
+        taken, reduced = path(torch.ones(2)._neg_view(), op=hvd.Sum)
+        assert taken == "general" and reduced.tolist() == [-2.0, -2.0]  # a lazy negation bit, resolved
+        taken, reduced = path(torch.ones(2, dtype=torch.bfloat16), op=hvd.Sum)
+        assert taken == "general" and reduced.dtype is torch.bfloat16 and reduced.tolist() == [2.0, 2.0]
+    finally:
+        mpi_ops.to_array = general_conversion
 
 # -- mpi4py -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("instances, total", [(2, 3), (3, 6)])
