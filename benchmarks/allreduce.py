@@ -5,12 +5,15 @@ and 4 processes on this one host, arrays of 4 KiB, 256 KiB, 4 MiB and 64 MiB,
 through
 
 * ``poprun --offline-mode=1 --num-instances N --num-replicas N python poprun_worker.py``:
-  ``popdist.collectives.allreduce(x, "sum")`` (``popdist.init()`` first), with
-  the default transport (``auto``: shared memory and Unix sockets within a host) and again with
-  ``--fabric-transport=tcp`` (TCP between instances even on one host);
+  ``popdist.collectives.allreduce(x, "sum", out=out)`` into a preallocated ``out`` (``popdist.init()``
+  first; like for like with mpi4py's), with the default transport (``auto``: shared memory and Unix
+  sockets within a host) and again with ``--fabric-transport=tcp`` (``poprun-tcp``: TCP between
+  instances even on one host); and ``poprun-new``: the plain ``allreduce(x, "sum")``, a new array each
+  call;
 * the same launch with ``python hvd_worker.py``: ``hvd.allreduce(t, op=hvd.Sum)`` on float32 CPU torch
-  tensors (``import horovod.torch as hvd``, poprun-py's, over the same fabric): what a Horovod program
-  pays over the NumPy call, as the ratio hvd/poprun (target: within 10% from 256 KiB up);
+  tensors (``import horovod.torch as hvd``, poprun-py's, over the same fabric), a new tensor each call:
+  what a Horovod program pays over the NumPy call, as the ratio hvd/poprun-new (target: within 10% from
+  256 KiB up);
 * ``mpirun --allow-run-as-root -np N python mpi4py_worker.py`` (Open MPI from
   Debian, ``--oversubscribe`` when N exceeds the cores):
   ``comm.Allreduce(x, out, op=MPI.SUM)`` into a preallocated ``out``;
@@ -103,8 +106,8 @@ FULL_PLAN = {4 * KIB: (300, 3000), 256 * KIB: (50, 400), 4 * MIB: (10, 60), 64 *
 QUICK_PLAN = {4 * KIB: (50, 300), 256 * KIB: (10, 50), 4 * MIB: (3, 10), 64 * MIB: (1, 3)}
 FULL_ROUNDS, QUICK_ROUNDS = 3, 1
 RUN_TIMEOUT = 300.0
-TOOLS = ("poprun", "poprun-tcp", "hvd", "mpi4py", "gloo")
-POPRUN_TOOLS = ("poprun", "poprun-tcp", "hvd")  # launched by poprun
+TOOLS = ("poprun", "poprun-new", "poprun-tcp", "hvd", "mpi4py", "gloo")
+POPRUN_TOOLS = ("poprun", "poprun-new", "poprun-tcp", "hvd")  # launched by poprun
 ANCHORS = ("mpi4py", "gloo")
 TARGET_BUSBW_FROM = 4 * MIB
 TARGET_SMALL_BYTES, TARGET_SMALL_US = 4 * KIB, 30.0
@@ -325,8 +328,8 @@ def metric_table(cells: dict[tuple, Cell], tools: list[str], metric: str) -> str
             rows.append([n, fmt_size(nbytes)]
                         + [cell_text(got[t], values[t], digits) for t in TOOLS]
                         + [fmt_ratio(div(values["poprun"], values[a])) for a in ANCHORS]
-                        + [fmt_ratio(div(values["hvd"], values["poprun"]))])
-    headers = ["N", "size", *TOOLS, "poprun/mpi4py", "poprun/gloo", "hvd/poprun"]
+                        + [fmt_ratio(div(values["hvd"], values["poprun-new"]))])
+    headers = ["N", "size", *TOOLS, "poprun/mpi4py", "poprun/gloo", "hvd/poprun-new"]
     return format_table(headers, rows, "r" * len(headers))
 
 
@@ -370,8 +373,8 @@ def targets(cells: dict[tuple, Cell]) -> list[tuple[str, bool | None, str]]:
             out.append((name, mine.median_us < TARGET_SMALL_US, f"{mine.median_us:.1f} us"))
     for n in NS:
         for nbytes in [b for b in SIZES if b >= TARGET_HVD_FROM]:
-            hvd, mine = cells.get(("hvd", n, nbytes)), cells.get(("poprun", n, nbytes))
-            name = f"N={n} {fmt_size(nbytes)}: hvd latency <= {TARGET_HVD_RATIO:.2f}x poprun's"
+            hvd, mine = cells.get(("hvd", n, nbytes)), cells.get(("poprun-new", n, nbytes))
+            name = f"N={n} {fmt_size(nbytes)}: hvd latency <= {TARGET_HVD_RATIO:.2f}x poprun-new's"
             ratio = div(hvd.median_us if hvd else None, mine.median_us if mine else None)
             out.append((name, None if ratio is None else ratio <= TARGET_HVD_RATIO,
                         "not measured" if ratio is None else f"{ratio:.3f}x"))

@@ -27,6 +27,7 @@ PLOTS_DIR = HERE / "plots"
 STYLE: dict[str, dict[str, Any]] = {
     "poprun": {"color": "tab:blue", "marker": "o", "linewidth": 2.2},
     "poprun-tcp": {"color": "tab:blue", "marker": "o", "linestyle": "--", "alpha": 0.6},
+    "poprun-new": {"color": "tab:blue", "marker": "o", "linestyle": ":", "alpha": 0.6},
     "mpi4py": {"color": "tab:orange", "marker": "s"},
     "mpirun": {"color": "tab:orange", "marker": "s"},
     "gloo": {"color": "tab:green", "marker": "^"},

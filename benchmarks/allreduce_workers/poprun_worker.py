@@ -4,8 +4,11 @@ the mpi4py worker's ``comm.Allreduce(x, out)``, ``comm.Bcast(x)`` and ``comm.All
 NumPy arrays.
 
 Launched as ``poprun --offline-mode=1 --num-instances N --num-replicas N python poprun_worker.py ...``.
+With ``--label poprun-new`` it times the plain ``allreduce(x, "sum")`` instead, a new array each call: the
+like for like of the Horovod worker's ``hvd.allreduce(t)``, which returns a new tensor.
 """
 
+import sys
 import time
 
 start = time.perf_counter()
@@ -45,7 +48,23 @@ def _out_for(x: np.ndarray, rows: int) -> np.ndarray:
 
 
 def allreduce(x: np.ndarray) -> np.ndarray:
-    return C.allreduce(x, "sum", out=_out_for(x, 1)[0])
+    return C.allreduce(x, "sum", out=_result_for(x))
+
+
+_results: dict[tuple, np.ndarray] = {}
+
+
+def _result_for(x: np.ndarray) -> np.ndarray:
+    """The preallocated result for ``x``: one array object every call (as mpi4py's receive buffer; a fresh
+    view of it each call would be a new ``out`` for the fabric to check)."""
+    out = _results.get((x.shape, x.dtype.str))
+    if out is None:
+        out = _results[(x.shape, x.dtype.str)] = np.empty_like(x)
+    return out
+
+
+def allreduce_new(x: np.ndarray) -> np.ndarray:
+    return C.allreduce(x, "sum")
 
 
 def allgather(x: np.ndarray) -> np.ndarray:
@@ -56,7 +75,7 @@ _common.run(
     tool="poprun",
     rank=C.rank(),
     n=C.size(),
-    allreduce=allreduce,
+    allreduce=allreduce_new if "poprun-new" in sys.argv else allreduce,  # (``--label poprun-new``)
     broadcast=lambda x: C.broadcast(x, 0, out=x),
     allgather=allgather,
     barrier=C.barrier,

@@ -91,7 +91,14 @@ class Fabric(PlannedPaths):
             plan = boards.plan_for(x, op)
             if plan is not None:
                 return self._allreduce_on_board(plan, x, op)
-            shared = self._whole_on_board(x, op) if x.nbytes > SHARED_BYTES else None
+        return self._allreduce_checked(x, op, group)
+
+    def _allreduce_checked(self, x: np.ndarray, op: str, group: Sequence[int] | None,
+                           out: np.ndarray | None = None) -> np.ndarray:
+        """``allreduce`` of a checked ``x`` that no board plan takes, into ``out`` (apart from ``x``) or a new
+        array."""
+        if self._boards is not None and group is None and x.nbytes > SHARED_BYTES:
+            shared = self._whole_on_board(x, op, out)
             if shared is not None:
                 return shared
         call = self._call(ALLREDUCE, x, group, op=op)
@@ -103,13 +110,16 @@ class Fabric(PlannedPaths):
                 if g.hierarchical:
                     result = allreduce_hierarchical(self, self.arena_for, call, x, op)
                 else:
-                    result = allreduce_shared(self, self.arena_for(g), call, x, UFUNCS[op])
+                    result = allreduce_shared(self, self.arena_for(g), call, x, UFUNCS[op], out)
                     self._settle(call.seq)
             except FabricError as exc:  # (run marked the fabric already; shared-memory checks did not)
                 self.fail(exc)
                 raise
         else:
             result = sockets.allreduce_flat_or_chunked(self, call, x, op)
+        if out is not None and result is not out:
+            np.copyto(out, result)
+            result = out
         if op == "mean":
             np.divide(result, len(g.members), out=result, casting="unsafe")
         return result
@@ -123,13 +133,16 @@ class Fabric(PlannedPaths):
         if bad:
             self.allreduce(x, op, group)
             raise ValueError(bad)
+        apart = not np.may_share_memory(out, x)
         plan = self._boards.plan_for(x, op) if self._boards is not None and group is None else None
         # in place (``out is x``) when our array is one of the first two reduced: a ufunc reads each element
         # before it writes it, and the later ones read only the peers'
-        if plan is not None and ((out is x and self._group(None).rank < 2) or not np.may_share_memory(out, x)):
+        if plan is not None and ((out is x and self._group(None).rank < 2) or apart):
             if x is array:
                 plan.checked_out, plan.checked_for = out, x
             return self._allreduce_on_board(plan, x, op, out)
+        if plan is None and apart:  # (a large one straight into ``out``: no second copy)
+            return self._allreduce_checked(x, op, group, out)
         np.copyto(out, self.allreduce(x, op, group))
         return out
 

@@ -173,8 +173,9 @@ class SharedArena:
 
 
 def allreduce_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarray,
-                     ufunc: Callable[..., np.ndarray]) -> np.ndarray:
-    """Allreduce through the members' shared segments (all on this host); see the module docstring."""
+                     ufunc: Callable[..., np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """Allreduce through the members' shared segments (all on this host), into ``out`` (apart from ``x``) or a
+    new array; see the module docstring."""
     g = call.group
     layout = ("whole" if x.nbytes <= WHOLE_BYTES else "chunked", x.nbytes, x.itemsize)
     if arena.layout is not None and arena.layout != layout:
@@ -188,7 +189,7 @@ def allreduce_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarr
         peers = _announce(phases, arena, call, 2 * x.nbytes)
         arrays = [flat if k == g.rank else peers[k][half * x.nbytes:(half + 1) * x.nbytes].view(x.dtype)
                   for k in range(len(g.members))]
-        return reduce_in_order(ufunc, arrays).reshape(x.shape)
+        return reduce_in_order(ufunc, arrays, None if out is None else out.reshape(-1)).reshape(x.shape)
     spans = [slice(*span) for span in chunks(x.size, len(g.members))]
     segment = arena.reserve(x.nbytes).view(x.dtype)
     for k in g.others:
@@ -198,7 +199,7 @@ def allreduce_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarr
     reduce_in_order(ufunc, [flat[mine] if k == g.rank else peers[k][mine] for k in range(len(g.members))],
                     segment[mine])
     phases.run_all(call, Phase.SHARED_REDUCED, EMPTY, [None] * len(g.others))
-    result = np.empty_like(flat)
+    result = np.empty_like(flat) if out is None else out.reshape(-1)
     result[mine] = segment[mine]
     for k in g.others:
         result[spans[k]] = peers[k][spans[k]]
