@@ -59,6 +59,30 @@ def test_popdist_lists_every_public_name_of_its_core() -> None:
     assert "getInstanceIndex" in dir(popdist)
 
 
+def test_the_guardian_starts_before_the_launcher_loads() -> None:
+    """Its Python start-up then overlaps the launcher's imports instead of the instances' start.
+
+    When ``poprun_py.launcher`` is looked for, poprun's one child must already be a Python (the
+    guardian): its ``exe`` link, which exec sets before ``Popen`` returns (its command line may not be).
+    """
+    code = (
+        "import os, sys\n"
+        "seen = []\n"
+        "class Spy:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'poprun_py.launcher':\n"
+        "            with open(f'/proc/self/task/{os.getpid()}/children') as children:\n"
+        "                seen.extend(os.readlink(f'/proc/{pid}/exe') for pid in children.read().split())\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "from poprun_py.cli import main\n"
+        f"assert main({[*LAUNCH, 'true']!r}) == 0\n"
+        "print(seen)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr([os.path.realpath(sys.executable)])
+
+
 def test_the_process_entry_ends_with_the_jobs_code_after_the_atexit_handlers() -> None:
     """``run`` ends the process itself (no interpreter teardown), yet atexit handlers and buffered output go out."""
     code = (
