@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -134,46 +132,3 @@ def test_a_console_pipe_is_still_watched() -> None:
 def test_the_probe_sees_what_a_launch_imports() -> None:
     """The module list above names real modules: a remote launch's code does load them."""
     assert {"poprun_py.executors.ssh", "paramiko"} <= _modules_after("import poprun_py.executors.ssh")
-
-
-def test_the_process_entry_starts_the_guardian_before_loading_the_cli() -> None:
-    """``run`` starts it first: its Python start-up overlaps all of poprun's imports."""
-    code = (
-        "import os, sys\n"
-        "class Spy:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'poprun_py.cli':\n"
-        "            with open(f'/proc/self/task/{os.getpid()}/children') as children:\n"
-        "                exes = [os.readlink(f'/proc/{pid}/exe') for pid in children.read().split()]\n"
-        "            print(exes, flush=True)\n"
-        "sys.meta_path.insert(0, Spy())\n"
-        f"sys.argv = ['poprun', *{[*LAUNCH, 'true']!r}]\n"
-        "from poprun_py.__main__ import run\n"
-        "run()\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == repr([os.path.realpath(sys.executable)])
-
-
-def test_a_grace_set_after_the_start_is_the_one_the_guardian_uses() -> None:
-    """The early guardian learns --stop-grace later (``G`` message): it must stop the job with that one."""
-    from poprun_py.executors.guardian import Guardian
-
-    guardian = Guardian(600.0)  # what its command line says: a victim ignoring SIGTERM would outlive the test
-    victim = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ready; exec sleep 600"], stdout=subprocess.PIPE,
-                              start_new_session=True)
-    try:
-        guardian.set_grace(0.2)
-        assert victim.stdout is not None and victim.stdout.readline() == b"ready\n"
-        pidfd = os.pidfd_open(victim.pid)
-        guardian.watch(victim.pid, pidfd)
-        # The launcher "dies": its end of the channel closes without the goodbye.
-        socket.socket(fileno=os.dup(guardian.fileno())).shutdown(socket.SHUT_RDWR)
-        assert victim.wait(timeout=RUN_TIMEOUT) == -signal.SIGKILL
-        guardian.release(pidfd)
-        os.close(pidfd)
-    finally:
-        victim.kill()
-        victim.wait()
-        guardian.close()

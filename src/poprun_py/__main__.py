@@ -11,16 +11,9 @@ import os
 import sys
 from typing import NoReturn
 
-#: The guardian's grace until the command line is read (``Guardian.set_grace``); no instance exists before.
-_GRACE_UNTIL_KNOWN = 5.0
-
 
 def run() -> int:
     """Parse, launch, end the process with the exit code; the collector kept off the start-up path.
-
-    The job's guardian (a Python process of its own) is started first: its start-up
-    then runs on another core while poprun loads its modules, instead of competing
-    with the instances' start (each spawn waited up to ~10 ms for a core).
 
     Importing the CLI builds ~20,000 objects that live until exit: collecting
     them while they are made (gc.disable) only costs time, ~10 ms of a ~80 ms
@@ -29,14 +22,11 @@ def run() -> int:
     """
     gc.disable()
     try:
-        from .executors.guardian import Guardian
-
-        guardian = Guardian(_GRACE_UNTIL_KNOWN)
         from .cli import main
     finally:
         gc.freeze()  # what the imports made lives until exit: no later collection scans it
         gc.enable()
-    code = main(guardian=guardian)
+    code = main()
     exit_now(code)
 
 

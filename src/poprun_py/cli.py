@@ -11,7 +11,7 @@ every start (~1 ms).
 import logging
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -29,9 +29,6 @@ from .errors import (
 )
 from .logs import configure_logging
 from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
-
-if TYPE_CHECKING:
-    from .executors.guardian import Guardian
 
 log = logging.getLogger("poprun")
 
@@ -185,8 +182,7 @@ def resolve_launch(line: CommandLine) -> LaunchSpec | None:
     return spec
 
 
-def _launch(line: CommandLine, early: "Guardian | None" = None) -> int:
-    """Run the command line's launch; ``early``: the guardian ``__main__`` started before the imports."""
+def _launch(line: CommandLine) -> int:
     spec = resolve_launch(line)
     if spec is None:
         return 0
@@ -198,9 +194,7 @@ def _launch(line: CommandLine, early: "Guardian | None" = None) -> int:
     # start-up runs on another core meanwhile, instead of competing with the instances' (~10 ms).
     from .executors.guardian import Guardian
 
-    guardian = early or Guardian(spec.supervision.stop_grace)
-    if early is not None:
-        early.set_grace(spec.supervision.stop_grace)  # before any instance exists
+    guardian = Guardian(spec.supervision.stop_grace)
     try:
         from .launcher import run_launch  # imported late: --help and usage errors stay fast
 
@@ -209,20 +203,15 @@ def _launch(line: CommandLine, early: "Guardian | None" = None) -> int:
         guardian.close()
 
 
-def main(argv: list[str] | None = None, guardian: "Guardian | None" = None) -> int:
-    """Entry point: never a traceback for a user's mistake, always a distinct exit code.
-
-    ``guardian``: one the process entry started early (``__main__.run``); closed here, launch or not.
-    """
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: never a traceback for a user's mistake, always a distinct exit code."""
     try:
-        return _main(sys.argv[1:] if argv is None else argv, guardian)
+        return _main(sys.argv[1:] if argv is None else argv)
     finally:
-        if guardian is not None:
-            guardian.close()
         quiet_closed_streams()
 
 
-def _main(args: list[str], guardian: "Guardian | None" = None) -> int:
+def _main(args: list[str]) -> int:
     try:
         try:
             line = parse_command_line(args)
@@ -232,7 +221,7 @@ def _main(args: list[str], guardian: "Guardian | None" = None) -> int:
             raise
         if not isinstance(line, CommandLine):
             return int(line or 0)
-        return _launch(line, guardian)
+        return _launch(line)
     except typer.Abort:
         return EXIT_INTERRUPTED
     except typer.TyperException as exc:

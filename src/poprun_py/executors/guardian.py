@@ -82,20 +82,6 @@ class Guardian:
             theirs.close()
         return process, ours
 
-    def set_grace(self, grace: float) -> None:
-        """The time between SIGTERM and SIGKILL, when known only after the start (poprun's early guardian).
-
-        Sent before any instance starts, so the guardian never stops one with another grace.
-        """
-        with self._lock:
-            self._grace = grace
-            if self._closed:
-                return
-            try:
-                self._socket.send(b"G" + repr(float(grace)).encode(), socket.MSG_NOSIGNAL)
-            except OSError:
-                self._replace_locked()  # a new guardian gets the grace on its command line
-
     def kill_marked(self) -> int:
         """SIGKILL what carries this guardian's token (pidfds only); how many. See ``kill_marked``."""
         from .guardian_process import kill_marked

@@ -6,10 +6,7 @@ stdin one end of a SOCK_SEQPACKET socket pair. Over it the launcher sends
 ``?MARKER`` first (not in argv, which anyone can read) and its own start
 time, command line and environment (``T``, ``C``, ``E``), then a pidfd for every
 instance (``+PID,PID,...`` with the descriptors attached, SCM_RIGHTS) as soon
-as the instance exists; ``=`` means a normal end: nothing to do. ``G<seconds>``
-replaces GRACE: poprun starts its guardian before it has read its command line
-(the guardian's start-up then overlaps poprun's), and sends the grace before
-the first instance starts. End of
+as the instance exists; ``=`` means a normal end: nothing to do. End of
 stream without ``=``, or the launcher's own pidfd turning readable, means
 the launcher died (even by SIGKILL).
 
@@ -291,7 +288,6 @@ class _Watch:
         self.launcher: list[int | bytes | None] = [None, None, None]  # its _image: start time, cmdline, environ
         self.ours = {}
         self.normal_end = False
-        self.grace = None  # from a ``G`` message: replaces the command line's
 
     def receive(self, channel, selector):
         """One message; False at the end of the stream or at ``=``."""
@@ -303,8 +299,6 @@ class _Watch:
             message, fds = b"", []
         if message[:1] == b"?":
             self.marker = message[1:]
-        elif message[:1] == b"G":
-            self.grace = float(message[1:])
         elif message[:1] in _IMAGE_PARTS:
             part = _IMAGE_PARTS.index(message[:1])
             self.launcher[part] = int(message[1:]) if part == 0 else message[1:]
@@ -357,7 +351,7 @@ def main():
     state = watch(channel, _open_launcher(launcher_pid))
     if not state.normal_end:
         launcher = tuple(state.launcher) if None not in state.launcher else None
-        stop_job(state.ours, state.marker, grace if state.grace is None else state.grace, launcher)
+        stop_job(state.ours, state.marker, grace, launcher)
 
 
 if __name__ == "__main__":
