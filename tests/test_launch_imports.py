@@ -6,6 +6,7 @@ timing anything (issue 19: a launch of ``true`` within 2x ``mpirun``'s).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -134,3 +135,20 @@ def test_a_console_pipe_is_still_watched() -> None:
 def test_the_probe_sees_what_a_launch_imports() -> None:
     """The module list above names real modules: a remote launch's code does load them."""
     assert {"poprun_py.executors.ssh", "paramiko"} <= _modules_after("import poprun_py.executors.ssh")
+
+
+def test_the_guardian_starts_without_the_enum_heavy_modules() -> None:
+    """Its start-up runs beside the instances' on 2 cores: socket, selectors and signal (their enums) stay out."""
+    from poprun_py.executors import guardian_process
+
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.dirname(guardian_process.__file__)!r})\n"
+        "import guardian_process\n"
+        "print(sorted(sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    loaded = set(ast.literal_eval(done.stdout))  # printed with repr: json would load enum itself
+    assert loaded.isdisjoint({"socket", "selectors", "signal", "enum"}), sorted(loaded)
