@@ -44,7 +44,7 @@ guardian's ~12 ms start-up, which runs while poprun starts the instances on a
 functions and numbers) and ``select.epoll`` do what it needs.
 """
 
-import _signal as signal  # the C module behind ``signal`` (see above)
+import _signal as signal  # type: ignore[import-not-found]  # the C module behind ``signal`` (typeshed has no stub)
 import _socket
 import array
 import os
