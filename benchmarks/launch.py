@@ -42,6 +42,12 @@ the ones beside it::
     .venv/bin/python benchmarks/launch.py --quick    # fewer repetitions
     .venv/bin/python benchmarks/launch.py --skip-install
     .venv/bin/python benchmarks/launch.py --sizes 2 --launch-only   # the N=2 pairing alone, under a minute
+    .venv/bin/python benchmarks/launch.py --sizes 2 --launch-only --baseline /tmp/base   # before/after
+
+``--baseline DIR`` times a second poprun-py source tree (``DIR/src`` first on
+PYTHONPATH, through the same ``poprun`` script) interleaved with the others, so
+that a change is measured against the code before it in one run, e.g. after
+``git archive main src | tar -x -C /tmp/base``.
 
 Plain tables go to stdout; everything (raw samples included) also goes to
 ``benchmarks/results/launch.json``.
@@ -224,6 +230,15 @@ def python_env(bytecode_cache: bool = True) -> dict[str, str]:
     return env
 
 
+def baseline_env(baseline: Path | None) -> dict[str, str] | None:
+    """poprun's environment with another source tree's ``src/`` first on the path (``--baseline``)."""
+    if baseline is None:
+        return None
+    env = python_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(baseline.resolve() / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def find_poprun() -> Anchor:
     beside = BIN_DIR / "poprun"
     path = str(beside) if beside.exists() else shutil.which("poprun")
@@ -353,16 +368,21 @@ class LaunchResult:
         return median(self.samples)
 
 
-def bench_launch(anchors: dict[str, Anchor], quick: bool, sizes: Sequence[int] = LAUNCH_SIZES) -> list[LaunchResult]:
-    """Interleaved, order-rotating repetitions of every available launcher, per N."""
+def bench_launch(anchors: dict[str, Anchor], quick: bool, sizes: Sequence[int] = LAUNCH_SIZES,
+                 baseline: Path | None = None) -> list[LaunchResult]:
+    """Interleaved, order-rotating repetitions of every available launcher (and the baseline), per N."""
     builders: dict[str, Callable[[int], list[str]]] = {
         "poprun": lambda n: poprun_argv(anchors["poprun"], n) + ["true"],
+        "baseline": lambda n: poprun_argv(anchors["poprun"], n) + ["true"],
         "mpirun": lambda n: mpirun_argv(anchors["mpirun"], n) + ["true"],
         "torchrun": lambda n: torchrun_argv(anchors["torchrun"], n) + ["true"],
     }
-    envs = {"poprun": python_env(), "mpirun": None, "torchrun": None}
-    timeouts = {"poprun": LAUNCH_TIMEOUT, "mpirun": LAUNCH_TIMEOUT, "torchrun": TORCHRUN_TIMEOUT}
+    envs = {"poprun": python_env(), "baseline": baseline_env(baseline), "mpirun": None, "torchrun": None}
+    timeouts = {"poprun": LAUNCH_TIMEOUT, "baseline": LAUNCH_TIMEOUT, "mpirun": LAUNCH_TIMEOUT,
+                "torchrun": TORCHRUN_TIMEOUT}
     tools = [t for t in ("poprun", "mpirun", "torchrun") if anchors[t].path]
+    if baseline is not None:
+        tools.insert(1, "baseline")
     results: list[LaunchResult] = []
     for n in sizes:
         reps, torch_reps = (QUICK_REPS if quick else FULL_REPS)[n]
@@ -418,6 +438,22 @@ def launch_table(results: list[LaunchResult]) -> tuple[str, list[dict[str, Any]]
         })
     headers = ["N", "poprun", "mpirun", "torchrun", "poprun/mpirun", "poprun/torchrun", "runs p/m/t"]
     return format_table(headers, rows, "r" * len(headers)), summary
+
+
+def baseline_table(results: list[LaunchResult], summary: list[dict[str, Any]]) -> str:
+    """poprun against the ``--baseline`` tree per N; adds the baseline's figures to ``summary``."""
+    rows = []
+    for row in summary:
+        base = next((r for r in results if r.n == row["n"] and r.tool == "baseline"), None)
+        base_median = base.median if base is not None else None
+        row["baseline_median_s"] = base_median
+        row["baseline_over_mpirun"] = ratio(base_median, row["mpirun_median_s"])
+        row["poprun_over_baseline"] = ratio(row["poprun_median_s"], base_median)
+        rows.append([row["n"], fmt_s(base_median), fmt_s(row["poprun_median_s"]),
+                     fmt_ratio(row["baseline_over_mpirun"]), fmt_ratio(row["poprun_over_mpirun"]),
+                     fmt_ratio(row["poprun_over_baseline"]), len(base.samples) if base is not None else 0])
+    headers = ["N", "baseline", "poprun", "baseline/mpirun", "poprun/mpirun", "poprun/baseline", "baseline runs"]
+    return format_table(headers, rows, "r" * len(headers))
 
 
 def launch_targets(summary: list[dict[str, Any]]) -> list[tuple[str, bool | None, str]]:
@@ -715,16 +751,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         metavar="N", help=f"the launch sizes to measure (default: {' '.join(map(str, LAUNCH_SIZES))})")
     parser.add_argument("--launch-only", action="store_true",
                         help="skip the tagged-output part (launch times and where poprun's time goes only)")
-    return parser.parse_args(argv)
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="another poprun-py tree whose src/ is timed beside this one (before/after a change)")
+    args = parser.parse_args(argv)
+    if args.baseline is not None and not (args.baseline / "src" / "poprun_py").is_dir():
+        parser.error(f"--baseline {args.baseline}: no src/poprun_py in it")
+    return args
 
 
-def launch_section(anchors: dict[str, Anchor], quick: bool,
-                   sizes: Sequence[int]) -> tuple[list[LaunchResult], list[dict[str, Any]]]:
+def launch_section(anchors: dict[str, Anchor], quick: bool, sizes: Sequence[int],
+                   baseline: Path | None = None) -> tuple[list[LaunchResult], list[dict[str, Any]]]:
     """1: each launcher's wall time for `true`, measured and printed, with the commands and any failures."""
-    launch_results = bench_launch(anchors, quick, sizes)
+    all_results = bench_launch(anchors, quick, sizes, baseline)
+    launch_results = [r for r in all_results if r.tool != "baseline"]
     table, launch_summary = launch_table(launch_results)
     say("1. Launch wall time of `true`, median of interleaved runs")
     say(table)
+    if baseline is not None:
+        say(f"\n   against the baseline ({baseline}/src), in the same interleaved runs:")
+        say(baseline_table(all_results, launch_summary))
     for r in launch_results:
         if r.n == max(sizes):
             say(f"   {r.tool}: {r.command}")
@@ -789,7 +834,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"  (PYTHONDONTWRITEBYTECODE is set here: poprun runs cache bytecode in {PYCACHE_DIR.relative_to(ROOT)}/)")
     say()
 
-    launch_results, launch_summary = launch_section(anchors, args.quick, sorted(set(args.sizes)))
+    launch_results, launch_summary = launch_section(anchors, args.quick, sorted(set(args.sizes)), args.baseline)
     tp_results, writer = throughput_section(anchors, args.quick) if not args.launch_only else skip_throughput()
     breakdown_table, breakdown = bench_breakdown(anchors, args.quick)
     say("3. Where poprun's N=2 launch time goes (medians)")

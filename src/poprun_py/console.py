@@ -5,7 +5,8 @@ with EPIPE, but a job whose instances are silent would never write again
 and would run until killed. So a thread polls poprun's stdout and stderr for
 POLLERR/POLLHUP, which Linux reports on a pipe's write end once it has no
 reader and on a terminal once it hangs up (poll(2) reports both even when
-not asked for). A regular file or /dev/null never reports them.
+not asked for). A regular file or /dev/null never reports them, so a console
+made only of those (a benchmark's, a batch job's) gets no thread at all.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import stat
 import sys
 import threading
 from typing import Callable, Mapping
@@ -33,11 +35,11 @@ class ConsoleWatch:
         self._poll = select.poll()
         self._streams: dict[int, list[Stream]] = {}
         for stream, fd in fds.items():
-            try:
-                os.fstat(fd)
-            except OSError:
-                continue  # not open: nothing to watch (and nothing to write to)
-            self._streams.setdefault(fd, []).append(stream)
+            if _may_lose_its_reader(fd):
+                self._streams.setdefault(fd, []).append(stream)
+        self._thread: threading.Thread | None = None
+        if not self._streams:
+            return
         self._wake_read, self._wake_write = os.pipe()
         for fd in self._streams:
             self._poll.register(fd, 0)  # no events asked for: only POLLERR/POLLHUP/POLLNVAL come back
@@ -56,6 +58,8 @@ class ConsoleWatch:
                         self._on_closed(stream)
 
     def close(self) -> None:
+        if self._thread is None:
+            return
         try:
             os.write(self._wake_write, b"x")
         except OSError:
@@ -69,6 +73,15 @@ class ConsoleWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _may_lose_its_reader(fd: int) -> bool:
+    """A pipe, a socket or a terminal: what can report POLLERR/POLLHUP (not open: nothing to watch)."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
 def reader_gone(fd: int) -> bool:

@@ -60,6 +60,7 @@ class JobOptions:
     spawn: Spawner = exec_program
     time_limit: TimeLimit | None = None
     status_line: bool = True  # the live status line (it still shows only on a terminal)
+    guardian: Guardian | None = None  # one started by the caller (who closes it); else the job starts its own
 
 
 def _detach_all(devices: Mapping[int, Device]) -> None:
@@ -68,8 +69,11 @@ def _detach_all(devices: Mapping[int, Device]) -> None:
         device.detach()
 
 
-def run_launch(spec: LaunchSpec) -> int:
-    """Run a validated launch of a program; the exit code is the job's."""
+def run_launch(spec: LaunchSpec, guardian: Guardian | None = None) -> int:
+    """Run a validated launch of a program; the exit code is the job's.
+
+    ``guardian``: one the caller started early and closes (see ``cli._launch``).
+    """
     placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
     spec = dataclasses.replace(spec, placement=placement)
     cwd = check_working_dir(spec.reach, placement.hosts)
@@ -77,7 +81,8 @@ def run_launch(spec: LaunchSpec) -> int:
     if not via_srun and (not placement.hosts or any(h.is_local for h in placement.hosts)):
         argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:])  # before anything starts
     limit = spec.supervision.timeout
-    report = run_job(spec, JobOptions(argv, time_limit=TimeLimit(limit) if limit is not None else None), cwd, via_srun)
+    options = JobOptions(argv, time_limit=TimeLimit(limit) if limit is not None else None, guardian=guardian)
+    report = run_job(spec, options, cwd, via_srun)
     log_report(report)
     return report.exit_code
 
@@ -212,7 +217,7 @@ def _run_with_rendezvous(
         _detach_all(handed)
         console.append(ConsoleWatch(lambda stream: events.put(ConsoleClosed(stream))))  # the same holds for it
 
-    guardian = Guardian(grace)
+    guardian = options.guardian or Guardian(grace)
     try:
         executor = _executor(launch, plan, events, environ, guardian)
         return Job(executor, events, router, num_instances, grace, status,
@@ -220,7 +225,8 @@ def _run_with_rendezvous(
     finally:
         for watch in console:
             watch.close()
-        guardian.close()
+        if guardian is not options.guardian:
+            guardian.close()
         for handler in logging.getLogger("poprun").handlers:
             handler.removeFilter(log_filter)
 

@@ -8,7 +8,6 @@ name every other one in a warning, so nothing is dropped silently.
 from __future__ import annotations
 
 import logging
-import shlex
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -56,6 +55,8 @@ class MpiArgs:
 def _tokens(strings: Iterable[str], option: str) -> list[str]:
     tokens: list[str] = []
     for text in strings:
+        import shlex  # only when mpirun-style arguments are given: most launches have none
+
         try:
             tokens.extend(shlex.split(text))
         except ValueError as exc:

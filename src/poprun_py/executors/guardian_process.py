@@ -35,19 +35,23 @@ described them. The job's processes get SIGTERM, then after GRACE seconds the
 survivors are frozen (SIGSTOP, so none can fork while the tree is walked)
 and killed. Descriptors of processes that exit while the job runs are closed
 at once, so the guardian needs one descriptor per live instance, at any size
-(``selectors``, never ``select()`` and its 1,024-descriptor ceiling).
+(epoll, never ``select()`` and its 1,024-descriptor ceiling).
+
+It imports neither ``socket``, ``selectors`` nor ``signal``: their import (the
+enum classes ``socket`` and ``signal`` build above all) took ~4 ms of the
+guardian's ~12 ms start-up, which runs while poprun starts the instances on a
+2-core machine. ``_socket`` and ``_signal`` (the C modules those wrap, same
+functions and numbers) and ``select.epoll`` do what it needs.
 """
 
+import _signal as signal  # type: ignore[import-not-found]  # the C module behind ``signal`` (typeshed has no stub)
+import _socket
+import array
 import os
 import select
-import selectors
-import signal
-import socket
 import sys
 import time
 
-_LAUNCHER = "launcher"
-_CHANNEL = "channel"
 #: At most this many rounds of freezing newly found processes before the kill.
 _FREEZE_ROUNDS = 50
 _MAX_FDS_PER_MESSAGE = 250
@@ -144,18 +148,31 @@ def _discover(ours, marker):
             return added
 
 
+def _recv_fds(channel, size, max_fds):
+    """One message and the descriptors attached to it (SCM_RIGHTS), as ``socket.recv_fds``."""
+    fds = array.array("i")
+    message, ancillary, _, _ = channel.recvmsg(size, _socket.CMSG_LEN(max_fds * fds.itemsize))
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return message, list(fds)
+
+
 def _wait_for_exits(fds, seconds):
     deadline = time.monotonic() + seconds
-    with selectors.DefaultSelector() as waiting:
+    with select.epoll() as waiting:
+        left_open = 0
         for fd in fds:
             if _alive(fd):
-                waiting.register(fd, selectors.EVENT_READ)
-        while waiting.get_map():
+                waiting.register(fd, select.EPOLLIN)
+                left_open += 1
+        while left_open:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            for key, _ in waiting.select(left):
-                waiting.unregister(key.fd)
+            for fd, _ in waiting.poll(left):
+                waiting.unregister(fd)
+                left_open -= 1
 
 
 def _frozen_or_gone(pid, fd):
@@ -287,12 +304,13 @@ class _Watch:
         self.marker = b""
         self.launcher: list[int | bytes | None] = [None, None, None]  # its _image: start time, cmdline, environ
         self.ours = {}
+        self.pids_by_fd = {}  # the pidfds being watched (``watch``)
         self.normal_end = False
 
-    def receive(self, channel, selector):
-        """One message; False at the end of the stream or at ``=``."""
+    def receive(self, channel, poller):
+        """One message; False at the end of the stream or at ``=``. ``poller`` (epoll) gets each pidfd."""
         try:
-            message, fds, _, _ = socket.recv_fds(channel, _MAX_MESSAGE, _MAX_FDS_PER_MESSAGE)
+            message, fds = _recv_fds(channel, _MAX_MESSAGE, _MAX_FDS_PER_MESSAGE)
         except BlockingIOError:
             return False
         except OSError:
@@ -305,8 +323,9 @@ class _Watch:
         elif message[:1] == b"+":
             for pid, fd in zip(message[1:].split(b","), fds):
                 self.ours[int(pid)] = fd
-                if selector is not None:
-                    selector.register(fd, selectors.EVENT_READ, int(pid))
+                self.pids_by_fd[fd] = int(pid)
+                if poller is not None:
+                    poller.register(fd, select.EPOLLIN)
         else:
             self.normal_end = message == b"="
             return False
@@ -325,21 +344,22 @@ def watch(channel, launcher_fd):
     if launcher_fd is None:
         state.drain(channel)
         return state
-    with selectors.DefaultSelector() as selector:
-        selector.register(channel, selectors.EVENT_READ, _CHANNEL)
-        selector.register(launcher_fd, selectors.EVENT_READ, _LAUNCHER)
+    channel_fd = channel.fileno()
+    with select.epoll() as poller:
+        poller.register(channel_fd, select.EPOLLIN)
+        poller.register(launcher_fd, select.EPOLLIN)
         while True:
-            for key, _ in selector.select():
-                if key.data == _LAUNCHER:
+            for fd, _ in poller.poll():
+                if fd == launcher_fd:
                     state.drain(channel)
                     return state
-                if key.data == _CHANNEL:
-                    if not state.receive(channel, selector):
+                if fd == channel_fd:
+                    if not state.receive(channel, poller):
                         return state
                     continue
-                selector.unregister(key.fd)  # that process exited: nothing to stop there
-                os.close(key.fd)
-                state.ours.pop(key.data, None)
+                poller.unregister(fd)  # that process exited: nothing to stop there
+                os.close(fd)
+                state.ours.pop(state.pids_by_fd.pop(fd), None)
 
 
 def main():
@@ -347,7 +367,7 @@ def main():
     launcher_pid = int(sys.argv[2])
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    channel = socket.socket(fileno=0)
+    channel = _socket.socket(fileno=0)
     state = watch(channel, _open_launcher(launcher_pid))
     if not state.normal_end:
         launcher = tuple(state.launcher) if None not in state.launcher else None
