@@ -67,8 +67,11 @@ def allreduce_new(x: np.ndarray) -> np.ndarray:
     return C.allreduce(x, "sum")
 
 
+SIZE = C.size()  # (once: popdist reads the launch's environment on every call of it)
+
+
 def allgather(x: np.ndarray) -> np.ndarray:
-    return C.allgather(x, out=_out_for(x, C.size()))
+    return C.allgather(x, out=_out_for(x, SIZE))
 
 
 _common.run(
