@@ -30,7 +30,7 @@ instance to a quieter CPU, and each call ends by yielding once, so that a
 peer on our CPU that still has this call's reduction to do runs it before we
 race into the next call and spin on its publication (every instance's call
 then takes about one round, rather than one call none and the next two). The
-shared-memory allreduces do both too (``Fabric._settle``, and their plans here).
+shared-memory allreduces do both too (``planned.PlannedPaths._settle``, and their plans here).
 """
 
 from __future__ import annotations

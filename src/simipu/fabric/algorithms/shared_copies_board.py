@@ -10,7 +10,7 @@ the frames ``shared_copies`` would send, compared byte for byte), then
 copies from the peers' segment halves as ``shared_copies`` does. If a
 peer's frame is not there within the spin, or not as expected, nothing is
 taken and the engine receives the frames the general way
-(``Fabric._copy_fallback``).
+(``planned.PlannedPaths._copy_fallback``).
 """
 
 from __future__ import annotations
