@@ -13,7 +13,7 @@ import warnings
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from popdist import core
+from popdist import collectives, core
 from popdist.backend import current_fabric, current_group
 
 if TYPE_CHECKING:
@@ -81,12 +81,12 @@ def _require() -> None:
 
 def rank() -> int:
     _require()
-    return core.getInstanceIndex()
+    return collectives.rank()  # (the fabric's, once connected: cheap enough for every step)
 
 
 def size() -> int:
     _require()
-    return core.getNumInstances()
+    return collectives.size()
 
 
 def local_rank() -> int:
