@@ -1,11 +1,12 @@
 """Under poprun: once the fabric is connected, rank and size (popdist.collectives' and Horovod's) answer without
-reading the launch from the environment again. Prints {"instance": i, "parses": n, "values": [...]}."""
+reading the launch from the environment again. Prints {"instance": i, "parses": n, "values": [...]}.
+(Horovod's rank and size are ``popdist.horovod.common``'s, which ``horovod.torch`` re-exports: no torch here.)"""
 
 import json
 
 import popdist
 import popdist.collectives as C
-import popdist.horovod.torch as hvd
+import popdist.horovod.common as hvd
 from popdist.env import InstanceEnv
 
 popdist.init()

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FabricError
+from ..errors import FabricError, PeerLostError
 from .calls import Call
 from .phases import Phase
 from .protocol import Phases
@@ -62,6 +62,8 @@ CROSS_MEMORY_BYTES = 8 * 1024 * 1024
 _PROBE = struct.Struct("<QQ16s")  # pid, address of the token, the token
 _READY = struct.Struct("<QQ")  # address, bytes (0, 0 from a broadcast's non-root)
 _OK, _FAILED = b"\x01", b"\x00"
+#: CROSS_DONE's frame: the status (``_OK`` or ``_FAILED``) and the instance found gone while being read (-1: none).
+_DONE = struct.Struct("<ci")
 
 
 class _IoVec(ctypes.Structure):
@@ -182,27 +184,37 @@ def _ready(phases: Phases, call: Call, x: np.ndarray | None) -> dict[int, tuple[
     return {k: _READY.unpack(b) for k, b in zip(g.others, received)}
 
 
-def _read(announced: tuple[int, int], cross: CrossMemory, call: Call, rank: int, into: np.ndarray) -> str | None:
-    """Read one peer's announced array into ``into``; why it failed, or None."""
+def _read(announced: tuple[int, int], cross: CrossMemory, call: Call, rank: int,
+          into: np.ndarray) -> tuple[str, int] | None:
+    """Read one peer's announced array into ``into``; why it failed and, if the peer is gone (no such
+    process), which instance it was (else -1); or None."""
     address, nbytes = announced
     peer = call.group.members[rank]
     if nbytes != into.nbytes:
-        return f"instance {peer} announced {nbytes} bytes where {into.nbytes} were expected"
+        return f"instance {peer} announced {nbytes} bytes where {into.nbytes} were expected", -1
     try:
         read_peer(cross.pids[rank], address, into)
     except OSError as exc:
-        return f"reading instance {peer}'s array failed: {exc.strerror or exc}"
+        return f"reading instance {peer}'s array failed: {exc.strerror or exc}", peer if exc.errno == errno.ESRCH else -1
     return None
 
 
-def _done(phases: Phases, cross: CrossMemory, call: Call, failure: str | None) -> None:
-    """Phase CROSS_DONE: every member has finished reading (or failed to); raise if any failed."""
+def _done(phases: Phases, cross: CrossMemory, call: Call, failure: tuple[str, int] | None) -> None:
+    """Phase CROSS_DONE: every member has finished reading (or failed to); raise if any failed: a peer found
+    gone (its process no longer exists: it died after sending this phase's frame) as every other loss, named,
+    on every member that read it or heard of it; any other failure as a ``FabricError``."""
     g = call.group
-    statuses = [bytearray(1) for _ in g.others]
-    phases.run_all(call, Phase.CROSS_DONE, memoryview(_FAILED if failure else _OK), [memoryview(s) for s in statuses])
+    statuses = [bytearray(_DONE.size) for _ in g.others]
+    mine = _DONE.pack(_FAILED if failure else _OK, failure[1] if failure else -1)
+    phases.run_all(call, Phase.CROSS_DONE, memoryview(mine), [memoryview(s) for s in statuses])
     cross.calls += 1
-    failed = [g.members[k] for k, s in zip(g.others, statuses) if bytes(s) != _OK]
+    theirs = [_DONE.unpack(s) for s in statuses]
+    failed = [g.members[k] for k, (status, _) in zip(g.others, theirs) if status != _OK]
+    lost = [gone for _, gone in theirs if gone >= 0]
     if failure or failed:
         cross.usable = False
-        raise FabricError(failure or f"instance {failed[0]} could not read a peer's array in place "
-                          "(process_vm_readv); this fabric is unusable now")
+        if failure and failure[1] >= 0 or lost:
+            gone = failure[1] if failure and failure[1] >= 0 else lost[0]
+            raise PeerLostError(gone, "its process ended while its array was being read in place")
+        raise FabricError(failure[0] if failure else f"instance {failed[0]} could not read a peer's array in "
+                          "place (process_vm_readv); this fabric is unusable now")
