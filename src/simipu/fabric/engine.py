@@ -160,16 +160,9 @@ class Fabric(PlannedPaths):
         out = np.empty_like(x)
         plan = self._boards.plan_for(x, op) if self._boards is not None and group is None else None
         if plan is None:
-            shared = self._boards is not None and group is None and x.nbytes > SHARED_BYTES
-
-            def general() -> np.ndarray:
-                if shared:  # shm's whole layout straight into ``out``, when its plan applies
-                    self._check_usable()
-                    result = self._whole_on_board(x, op, out)
-                    if result is not None:
-                        return result
-                np.copyto(out, self.allreduce(x, op, group))
-                return out
+            def general() -> np.ndarray:  # (``allreduce``'s checked path, straight into ``out``)
+                self._check_usable()
+                return self._allreduce_checked(x, op, group, out)
             return general
         payload = to_bytes(x)
 
