@@ -53,6 +53,24 @@ def test_rank_and_size_come_from_the_fabric_not_the_environment() -> None:
         assert r["parses"] == 0 and r["values"] == r["truth"], r
 
 
+@pytest.mark.parametrize("instances", [2, 3])
+def test_repeated_small_calls_skip_the_fabric_methods_and_stay_right(instances: int) -> None:
+    """popdist.collectives' allreduce, broadcast and allgather, called again with the same arrays, call the
+    board plans themselves (Fabric's methods are entered only by each signature's first calls), with one peer
+    (its closure) and two; new values each step, a late peer, a subgroup (the general path) all give exact
+    results, and after a mismatch the same hot call raises at once instead of publishing."""
+    result = run_poprun(OFFLINE, "--num-instances", str(instances), "--num-replicas", str(instances),
+                        *python_program("hot_calls.py"))
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    records = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith(b"{")),
+                     key=lambda r: r["instance"])
+    assert [r["instance"] for r in records] == list(range(instances))
+    for r in records:
+        assert r["wrong"] == [] and r["entered"] == {"allreduce": 2, "broadcast": 2, "allgather": 1}, r
+        assert r["subgroup"] == (r["instance"] in {0, instances - 1}), r  # (its members enter Fabric.allreduce)
+        assert r["after"] == ["CollectiveMismatchError", "FabricError"], r
+
+
 def test_results_are_bit_identical_across_runs() -> None:
     assert run_checks(3, 6, "auto") == run_checks(3, 6, "auto")
 

@@ -77,6 +77,21 @@ def inputs_and_expected(collective: str, nbytes: int, rank: int, n: int) -> tupl
     return pattern(part, rank), np.concatenate([pattern(part, r) for r in range(n)])
 
 
+_preallocated: dict[tuple, np.ndarray] = {}
+
+
+def preallocated(x: np.ndarray, rows: int = 0) -> np.ndarray:
+    """The one result array a worker fills for ``x`` (MPI's receive buffer): ``x``'s shape, or ``rows`` of it
+    (an allgather's). Made once per shape, outside the timing; each worker looks it up in the timed call the
+    same way, and always gets the same object (a new view each call would be a cost one side pays and, for
+    poprun, a new ``out`` to check)."""
+    key = (rows, x.shape, x.dtype.str)
+    out = _preallocated.get(key)
+    if out is None:
+        out = _preallocated[key] = np.empty((rows, *x.shape) if rows else x.shape, dtype=x.dtype)
+    return out
+
+
 def first_difference(got: np.ndarray, want: np.ndarray) -> str:
     got = np.asarray(got).reshape(-1)
     if got.shape != want.shape or got.dtype != want.dtype:

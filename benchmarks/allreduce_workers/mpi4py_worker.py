@@ -16,19 +16,9 @@ init_s = time.perf_counter() - start
 
 import _common  # noqa: E402
 
-_out: dict[tuple, np.ndarray] = {}
-
-
-def _out_for(x: np.ndarray, rows: int) -> np.ndarray:
-    """The preallocated result for ``x``: ``rows`` of its shape (made once per shape, outside the timing)."""
-    out = _out.get((rows, x.shape, x.dtype.str))
-    if out is None:
-        out = _out[(rows, x.shape, x.dtype.str)] = np.empty((rows, *x.shape), dtype=x.dtype)
-    return out
-
 
 def allreduce(x: np.ndarray) -> np.ndarray:
-    out = _out_for(x, 1)[0]
+    out = _common.preallocated(x)
     comm.Allreduce(x, out, op=MPI.SUM)
     return out
 
@@ -39,7 +29,7 @@ def broadcast(x: np.ndarray) -> np.ndarray:
 
 
 def allgather(x: np.ndarray) -> np.ndarray:
-    out = _out_for(x, comm.Get_size())
+    out = _common.preallocated(x, comm.Get_size())
     comm.Allgather(x, out)
     return out
 

@@ -36,42 +36,19 @@ def gather(obj):
     return [json.loads(rows[r, :int(sizes[r])].tobytes()) for r in range(len(sizes))]
 
 
-_out: dict[tuple, np.ndarray] = {}
-
-
-def _out_for(x: np.ndarray, rows: int) -> np.ndarray:
-    """The preallocated result for ``x``: ``rows`` of its shape (made once per shape, outside the timing)."""
-    out = _out.get((rows, x.shape, x.dtype.str))
-    if out is None:
-        out = _out[(rows, x.shape, x.dtype.str)] = np.empty((rows, *x.shape), dtype=x.dtype)
-    return out
-
-
 def allreduce(x: np.ndarray) -> np.ndarray:
-    return C.allreduce(x, "sum", out=_result_for(x))
-
-
-_results: dict[tuple, np.ndarray] = {}
-
-
-def _result_for(x: np.ndarray) -> np.ndarray:
-    """The preallocated result for ``x``: one array object every call (as mpi4py's receive buffer; a fresh
-    view of it each call would be a new ``out`` for the fabric to check)."""
-    out = _results.get((x.shape, x.dtype.str))
-    if out is None:
-        out = _results[(x.shape, x.dtype.str)] = np.empty_like(x)
-    return out
+    return C.allreduce(x, "sum", out=_common.preallocated(x))
 
 
 def allreduce_new(x: np.ndarray) -> np.ndarray:
     return C.allreduce(x, "sum")
 
 
-SIZE = C.size()  # (once: popdist reads the launch's environment on every call of it)
+SIZE = C.size()
 
 
 def allgather(x: np.ndarray) -> np.ndarray:
-    return C.allgather(x, out=_out_for(x, SIZE))
+    return C.allgather(x, out=_common.preallocated(x, SIZE))
 
 
 _common.run(

@@ -88,6 +88,14 @@ class _Backend:
         self.fabric: Collectives | None = None
         self.device: object | None = None  # a simipu Device held for the life of the process
         self.groups = _InstanceGroup()
+        #: The fabric's plans that ``popdist.collectives`` calls itself, a frame nearer than ``Fabric.allreduce``
+        #: (``simipu.fabric.planned.PlannedPaths.hot_allreduces``): empty without them; the fabric empties them when
+        #: it breaks or closes.
+        self.hot_allreduces: dict = {}
+        self.hot_copies: dict = {}
+        #: How many threads are inside ``instance_group`` now: while any is, every collective reads its thread's
+        #: ``groups.members`` (a thread-local's attribute costs a hot call four plain ones).
+        self.grouped = 0
 
 
 _backend = _Backend()
@@ -163,6 +171,8 @@ def initialise() -> None:
         launch = InstanceEnv.from_environ(os.environ)
         _backend.device = _backend.device or adopt_device(launch)  # popdist.popart.getDevice may have
         _backend.fabric = connect(launch)
+        _backend.hot_allreduces = getattr(_backend.fabric, "hot_allreduces", {})
+        _backend.hot_copies = getattr(_backend.fabric, "hot_copies", {})
         _backend.initialised = True
     if launch is None:
         logger.debug("popdist initialised outside poprun (single instance)")
@@ -207,7 +217,11 @@ def instance_group(members: tuple[int, ...]) -> Iterator[None]:
     """Collectives inside span only ``members`` (used by execute_on_instances)."""
     previous = current_group()
     _backend.groups.members = members
+    with _backend.lock:
+        _backend.grouped += 1
     try:
         yield
     finally:
         _backend.groups.members = previous
+        with _backend.lock:
+            _backend.grouped -= 1

@@ -63,6 +63,15 @@ def allreduce(array: Any, op: str = Sum, out: Any = None):
     """Reduce ``array`` element-wise across instances (sum, mean, max, min, prod): a new array, or ``out``
     filled (``out=array``: in place, as MPI's ``IN_PLACE``). A wrong ``out`` (dtype, shape, not C-contiguous)
     raises ValueError once the allreduce is done."""
+    if type(array) is _ndarray and not _backend.grouped:  # ``Fabric.allreduce``'s hot path, a frame nearer
+        try:
+            plan = _backend.hot_allreduces.get((array.dtype, array.shape, op))
+        except TypeError:  # (an unhashable op: the general path says why it is wrong)
+            plan = None
+        # (an ``out`` checked with this very array: both were C-contiguous then, and the shape is the plan's)
+        if plan is not None and (out is plan.checked_out and array is plan.checked_for
+                                 if out is not None else array.flags.c_contiguous):
+            return plan.allreduce(0, array, out)  # (a hot call: ``simipu.fabric.planned.PlannedPaths``)
     fabric = _backend.fabric or current_fabric()
     if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (else ``_array`` would return it)
         array = _array(array)
@@ -100,6 +109,14 @@ def grouped_allreduce(arrays: Iterable[Any], op: str = Sum) -> list:
 def broadcast(array: Any, root: int = 0, out: Any = None):
     """Every instance gets the root instance's array: a new one, or ``out`` filled (``out=array``: in place).
     A wrong ``out`` (dtype, shape, not C-contiguous) raises ValueError once the broadcast is done."""
+    if type(array) is _ndarray and not _backend.grouped:  # (as ``allreduce``'s hot path)
+        try:
+            plan = _backend.hot_copies.get((root, array.dtype, array.shape))
+        except TypeError:
+            plan = None
+        if plan is not None and (out is plan.checked_out and array is plan.checked_for
+                                 if out is not None else array.flags.c_contiguous):
+            return plan.allreduce(0, array, array.copy() if out is None else out)  # (a copy: every byte is set)
     fabric = _backend.fabric or current_fabric()
     if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (as ``allreduce``: a call's Python is
         array = _array(array)  # most of a small collective's time)
@@ -109,6 +126,10 @@ def broadcast(array: Any, root: int = 0, out: Any = None):
 def allgather(array: Any, out: Any = None):
     """Every instance's array, stacked in instance order: shape (instances, *shape); into ``out`` if given
     (that shape and the array's dtype, C-contiguous; a wrong one raises ValueError once the call is done)."""
+    if out is not None and type(array) is _ndarray and not _backend.grouped:  # (as ``allreduce``'s hot path)
+        plan = _backend.hot_copies.get((-1, array.dtype, array.shape))
+        if plan is not None and out is plan.checked_out and array is plan.checked_for:
+            return plan.allreduce(0, array, out)
     fabric = _backend.fabric or current_fabric()
     if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (as ``allreduce``)
         array = _array(array)

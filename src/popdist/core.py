@@ -147,6 +147,7 @@ def finalizeBackend() -> None:
         if _backend.initialised:
             logger.debug("popdist finalised")
         fabric, _backend.fabric = _backend.fabric, None
+        _backend.hot_allreduces, _backend.hot_copies = {}, {}
         _backend.initialised = False
     if fabric is not None:
         fabric.close()

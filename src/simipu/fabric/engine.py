@@ -61,7 +61,6 @@ from .algorithms.shared_copies import allgather_shared, broadcast_shared
 from .errors import FabricError
 from .frames.header import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, REDUCE_SCATTER
 from .planned import PlannedPaths
-from .runner import SPIN_SECONDS
 
 
 class Fabric(PlannedPaths):
@@ -76,21 +75,14 @@ class Fabric(PlannedPaths):
         if boards is not None and group is None and type(array) is np.ndarray and array.flags.c_contiguous:
             plan = boards.plans.get((array.dtype, array.shape, op))  # (none once the fabric broke or closed)
             if plan is not None and (out is None or out is plan.checked_out and array is plan.checked_for):
-                counter = self._world_seq  # the hot path: see board.py (``_allreduce_on_board``, inline)
-                seq = counter[0] = counter[0] + 1
-                try:
-                    result = plan.allreduce(seq, array, SPIN_SECONDS, out)
-                except BaseException as exc:
-                    self._broken_by(exc)
-                    raise
-                return result if result is not None else self._board_fallback(plan, array, op, seq, out)
+                return plan.allreduce(0, array, out)  # (a hot call: ``PlannedPaths.hot_allreduces``)
         if out is not None:
             return self._allreduce_into(array, op, group, out)
         x = self._prepare(array, op)
         if boards is not None and group is None:
             plan = boards.plan_for(x, op)
             if plan is not None:
-                return self._allreduce_on_board(plan, x, op)
+                return plan.allreduce(0, x)
         return self._allreduce_checked(x, op, group)
 
     def _allreduce_checked(self, x: np.ndarray, op: str, group: Sequence[int] | None,
@@ -140,7 +132,7 @@ class Fabric(PlannedPaths):
         if plan is not None and ((out is x and self._group(None).rank < 2) or apart):
             if x is array:
                 plan.checked_out, plan.checked_for = out, x
-            return self._allreduce_on_board(plan, x, op, out)
+            return plan.allreduce(0, x, out)
         if plan is None and apart:  # (a large one straight into ``out``: no second copy)
             return self._allreduce_checked(x, op, group, out)
         np.copyto(out, self.allreduce(x, op, group))
@@ -169,7 +161,7 @@ class Fabric(PlannedPaths):
         def on_board() -> np.ndarray:
             if self._broken is not None or self._closed:
                 self._check_usable()
-            return self._allreduce_on_board(plan, x, op, out, payload)
+            return plan.allreduce(0, x, out, payload)
         return on_board
 
     def broadcast(self, array: np.ndarray, root: int = 0, group: Sequence[int] | None = None,
@@ -180,7 +172,7 @@ class Fabric(PlannedPaths):
         if copies is not None and group is None and type(array) is np.ndarray and array.flags.c_contiguous:
             plan = copies.plans.get((root, array.dtype, array.shape))  # the hot path, as ``allreduce``'s
             if plan is not None and (out is None or out is plan.checked_out and array is plan.checked_for):
-                return self._copy_on_board(plan, array, np.empty_like(array) if out is None else out)
+                return plan.allreduce(0, array, np.empty_like(array) if out is None else out)
         x = self._prepare(array, None)
         g = self._group(group)
         if root not in g.members:
@@ -190,7 +182,7 @@ class Fabric(PlannedPaths):
         plan = None if self._copies is None or g.members != self._everyone else self._copies.plan_for(x, root_rank)
         if plan is not None:  # the world group's small broadcast on this host's boards (algorithms/board_copies.py)
             plan.remember(array, out, x, result)
-            self._copy_on_board(plan, x, result)
+            plan.allreduce(0, x, result)
         elif x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
             if group is not None or not self._copy_steady(x, result, root_rank):
                 self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
@@ -211,15 +203,15 @@ class Fabric(PlannedPaths):
         if copies is not None and group is None and type(array) is np.ndarray and array.flags.c_contiguous:
             plan = copies.plans.get((-1, array.dtype, array.shape))  # the hot path, as ``allreduce``'s
             if plan is not None and (out is None or out is plan.checked_out and array is plan.checked_for):
-                return self._copy_on_board(plan, array, np.empty((self.num_instances, *array.shape), array.dtype)
-                                           if out is None else out)
+                return plan.allreduce(0, array, np.empty((self.num_instances, *array.shape), array.dtype)
+                                      if out is None else out)
         x = self._prepare(array, None)
         members = self._group(group).members
         result, x, bad = result_for(out, x, (len(members), *x.shape))
         plan = None if self._copies is None or members != self._everyone else self._copies.plan_for(x)
         if plan is not None:  # the world group's small allgather on this host's boards (algorithms/board_copies.py)
             plan.remember(array, out, x, result)
-            self._copy_on_board(plan, x, result)
+            plan.allreduce(0, x, result)
         elif self._boards is None or members != self._everyone or not self._copy_steady(x, result, -1):
             call = self._call(ALLGATHER, x, group)
             g = call.group

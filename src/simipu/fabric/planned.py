@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
+from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls
 from .algorithms.board_copies import BoardAllgather, BoardCopies
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
@@ -55,9 +55,19 @@ class PlannedPaths(PhaseRunner):
                  mailboxes: MailboxSegment | None = None) -> None:
         super().__init__(membership, links, control, timeout=timeout, on_close=on_close, mailboxes=mailboxes)
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.
-        self._boards = None if self._board is None else BoardAllreduces(self._board, self._group(None))
+        self._boards = (None if self._board is None
+                        else BoardAllreduces(self._board, self._group(None),
+                                        HotCalls(self._world_seq, SPIN_SECONDS, self._broken_by, self._hot_fallback)))
         #: The world group's small broadcasts and allgathers on the boards (algorithms/board_copies.py).
         self._copies = None if self._boards is None else BoardCopies(self._boards)
+        #: The plans a caller a frame above may call itself (``popdist.collectives``: one frame is a tenth of a
+        #: small call), by the keys ``allreduce`` and ``broadcast``/``allgather`` look them up with: empty without
+        #: boards, emptied when the fabric breaks or closes. A hot call, ``plan.allreduce(0, x, out)``, returns the
+        #: result (``algorithms/board.py``'s ``HotCalls``) once its caller has checked what the engine's hot paths
+        #: check: an ndarray, C-contiguous, the world group, and ``out`` None (an allreduce; a copy's is made) or
+        #: the pair the plan was last checked with.
+        self.hot_allreduces: dict = {} if self._boards is None else self._boards.plans
+        self.hot_copies: dict = {} if self._copies is None else self._copies.plans
         #: ``_whole_on_board``'s plans by signature (see ``_WholePlan``).
         self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], _WholePlan] = {}
         #: ``_copy_steady``'s plans by (root rank or -1, dtype, shape): (the announcement they carry, the plan).
@@ -71,18 +81,13 @@ class PlannedPaths(PhaseRunner):
             self._copies.close()  # type: ignore[union-attr]  # (made with the boards)
 
     # -- the boards' paths --------------------------------------------------------------------------
-    def _allreduce_on_board(self, plan: BoardAllreduce, x: np.ndarray, op: str, out: np.ndarray | None = None,
-                            payload: memoryview | None = None) -> np.ndarray:
-        """The world group's small allreduce through the boards (algorithms/board.py), ``x`` checked already, into ``out``
-        or a new array (``payload``: ``x``'s bytes, held by a persistent call)."""
-        counter = self._world_seq
-        seq = counter[0] = counter[0] + 1
-        try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, out, payload)
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-        return result if result is not None else self._board_fallback(plan, x, op, seq, out)
+    def _hot_fallback(self, plan: BoardAllreduce, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """A hot call (``HotCalls``) published, whose peers' frames were not all there within the spin: the
+        general path receives them, for the call just numbered."""
+        seq = self._world_seq[0]
+        if isinstance(plan, BoardAllgather):
+            return self._copy_fallback_board(plan, x, out, seq)  # type: ignore[arg-type]  # (made by the caller)
+        return self._board_fallback(plan, x, plan.op, seq, out)
 
     def _board_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int,
                         out: np.ndarray | None = None) -> np.ndarray:
@@ -113,7 +118,7 @@ class PlannedPaths(PhaseRunner):
         seq = counter[0] = counter[0] + 1
         plan = cached.plan
         try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, out, EMPTY, cached.peers[half])
+            result = plan.allreduce(seq, x, out, EMPTY, cached.peers[half])
         except BaseException as exc:
             self._broken_by(exc)
             raise
@@ -201,7 +206,7 @@ class PlannedPaths(PhaseRunner):
         seq = counter[0] = counter[0] + 1
         sources = () if root else tuple(views.peers[half][k] for k in g.others)
         try:
-            done = plan.allreduce(seq, x, SPIN_SECONDS, result, EMPTY, sources)
+            done = plan.allreduce(seq, x, result, EMPTY, sources)
         except BaseException as exc:
             self._broken_by(exc)
             raise
@@ -230,19 +235,10 @@ class PlannedPaths(PhaseRunner):
         sources = [x] * len(g.others) if root else [views.peers[half][k] for k in g.others]
         plan.reduce([*sources[:g.rank], x, *sources[g.rank:]], result)
 
-    def _copy_on_board(self, plan: BoardAllgather, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The world group's small broadcast or allgather through the boards (algorithms/board_copies.py: the
-        allreduce's path, so its fallback too), ``x`` checked already, into ``out``."""
-        counter = self._world_seq
-        seq = counter[0] = counter[0] + 1
-        try:
-            result = plan.allreduce(seq, x, SPIN_SECONDS, out)
-        except BaseException as exc:
-            self._broken_by(exc)
-            raise
-        if result is not None:
-            return result
-        # the general path receives the peers' frames (as ``_board_fallback``), numbered and headed as ours
+    def _copy_fallback_board(self, plan: BoardAllgather, x: np.ndarray, out: np.ndarray, seq: int) -> np.ndarray:
+        """A small broadcast or allgather on the boards (algorithms/board_copies.py: the allreduce's path, so its
+        fallback too) whose peers' frames were not all there within the spin: the general path receives them (as
+        ``_board_fallback``), numbered and headed as ours."""
         call = self._call(plan.kind, x, None, root=plan.root, seq=seq)
         g = call.group
         scratch, views = self.scratch_for(g, x)

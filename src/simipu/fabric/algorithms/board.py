@@ -17,10 +17,11 @@ it is late, or it called something else, or it is gone) the engine hands the
 receiving to ``exchange``, which finishes the call or raises exactly as the
 general path would: nothing has been taken yet.
 
-The engine's hot path (``Fabric.allreduce``) looks the plan up by signature and
-calls it, checking nothing else: a plan is made only for a checked array, an
-``out`` only after it was checked with that very array, and the plans go when
-the fabric breaks or closes. With one peer (a job of two instances) the call is
+The hot paths (``Fabric.allreduce``, and ``popdist.collectives.allreduce`` a
+frame above it: ``Fabric.hot_plans``) look the plan up by signature and call
+it with seq 0, so that it numbers the call itself, checking nothing else: a
+plan is made only for a checked array, an ``out`` only after it was checked
+with that very array, and the plans go when the fabric breaks or closes. With one peer (a job of two instances) the call is
 ``one_peer_call``'s closure: the same steps unrolled, no loop, every constant
 bound once; at 4 KiB it takes about 1.9 us a call against 2.8 us before.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable, cast
 
 import numpy as np
@@ -65,12 +67,30 @@ SPREAD_EVERY = 256
 MAX_PLANS = 64
 
 
+@dataclass(frozen=True)
+class HotCalls:
+    """What a plan's hot call (seq 0) needs of the engine: it numbers itself and, on its own, hands a late call
+    to the general path or marks the fabric broken, so that its caller is a plain call (one frame fewer above
+    it, a tenth of a small call: ``popdist.collectives`` calls it straight)."""
+
+    #: The world group's call counter (the engine's).
+    counter: list[int]
+    #: How long a call waits for a peer's frame before the general path receives it, in seconds.
+    spin: float
+    #: ``(exc)``: a call raised; the fabric is unusable from now on.
+    failed: Callable[[BaseException], None]
+    #: ``(plan, x, out) -> result``: the call just numbered, published, whose peers' frames were not all there.
+    fallback: Callable[..., np.ndarray]
+
+
 class BoardAllreduces:
     """The world group's small allreduces on this host's boards: a plan per signature, made on first use."""
 
-    def __init__(self, segment: MailboxSegment, group: Group) -> None:
+    def __init__(self, segment: MailboxSegment, group: Group, hot: HotCalls) -> None:
         self._segment = segment
         self._group = group
+        #: What each plan's hot call needs of the engine.
+        self.hot = hot
         #: The plans by (dtype, shape, op): the engine's hot path looks its signature up here first.
         self.plans: dict[tuple[np.dtype, tuple[int, ...], str], BoardAllreduce] = {}
         peers = [(link.mailbox.position, link.mailbox.reader_views()[0])  # type: ignore[union-attr]
@@ -84,13 +104,14 @@ class BoardAllreduces:
         if plan is None and BoardAllreduce.fits(self._segment, x):
             if len(self.plans) >= MAX_PLANS:
                 self.plans.clear()
-            plan = self.plans[key] = BoardAllreduce(self._segment, self._group, x, op, self._spreader)
+            plan = self.plans[key] = BoardAllreduce(self._segment, self._group, x, op, self._spreader,
+                                                             hot=self.hot)
         return plan
 
     def shared_plan(self, like: np.ndarray, op: str, phase: int, tail: bytes) -> BoardAllreduce:
         """A plan for a shared-memory allreduce's phase ``phase``, whose frames carry ``tail`` (the arrays are in
         the shared arenas: the caller passes them to each call as ``sources``)."""
-        return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail)
+        return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail, hot=self.hot)
 
     @property
     def spreader(self) -> Spreader:
@@ -105,17 +126,18 @@ class BoardAllreduces:
 class BoardAllreduce:
     """One signature (dtype, shape, op) of the world group's allreduce, with every view it needs made once."""
 
-    #: The call, ``(seq, x, spin, out=None, payload=None, sources=()) -> result or None``: ``_any_peers`` (see
+    #: The call, ``(seq, x, out=None, payload=None, sources=()) -> result or None``: ``_any_peers`` (see
     #: there), or ``one_peer_call``'s when the group has a single peer (two instances: the same frames and
-    #: checks, without a loop; a laptop's usual job, where a call's Python is most of its time).
-    allreduce: Callable[..., np.ndarray | None]
+    #: checks, without a loop; a laptop's usual job, where a call's Python is most of its time). Seq 0: a hot
+    #: call (``HotCalls``), which numbers itself and returns a result always (or raises).
+    allreduce: Callable[..., np.ndarray]
     #: ``one_peer_call``'s end of a copy (``board_copies``): ``(x, its bytes, the peer's bytes, out) -> out``, in
     #: place of the reduction; None for an allreduce.
     take_pair: Callable[[np.ndarray, memoryview, memoryview, np.ndarray], np.ndarray] | None = None
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
                  spreader: Spreader, phase: int = Phase.FIRST, tail: bytes = b"",
-                 template: HeaderTemplate | None = None) -> None:
+                 template: HeaderTemplate | None = None, *, hot: HotCalls) -> None:
         # the header the general path would write for this signature (``Call.prefix``), each call's seq put in;
         # with ``tail`` (a fixed payload compared with the header) when the arrays travel elsewhere: shm's;
         # ``template``: another kind's header, whose ``reduce`` replaces the reduction (``board_copies``)
@@ -127,6 +149,8 @@ class BoardAllreduce:
         self._total = total = hlen + (0 if tail else like.nbytes)
         assert tail or self.fits(segment, like), "the engine asks first"
         self._ufunc = UFUNCS[op]
+        #: The reduction (an allreduce's fallback reduces with it).
+        self.op, self._hot, self._spin = op, hot, hot.spin
         self._mean = len(group.members) if op == "mean" else 0
         #: Whether ``allreduce`` reduces inline: not for the mean (it divides) nor 0-d arrays (a ufunc of those
         #: makes a scalar), which take ``reduce``.
@@ -163,18 +187,35 @@ class BoardAllreduce:
         #: The last call's array and its bytes: a loop that allreduces one array reuses the view.
         self._x: np.ndarray | None = None
         self._x_bytes = memoryview(b"")
-        self.allreduce = self._any_peers if len(self._links) != 1 else one_peer_call(self)
+        # (typed as a hot call's: a call with its own seq returns None when a peer is late, and those callers check)
+        self.allreduce = cast("Callable[..., np.ndarray]",
+                              self._any_peers if len(self._links) != 1 else one_peer_call(self))
 
     @staticmethod
     def fits(segment: MailboxSegment, like: np.ndarray) -> bool:
         """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
         return 0 < like.nbytes <= segment.board_capacity - header_size(like.ndim)
 
-    def _any_peers(self, seq: int, x: np.ndarray, spin: float, out: np.ndarray | None = None,
+    def _any_peers(self, seq: int, x: np.ndarray, out: np.ndarray | None = None,
                    payload: memoryview | None = None, sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
+        """Call ``seq`` (``_publish_and_reduce``), or with seq 0 the next call, numbered here, that falls back or
+        breaks the fabric on its own (``HotCalls``)."""
+        if seq:
+            return self._publish_and_reduce(seq, x, out, payload, sources)
+        hot = self._hot
+        seq = hot.counter[0] = hot.counter[0] + 1
+        try:
+            result = self._publish_and_reduce(seq, x, out, payload, sources)
+        except BaseException as exc:
+            hot.failed(exc)
+            raise
+        return result if result is not None else hot.fallback(self, x, out)
+
+    def _publish_and_reduce(self, seq: int, x: np.ndarray, out: np.ndarray | None, payload: memoryview | None,
+                            sources: tuple[np.ndarray, ...]) -> np.ndarray | None:
         """Call ``seq``: publish ``x`` (or ``payload``, its bytes), reduce every member's array in member order,
         the peers' read in place on their boards (or ``sources``), into ``out`` or a new array; None if some
-        peer's next frame is not this call's on its board within ``spin`` s (published, nothing taken: the
+        peer's next frame is not this call's on its board within the spin (published, nothing taken: the
         general path receives). One method: each call and lookup here is paid on every step."""
         if self._spreader is not None and not seq % SPREAD_EVERY:
             self._spreader.spread()
@@ -207,7 +248,7 @@ class BoardAllreduce:
             wanted = box.board_taken + 1
             first, offset, header_bytes, array = slots[wanted & 1]
             if peer_words[first + PUBLICATION] != wanted and not self._awaited(peer_words, first + PUBLICATION,
-                                                                                wanted, spin):
+                                                                                wanted, self._spin):
                 return None
             # the frame next on our link, and this call's header (its payload length and sequence number too: so
             # its length and offset are ours, and it is no older frame left in the slot)
@@ -246,6 +287,17 @@ class BoardAllreduce:
                 return False
         return True
 
+    def _pair_slots(self) -> tuple[list[tuple], list[tuple]]:
+        """For ``one_peer_call``, per parity, our slot: where its length, offset, index for the peer and
+        publication go, the frame's offset, its header's and payload's bytes; the peer's: where its publication
+        and index for us are, its header, its payload as an array and as bytes."""
+        (_, _, _, slots), = self._waits
+        mine = [(first + LENGTH, first + OFFSET, first + INDICES + self._positions[0], first + PUBLICATION, offset,
+                 header_bytes, payload_bytes) for first, offset, header_bytes, payload_bytes in self._mine]
+        theirs = [(first + PUBLICATION, first + self._me + INDICES, header_bytes, array,
+                   None if array is None else array.data.cast("B")) for first, _, header_bytes, array in slots]
+        return mine, theirs
+
     def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """The members' arrays reduced in member order (``calls.reduce_in_order``) into ``out`` or a new array,
         then the mean's division."""
@@ -256,60 +308,62 @@ class BoardAllreduce:
 
 
 def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
-    """``plan._any_peers`` for a group of two: the same frame, checks and reduction order, line for line, with
-    no loop and everything it reads bound once (a closure's variables cost less than a plan's attributes: about
-    80 ns of a 1.5 us call, measured at 4 KiB)."""
-    (link, box, peer_words, slots), = plan._waits
+    """``plan._any_peers`` for a group of two: the same frames, checks and reduction order, unrolled, in one frame
+    even for a hot call, with all it reads bound once (closure variables cost less than a plan's attributes)."""
+    (link, box, peer_words, _), = plan._waits
     header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
-    ufunc, inline, rank, reduce, awaited, peers_index = plan._ufunc, plan._inline, plan._rank, plan.reduce, \
-        plan._awaited, plan._me + INDICES
-    take_pair = plan.take_pair
-    claim, took, nudge, flag = link.claim, link.took_published, link.nudge, plan._flags[0]
-    # per parity, our slot: where its length, offset, index for the peer and publication go, the frame's offset,
-    # its header's and payload's bytes; the peer's: where its publication and index for us are, its header, its
-    # payload as an array and as bytes
-    mine = [(first + LENGTH, first + OFFSET, first + INDICES + plan._positions[0], first + PUBLICATION, offset,
-             header_bytes, payload_bytes) for first, offset, header_bytes, payload_bytes in plan._mine]
-    theirs = [(first + PUBLICATION, first + peers_index, header_bytes, array,
-               None if array is None else array.data.cast("B")) for first, _, header_bytes, array in slots]
+    ufunc, inline, rank, reduce, awaited = plan._ufunc, plan._inline, plan._rank, plan.reduce, plan._awaited
+    take_pair, hooks, nudge, flag = plan.take_pair, plan._hot, link.nudge, plan._flags[0]
+    counter, spin, failed, fallback = hooks.counter, hooks.spin, hooks.failed, hooks.fallback
+    mine, theirs = plan._pair_slots()
 
-    def call(seq: int, x: np.ndarray, spin: float, out: np.ndarray | None = None, payload: memoryview | None = None,
+    def call(seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
              sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
-        if spreader is not None and not seq % SPREAD_EVERY:
-            spreader.spread()
-        put_seq(header, SEQ_AT, seq)
-        published = segment.publications = segment.publications + 1
-        length_at, offset_at, index_at, publication_at, offset, header_bytes, payload_bytes = mine[published & 1]
-        header_bytes[:] = header
-        if payload is None:
-            if x is not plan._x:
-                plan._x, plan._x_bytes = x, x.data.cast("B")
-            payload = plan._x_bytes
-        payload_bytes[:] = payload
-        words[length_at] = total
-        words[offset_at] = offset
-        words[index_at] = claim()
-        words[publication_at] = published
-        FENCE_ACQUIRE()
-        FENCE_RELEASE()
-        if flag[SLEEPING]:
-            nudge()
-        wanted = box.board_taken + 1
-        publication_at, index_at, header_bytes, array, array_bytes = theirs[wanted & 1]
-        if peer_words[publication_at] != wanted and not awaited(peer_words, publication_at, wanted, spin):
-            return None
-        if peer_words[index_at] != link.received or header_bytes.tobytes() != header:
-            return None
-        if sources:
-            array = sources[0]  # (the slots hold no arrays then)
-        if inline:
-            result = ufunc(x, array, out) if rank == 0 else ufunc(array, x, out)
-        elif take_pair is not None:
-            result = take_pair(x, payload, array_bytes, out)  # type: ignore[arg-type]  # (a copy: out given)
-        else:
-            result = reduce([x, array] if rank == 0 else [array, x], out)  # type: ignore[list-item]
-        took()
-        if spreader is not None:
-            os.sched_yield()
-        return result
+        hot = not seq
+        if hot:
+            seq = counter[0] = counter[0] + 1
+        try:
+            if spreader is not None and not seq % SPREAD_EVERY:
+                spreader.spread()
+            put_seq(header, SEQ_AT, seq)
+            published = segment.publications = segment.publications + 1
+            length_at, offset_at, index_at, publication_at, offset, header_bytes, payload_bytes = mine[published & 1]
+            header_bytes[:] = header
+            if payload is None:
+                if x is not plan._x:
+                    plan._x, plan._x_bytes = x, x.data.cast("B")
+                payload = plan._x_bytes
+            payload_bytes[:] = payload
+            words[length_at] = total
+            words[offset_at] = offset
+            words[index_at] = index = link.sent  # (``link.claim()`` and, below, ``link.took_published()``, inline:
+            link.sent = index + 1  # each method call is a twentieth of a small call)
+            words[publication_at] = published
+            FENCE_ACQUIRE()
+            FENCE_RELEASE()
+            if flag[SLEEPING]:
+                nudge()
+            wanted = box.board_taken + 1
+            publication_at, index_at, header_bytes, array, array_bytes = theirs[wanted & 1]
+            if ((peer_words[publication_at] != wanted and not awaited(peer_words, publication_at, wanted, spin))
+                    or peer_words[index_at] != link.received or header_bytes.tobytes() != header):
+                result = None
+            else:
+                if sources:
+                    array = sources[0]  # (the slots hold no arrays then)
+                if inline:
+                    result = ufunc(x, array, out) if rank == 0 else ufunc(array, x, out)
+                elif take_pair is not None:
+                    result = take_pair(x, payload, array_bytes, out)  # type: ignore[arg-type]  # (a copy: out given)
+                else:
+                    result = reduce([x, array] if rank == 0 else [array, x], out)
+                box.board_taken = wanted
+                link.received += 1
+                if spreader is not None:
+                    os.sched_yield()
+        except BaseException as exc:
+            if hot:
+                failed(exc)
+            raise
+        return result if result is not None or not hot else fallback(plan, x, out)
     return call

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..frames.header import ALLGATHER, BROADCAST, HeaderTemplate
 from ..frames.mailbox import MailboxSegment
-from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces
+from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls
 from .calls import Group
 from .phases import Phase
 from .placement import Spreader
@@ -42,6 +42,7 @@ class BoardCopies:
         self._segment: MailboxSegment = allreduces._segment
         self._group: Group = allreduces._group
         self._spreader: Spreader = allreduces._spreader
+        self._hot = allreduces.hot
         self.plans: dict[tuple[int, np.dtype, tuple[int, ...]], BoardAllgather] = {}
 
     def plan_for(self, x: np.ndarray, root_rank: int = -1) -> BoardAllgather | None:
@@ -53,7 +54,8 @@ class BoardCopies:
             if len(self.plans) >= MAX_PLANS:
                 self.plans.clear()
             kind = BoardAllgather if root_rank < 0 else BoardBroadcast
-            plan = self.plans[key] = kind(self._segment, self._group, x, self._spreader, root_rank)
+            plan = self.plans[key] = kind(self._segment, self._group, x, self._spreader, root_rank,
+                                                hot=self._hot)
         return plan
 
     def close(self) -> None:
@@ -66,7 +68,7 @@ class BoardAllgather(BoardAllreduce):
     with every member's array in member order, or returns None as the allreduce does."""
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, spreader: Spreader,
-                 root_rank: int = -1) -> None:
+                 root_rank: int = -1, *, hot: HotCalls) -> None:
         #: The broadcast's root, as an instance index (-1: an allgather), and as a rank in the group.
         self.root = -1 if root_rank < 0 else group.members[root_rank]
         self._root_rank = root_rank
@@ -75,7 +77,7 @@ class BoardAllgather(BoardAllreduce):
         template = HeaderTemplate(self.kind, 0, Phase.FIRST, like.dtype.str, tuple(like.shape), self.root, group.key,
                                   like.nbytes)
         # (the op only names the reduction that ``reduce`` replaces; an allgather's header is an allreduce's length)
-        super().__init__(segment, group, like, "sum", spreader, template=template)
+        super().__init__(segment, group, like, "sum", spreader, template=template, hot=hot)
 
         #: The last ``out`` and its byte views, a row per member (one for a broadcast): see ``_rows_of``.
         self._rows_for: np.ndarray | None = None
