@@ -1,5 +1,5 @@
-"""The collectives benchmark's poprun worker, as benchmarks/collectives.py launches it: each collective it
-times is checked element by element, and it reports the timings per size."""
+"""The benchmarks' poprun-launched workers, as benchmarks/collectives.py and allreduce.py launch them: each
+collective they time is checked element by element, and they report the timings per size."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from support import run_poprun
 
-WORKER = Path(__file__).resolve().parent.parent / "benchmarks" / "allreduce_workers" / "poprun_worker.py"
+WORKERS = Path(__file__).resolve().parent.parent / "benchmarks" / "allreduce_workers"
+WORKER = WORKERS / "poprun_worker.py"
 #: bytes:warm-up:timed calls; 256 KiB takes the shared-memory paths, 4 KiB the small ones
 PLAN = "4096:2:5,262144:1:3"
 
@@ -28,3 +29,17 @@ def test_the_poprun_worker_times_checked_broadcasts_and_allgathers(tmp_path: Pat
     for size in report["sizes"]:
         assert size["problems"] == {}, size["problems"]  # every element of every checked result right
         assert len(size["max_us"]) == size["iters"] and min(size["max_us"]) > 0
+
+
+def test_the_hvd_worker_times_the_plain_call_beside_its_own(tmp_path: Path) -> None:
+    """hvd's like for like, the plain allreduce on the same bytes, timed in blocks alternating with
+    ``hvd.allreduce`` in the same processes: as many samples of each, both checked."""
+    pytest.importorskip("torch")
+    out = tmp_path / "result.json"
+    done = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2", sys.executable,
+                      str(WORKERS / "hvd_worker.py"), "--plan", "4096:2:45,262144:1:3", "--out", str(out))
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    for size in json.loads(out.read_text())["sizes"]:
+        assert size["problems"] == {}, size["problems"]
+        assert len(size["max_us"]) == len(size["paired_max_us"]) == len(size["paired_rank0_us"]) == size["iters"]
+        assert min(size["paired_max_us"]) > 0

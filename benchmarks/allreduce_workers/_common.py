@@ -18,6 +18,13 @@ Per size, on every instance:
    checks are gathered (outside the timing) and instance 0 keeps, per
    iteration, the slowest instance's time (and its own, for comparison).
 
+A worker may give a ``paired`` call too (the Horovod worker: the plain
+``popdist.collectives.allreduce`` on the same bytes). Then the timed calls
+alternate, in blocks of ``PAIR_BLOCK``, between the two, and each gets
+``iters`` samples. Both run in the same processes at the same moments, so
+their ratio is free of what moves every figure from one launch to the next
+on a shared machine.
+
 Instance 0 writes all of it as JSON to ``--out``.
 """
 
@@ -35,6 +42,8 @@ DTYPE = np.float32
 PATTERN_PERIOD = 251  # values stay small integers: every sum is exact in float32
 RANK_OFFSET = 1000.0
 COLLECTIVES = ("allreduce", "broadcast", "allgather")
+#: Calls in a row of one of two paired calls before the other's (see the module docstring).
+PAIR_BLOCK = 20
 
 
 def parse_args() -> argparse.Namespace:
@@ -92,6 +101,15 @@ def preallocated(x: np.ndarray, rows: int = 0) -> np.ndarray:
     return out
 
 
+NO_TIMES = np.empty(0)  # (no paired call)
+
+
+def latencies(everyone: list[dict], key: str) -> dict[str, list[float]]:
+    """From every rank's ``key`` (seconds per iteration): the slowest rank's per iteration, and rank 0's, in us."""
+    table = np.array([r[key] for r in everyone])  # (n, iters) seconds
+    return {"max_us": (table.max(axis=0) * 1e6).round(3).tolist(), "rank0_us": (table[0] * 1e6).round(3).tolist()}
+
+
 def first_difference(got: np.ndarray, want: np.ndarray) -> str:
     got = np.asarray(got).reshape(-1)
     if got.shape != want.shape or got.dtype != want.dtype:
@@ -119,6 +137,29 @@ def time_calls(call: Callable[[np.ndarray], np.ndarray], x: np.ndarray, warmup: 
     return times, result
 
 
+def time_pairs(call: Callable, x: object, paired: Callable, y: np.ndarray, warmup: int, iters: int,
+               barrier: Callable[[], None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``time_calls`` of ``call(x)`` and ``paired(y)`` in alternating blocks of ``PAIR_BLOCK``:
+    (``call``'s seconds, ``paired``'s seconds, ``call``'s last result)."""
+    for _ in range(warmup):
+        call(x)
+        paired(y)
+    times = np.empty((2, iters), dtype=np.float64)
+    barrier()
+    clock = time.perf_counter
+    result = x
+    for first in range(0, iters, PAIR_BLOCK):
+        for i in range(first, min(first + PAIR_BLOCK, iters)):
+            start = clock()
+            result = call(x)
+            times[0, i] = clock() - start
+        for i in range(first, min(first + PAIR_BLOCK, iters)):
+            start = clock()
+            paired(y)
+            times[1, i] = clock() - start
+    return times[0], times[1], result
+
+
 def run(
     *,
     tool: str,
@@ -131,6 +172,7 @@ def run(
     gather: Callable[[object], list],
     init_s: float,
     timed_input: Callable[[np.ndarray], np.ndarray] = lambda x: x,
+    paired: Callable[[np.ndarray], np.ndarray] | None = None,
     extra: dict | None = None,
 ) -> None:
     """The measurement loop (see the module docstring); ``gather`` returns every rank's object, in rank order.
@@ -140,7 +182,8 @@ def run(
     ``allgather(x)`` every rank's ``x`` in rank order, in any shape of that many
     elements. ``timed_input(checked)`` gives what the timed allreduces reduce (in-place libraries get zeros,
     so that repeated sums stay finite; the Horovod worker a tensor sharing the array's memory: tensor in,
-    tensor out).
+    tensor out). ``paired(array)``: a second allreduce timed beside the first (module docstring), on the NumPy
+    array that ``timed_input`` was given.
     """
     args = parse_args()
     call = {"allreduce": allreduce, "broadcast": broadcast, "allgather": allgather}[args.collective]
@@ -155,23 +198,27 @@ def run(
         wrong = first_difference(call(x.copy()), want)
         if wrong:
             problems.append(f"check before timing: {wrong}")
+        array = x
         if args.collective == "allreduce":
             x = timed_input(x)
         want_after = np.asarray(call(np.copy(x))).reshape(-1).copy()  # what every timed call must give
-        times, result = time_calls(call, x, warmup, iters, barrier)
+        pairing = paired is not None and args.collective == "allreduce"
+        if pairing:
+            times, paired_times, result = time_pairs(call, x, paired, array, warmup, iters, barrier)
+        else:
+            (times, result), paired_times = time_calls(call, x, warmup, iters, barrier), NO_TIMES
         wrong = first_difference(result, want_after)
         if wrong:
             problems.append(f"check of the last timed call: {wrong}")
-        everyone = gather({"times": times.tolist(), "problems": problems})
+        everyone = gather({"times": times.tolist(), "paired": paired_times.tolist(), "problems": problems})
         if rank == 0:
-            table = np.array([r["times"] for r in everyone])  # (n, iters) seconds
             report["sizes"].append({
                 "bytes": nbytes,
                 "warmup": warmup,
                 "iters": iters,
                 "problems": {str(r): p["problems"] for r, p in enumerate(everyone) if p["problems"]},
-                "max_us": (table.max(axis=0) * 1e6).round(3).tolist(),
-                "rank0_us": (table[0] * 1e6).round(3).tolist(),
+                **latencies(everyone, "times"),
+                **({"paired_" + k: v for k, v in latencies(everyone, "paired").items()} if pairing else {}),
             })
     barrier()
     if rank == 0:

@@ -4,7 +4,9 @@
 Launched as ``poprun --offline-mode=1 --num-instances N --num-replicas N python hvd_worker.py ...``.
 The timed loop reduces a tensor made once from the loop's NumPy array (``timed_input``: ``torch.from_numpy``
 shares its memory), so the timed call is Horovod's path alone: tensor in, new tensor out. The checks outside
-the timing hand NumPy arrays, which are wrapped the same way.
+the timing hand NumPy arrays, which are wrapped the same way. The plain ``popdist.collectives.allreduce``
+on the tensor's NumPy array is timed too, in blocks alternating with ``hvd.allreduce``'s (``_common.run``'s
+``paired``): hvd's like for like, in the same processes at the same moments.
 """
 
 import time
@@ -33,6 +35,7 @@ _common.run(
     n=hvd.size(),
     allreduce=allreduce,
     timed_input=torch.from_numpy,
+    paired=lambda array: C.allreduce(array, "sum"),
     barrier=C.barrier,
     gather=hvd.allgather_object,
     init_s=init_s,
