@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces
-from .algorithms.board_copies import BoardAllgather, BoardCopies
+from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena
@@ -235,6 +235,8 @@ class PlannedPaths(PhaseRunner):
         allreduce's path, so its fallback too), ``x`` checked already, into ``out``."""
         counter = self._world_seq
         seq = counter[0] = counter[0] + 1
+        if type(plan) is RootBroadcast:
+            return self._root_broadcast(plan, seq, x, out)
         try:
             result = plan.allreduce(seq, x, SPIN_SECONDS, out)
         except BaseException as exc:
@@ -248,3 +250,27 @@ class PlannedPaths(PhaseRunner):
         scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
+
+    def _root_broadcast(self, plan: RootBroadcast, seq: int, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Call ``seq``, the world group's small broadcast among three members or more (algorithms/board_copies.py):
+        the root's frame to each peer, nothing back; what the mailboxes do not move at once, ``exchange`` moves
+        (the root's frames to a reader two calls behind; a non-root's wait past the spin, or any frame unlike
+        the one expected), so it finishes or raises as the general path does."""
+        try:
+            if plan.is_root:
+                left = plan.send(seq, x, SPIN_SECONDS, out)
+                if not left:
+                    return out
+            elif plan.receive(seq, SPIN_SECONDS, out):
+                return out
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
+        call = self._call(BROADCAST, x, None, root=plan.root, seq=seq)
+        if plan.is_root:
+            payload = x.data.cast("B")
+            self._exchange(call, Phase.FIRST, [(link, payload, ()) for link in left], [], spin=0.0)
+        else:
+            self._exchange(call, Phase.FIRST, [], [(plan.root_link, out.data.cast("B"))],  # type: ignore[list-item]
+                           spin=0.0)
+        return out

@@ -19,14 +19,33 @@ broadcast of the whole job on one host with a board-sized array takes this
 path on every member (the engine decides by the call's signature and the
 group's members alone), and any other broadcast never does. Publishing
 an array of at most a board's size costs a copy of a few microseconds.
+
+With three members or more a broadcast does not take the boards: there that
+all-to-all is a barrier per call, and with more instances than CPUs every
+call waits for each member to be scheduled in turn. ``RootBroadcast`` sends
+as Open MPI's small broadcast does: the root writes its frame into each
+peer's mailbox (``Mailbox.try_send``, whose slots already count what the
+reader consumed, in shared memory) and returns; each other member waits for
+the root's frame alone. A loop of broadcasts pipelines: the root runs up to
+two calls ahead (a mailbox's two slots), then its frames take the socket. The
+frames are the general path's (``exchange``), so whenever something is
+unusual (the root's frame not there within the spin, another header, a
+socket in between) the engine hands the call to ``exchange``, which finishes
+it or raises exactly as the general path would: nothing has been taken yet.
+A member that called something else sees the root's header and raises, and
+its notice reaches the others in this call or their next one.
 """
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
-from ..frames.header import ALLGATHER, BROADCAST, HeaderTemplate
-from ..frames.mailbox import MailboxSegment
+from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
+from ..frames.link import Link
+from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
 from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces
 from .calls import Group
 from .phases import Phase
@@ -52,7 +71,8 @@ class BoardCopies:
         if plan is None and BoardAllreduce.fits(self._segment, x):
             if len(self.plans) >= MAX_PLANS:
                 self.plans.clear()
-            kind = BoardAllgather if root_rank < 0 else BoardBroadcast
+            kind = BoardAllgather if root_rank < 0 else BoardBroadcast if len(self._group.members) < 3 \
+                else RootBroadcast
             plan = self.plans[key] = kind(self._segment, self._group, x, self._spreader, root_rank)
         return plan
 
@@ -131,3 +151,85 @@ class BoardBroadcast(BoardAllgather):
         elif out is not x:
             self._rows_of(out)[0][:] = mine
         return out
+
+
+class RootBroadcast(BoardBroadcast):
+    """One signature (root, dtype, shape) of the world group's broadcast among three members or more: the root's
+    frame into each peer's mailbox, nothing back (see the module docstring). ``send`` and ``receive`` return
+    the links whose frames they could not move at once, for the engine's ``exchange``."""
+
+    def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, spreader: Spreader,
+                 root_rank: int = -1) -> None:
+        super().__init__(segment, group, like, spreader, root_rank)
+        self.is_root = root_rank == group.rank
+        #: The root's link (None on the root).
+        self.root_link: Link | None = None if self.is_root else group.links[root_rank]
+        self._hlen = len(self._header)
+
+    def send(self, seq: int, x: np.ndarray, spin: float, out: np.ndarray) -> list[Link]:
+        """The root's call ``seq``: ``x`` into each peer's mailbox, and into ``out``; the links whose both
+        slots are still unread after ``spin`` s (the peer is two calls behind), whose frames the general path
+        sends."""
+        header = self._header
+        put_seq(header, SEQ_AT, seq)
+        if x is not self._x:
+            self._x, self._x_bytes = x, x.data.cast("B")
+        payload = self._x_bytes
+        left = []
+        for link, box in zip(self._links, self._boxes):
+            if box.try_send(link.sent, header, payload):
+                link.sent += 1  # (``Link.claim``, once the frame is in: else ``exchange`` claims it)
+            else:
+                left.append(link)
+        if left:  # a reader two calls behind: wait for a slot a while (a socket frame costs both ends system calls)
+            left = self._resent(left, header, payload, spin)
+        FENCE_ACQUIRE()  # (``full_fence``: the frames, then the sleeping flags: see mailbox)
+        FENCE_RELEASE()
+        for link, flag in zip(self._links, self._flags):
+            if flag[SLEEPING]:
+                link.nudge()
+        if out is not x:
+            self._rows_of(out)[0][:] = payload
+        if self._crowded:
+            os.sched_yield()  # (a reader on our CPU takes this frame before we race into the next call)
+        return left
+
+    def _resent(self, left: list[Link], header: bytearray, payload: memoryview, spin: float) -> list[Link]:
+        """``left``'s frames retried, yielding the CPU between tries (the reader may need ours), for ``spin`` s;
+        the links still full."""
+        deadline = time.perf_counter() + spin
+        while left and time.perf_counter() < deadline:
+            os.sched_yield()
+            still = []
+            for link in left:
+                if link.mailbox.try_send(link.sent, header, payload):  # type: ignore[union-attr]
+                    link.sent += 1
+                else:
+                    still.append(link)
+            left = still
+        return left
+
+    def receive(self, seq: int, spin: float, out: np.ndarray) -> bool:
+        """A non-root's call ``seq``: the root's frame, checked and copied into ``out``; False, having taken
+        nothing, unless it is next in the root's mailbox with this call's header within ``spin`` s."""
+        header = self._header
+        put_seq(header, SEQ_AT, seq)
+        link = self.root_link
+        box = link.mailbox  # type: ignore[union-attr]
+        frame = box.peek(link.received)  # type: ignore[union-attr]
+        if frame is None:
+            deadline = time.perf_counter() + spin
+            crowded = self._crowded
+            while frame is None and time.perf_counter() < deadline:
+                if crowded:
+                    os.sched_yield()
+                frame = box.peek(link.received)  # type: ignore[union-attr]
+        hlen = self._hlen
+        if not frame or len(frame) != self._total or frame[:hlen].tobytes() != header:
+            return False
+        self._rows_of(out)[0][:] = frame[hlen:]
+        box.consume()  # type: ignore[union-attr]
+        link.took()  # type: ignore[union-attr]
+        if self._crowded:
+            os.sched_yield()
+        return True

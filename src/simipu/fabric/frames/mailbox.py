@@ -231,7 +231,7 @@ class Mailbox:
         #: The largest frame (header and payload) a slot holds.
         self.capacity = SLOT_BYTES - 16
 
-    def try_send(self, index: int, header: bytes, payload: memoryview) -> bool:
+    def try_send(self, index: int, header: bytes | bytearray, payload: memoryview) -> bool:
         """Write frame number ``index`` of the link into the free slot; False if both slots are still unread."""
         sent = self._out_words[_SENT]
         if sent - self._in_words[_CONSUMED] >= 2:
