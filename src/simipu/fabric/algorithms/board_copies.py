@@ -44,7 +44,7 @@ import time
 import numpy as np
 
 from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
-from ..frames.link import Link
+from ..frames.link import Link, send_boxed
 from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
 from .board import MAX_PLANS, SPREAD_EVERY, BoardAllreduce, BoardAllreduces
 from .calls import Group
@@ -178,11 +178,9 @@ class RootBroadcast(BoardBroadcast):
             self._x, self._x_bytes = x, x.data.cast("B")
         payload = self._x_bytes
         left = []
-        for link, box in zip(self._links, self._boxes):
-            if box.try_send(link.sent, header, payload):
-                link.sent += 1  # (``Link.claim``, once the frame is in: else ``exchange`` claims it)
-            else:
-                left.append(link)
+        for link in self._links:
+            if not send_boxed(link, header, payload):
+                left.append(link)  # (numbered later: here, or by ``exchange``)
         if left:  # a reader two calls behind: wait for a slot a while (a socket frame costs both ends system calls)
             left = self._resent(left, header, payload, spin)
         FENCE_ACQUIRE()  # (``full_fence``: the frames, then the sleeping flags: see mailbox)
@@ -202,13 +200,7 @@ class RootBroadcast(BoardBroadcast):
         deadline = time.perf_counter() + spin
         while left and time.perf_counter() < deadline:
             os.sched_yield()
-            still = []
-            for link in left:
-                if link.mailbox.try_send(link.sent, header, payload):  # type: ignore[union-attr]
-                    link.sent += 1
-                else:
-                    still.append(link)
-            left = still
+            left = [link for link in left if not send_boxed(link, header, payload)]
         return left
 
     def receive(self, seq: int, spin: float, out: np.ndarray) -> bool:
