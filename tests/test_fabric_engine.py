@@ -224,12 +224,14 @@ def test_mismatched_calls_raise_on_every_instance(jobs: list[Job], tmp_path: Pat
 
 
 def test_a_board_frame_meets_link_frames_as_a_mismatch(jobs: list[Job], tmp_path: Path) -> None:
-    """A small allreduce (the board) against a large one and a broadcast (link frames): all three raise."""
+    """A small allreduce (the board) against a large one and a broadcast (a non-root waits for the root's frame
+    alone, ``board_copies.RootBroadcast``): all three raise, each naming instance 0's call (its own finding, or
+    a notice from the instance that found it first)."""
     job = run_job(jobs, tmp_path, 3, "mismatch-paths")
     lines = job.finish()
     for i in range(3):
         assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
-    assert lines[0][0]["message"].startswith("instance 0 called allreduce(sum) on float32[16] but instance ")
+        assert "instance 0 called allreduce(sum) on float32[16]" in lines[i][0]["message"], lines
 
 
 def test_small_copies_on_the_boards_that_differ_raise_everywhere(jobs: list[Job], tmp_path: Path) -> None:
@@ -259,6 +261,51 @@ def test_a_killed_peer_is_named_by_every_survivor(jobs: list[Job], tmp_path: Pat
     for i in (0, 2):
         assert len(lines[i]) == 1 and lines[i][0]["error"] == PeerLostError.__name__ and lines[i][0]["instance"] == 1, lines
     assert job.workers[1].proc.returncode == -signal.SIGKILL
+
+
+def test_a_small_broadcast_root_runs_ahead_of_late_readers(jobs: list[Job], tmp_path: Path) -> None:
+    """Among three members the small broadcast's root waits for no reader (``board_copies.RootBroadcast``):
+    it finishes six broadcasts before the others call any; they then take all six, two from the mailboxes
+    and the rest from the sockets, in order and exact."""
+    job = run_job(jobs, tmp_path, 3, "bcast-ahead")
+    for worker in job.workers[1:]:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
+    assert job.workers[0].read_line(job.deadline) == {"ahead": 6}  # (before any reader was let go)
+    for worker in job.workers[1:]:
+        worker.proc.stdin.write(b"go\n")
+        worker.proc.stdin.flush()
+    lines = job.finish()
+    assert lines[0] == [{"done": 0}], lines
+    for i in (1, 2):
+        assert lines[i] == [{"checked": 6}, {"done": i}], lines
+
+
+def test_a_reader_calling_something_else_than_a_small_broadcast_fails_every_member(jobs: list[Job],
+                                                                                   tmp_path: Path) -> None:
+    """The root and the other reader return from the broadcast (nobody waits for the odd one); its mismatch
+    notice reaches them in the barrier: all three raise, none hangs."""
+    job = run_job(jobs, tmp_path, 3, "bcast-mismatch")
+    lines = job.finish()
+    for i in range(3):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+    assert lines[1][0]["message"].startswith("instance 1 called allreduce(sum) on float32[16] but instance 0 "
+                                             "called broadcast(root=0)"), lines
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_killed_root_or_reader_of_small_broadcasts_is_named_by_every_survivor(jobs: list[Job], tmp_path: Path,
+                                                                                victim: int) -> None:
+    """Four members in a loop of small broadcasts from root 0 (the root's frames to each reader, nothing
+    back): the root killed (the readers wait on its socket) or a reader (the root's frames to it stay
+    unread until its socket fails): every survivor raises PeerLostError naming it."""
+    job = run_job(jobs, tmp_path, 4, "loop-broadcast")
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
+    os.kill(job.workers[victim].proc.pid, signal.SIGKILL)
+    lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
+    for i in {0, 1, 2, 3} - {victim}:
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == PeerLostError.__name__, lines
+        assert lines[i][0]["instance"] == victim, lines
 
 
 @pytest.mark.parametrize("victim", [2, 3])

@@ -104,6 +104,19 @@ def preallocated(x: np.ndarray, rows: int = 0) -> np.ndarray:
 NO_TIMES = np.empty(0)  # (no paired call)
 
 
+def size_record(nbytes: int, warmup: int, iters: int, everyone: list[dict], pairing: bool) -> dict:
+    """One size's entry in the JSON's ``sizes``, from every rank's gathered times (and paired times) and
+    problems."""
+    return {
+        "bytes": nbytes,
+        "warmup": warmup,
+        "iters": iters,
+        "problems": {str(r): p["problems"] for r, p in enumerate(everyone) if p["problems"]},
+        **latencies(everyone, "times"),
+        **({"paired_" + k: v for k, v in latencies(everyone, "paired").items()} if pairing else {}),
+    }
+
+
 def latencies(everyone: list[dict], key: str) -> dict[str, list[float]]:
     """From every rank's ``key`` (seconds per iteration): the slowest rank's per iteration, and rank 0's, in us."""
     table = np.array([r[key] for r in everyone])  # (n, iters) seconds
@@ -212,14 +225,7 @@ def run(
             problems.append(f"check of the last timed call: {wrong}")
         everyone = gather({"times": times.tolist(), "paired": paired_times.tolist(), "problems": problems})
         if rank == 0:
-            report["sizes"].append({
-                "bytes": nbytes,
-                "warmup": warmup,
-                "iters": iters,
-                "problems": {str(r): p["problems"] for r, p in enumerate(everyone) if p["problems"]},
-                **latencies(everyone, "times"),
-                **({"paired_" + k: v for k, v in latencies(everyone, "paired").items()} if pairing else {}),
-            })
+            report["sizes"].append(size_record(nbytes, warmup, iters, everyone, pairing))
     barrier()
     if rank == 0:
         tmp = args.out + ".tmp"

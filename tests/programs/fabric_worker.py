@@ -59,6 +59,12 @@ Scenarios:
             (instance 0) and 1 (instance 1) and an allgather (instance 2), read in place
   loop-cross  large allgathers and broadcasts from root 1, read in place, until an error; prints "ready" (with
             the cross-memory state) after the first
+  bcast-ahead  instance 0 broadcasts float32[256] six times (its value changes each time) and prints
+            {"ahead": 6} before the others have called it (they read a line from stdin first: the root waits
+            for none of them); then each of them takes the six, checks each value and prints {"checked": 6};
+            then a barrier
+  bcast-mismatch  a small broadcast from root 0 (instances 0 and 2), an allreduce of the same array
+            (instance 1); then a barrier
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -392,6 +398,36 @@ def run_mismatch_board(fabric, instance: int) -> None:
         fabric.broadcast(np.ones(16, np.float32), root=instance - 3)
 
 
+def run_bcast_ahead(fabric, instance: int) -> None:
+    """The small broadcast among three members or more does not wait for its readers (board_copies.RootBroadcast):
+    its first two frames go to the mailboxes, the rest to the sockets once the slots stay full."""
+    count = 6
+    if instance == 0:
+        for step in range(count):
+            fabric.broadcast(np.full(256, step, np.float32), root=0)
+        report(ahead=count)
+    else:
+        report(ready=instance, pid=os.getpid())
+        sys.stdin.readline()
+        for step in range(count):
+            got = fabric.broadcast(np.full(256, -1, np.float32), root=0)
+            if got.tobytes() != np.full(256, step, np.float32).tobytes():
+                raise SystemExit(f"broadcast {step}: wrong values {got[:4]}")
+        report(checked=count)
+    fabric.barrier()
+
+
+def run_bcast_mismatch(fabric, instance: int) -> None:
+    """A reader calls something else: it sees the root's header; the others, which the root does not wait
+    for, hear of it by its notice (in this call or the next)."""
+    x = np.ones(16, np.float32)
+    if instance == 1:
+        fabric.allreduce(x)
+    else:
+        fabric.broadcast(x, root=0)
+        fabric.barrier()
+
+
 def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     report(ready=instance, pid=os.getpid())
     if instance != 0:
@@ -477,6 +513,10 @@ def main() -> int:
             run_mismatch_cross(fabric, instance)
         elif scenario == "loop-cross":
             run_loop_cross(fabric, instance)
+        elif scenario == "bcast-ahead":
+            run_bcast_ahead(fabric, instance)
+        elif scenario == "bcast-mismatch":
+            run_bcast_mismatch(fabric, instance)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":

@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls
-from .algorithms.board_copies import BoardAllgather, BoardCopies
+from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena
@@ -85,6 +85,8 @@ class PlannedPaths(PhaseRunner):
         """A hot call (``HotCalls``) published, whose peers' frames were not all there within the spin: the
         general path receives them, for the call just numbered."""
         seq = self._world_seq[0]
+        if type(plan) is RootBroadcast:
+            return self._root_broadcast_fallback(plan, seq, x, out)  # type: ignore[arg-type]  # (made by the caller)
         if isinstance(plan, BoardAllgather):
             return self._copy_fallback_board(plan, x, out, seq)  # type: ignore[arg-type]  # (made by the caller)
         return self._board_fallback(plan, x, plan.op, seq, out)
@@ -244,3 +246,17 @@ class PlannedPaths(PhaseRunner):
         scratch, views = self.scratch_for(g, x)
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
+
+    def _root_broadcast_fallback(self, plan: RootBroadcast, seq: int, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Call ``seq``, the world group's small broadcast among three members or more (algorithms/board_copies.py:
+        the root's frame to each peer, nothing back), whose frames the mailboxes did not move at once: ``exchange``
+        moves them (the root's to readers two calls behind, ``plan.unsent``; a non-root's after its wait past the
+        spin, or a frame unlike the one expected), so the call finishes or raises as the general path does."""
+        call = self._call(BROADCAST, x, None, root=plan.root, seq=seq)
+        if plan.is_root:
+            payload = x.data.cast("B")
+            self._exchange(call, Phase.FIRST, [(link, payload, ()) for link in plan.unsent], [], spin=0.0)
+        else:
+            self._exchange(call, Phase.FIRST, [], [(plan.root_link, out.data.cast("B"))],  # type: ignore[list-item]
+                           spin=0.0)
+        return out

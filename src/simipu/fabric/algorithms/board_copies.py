@@ -19,18 +19,42 @@ broadcast of the whole job on one host with a board-sized array takes this
 path on every member (the engine decides by the call's signature and the
 group's members alone), and any other broadcast never does. Publishing
 an array of at most a board's size costs a copy of a few microseconds.
+
+With three members or more a broadcast does not take the boards: there that
+all-to-all is a barrier per call, and with more instances than CPUs every
+call waits for each member to be scheduled in turn. ``RootBroadcast`` sends
+as Open MPI's small broadcast does: the root writes its frame into each
+peer's mailbox (``Mailbox.try_send``, whose slots already count what the
+reader consumed, in shared memory) and returns; each other member waits for
+the root's frame alone. A loop of broadcasts pipelines: the root runs up to
+two calls ahead (a mailbox's two slots), then its frames take the socket. The
+frames are the general path's (``exchange``), so whenever something is
+unusual (the root's frame not there within the spin, another header, a
+socket in between) the engine hands the call to ``exchange``, which finishes
+it or raises exactly as the general path would: nothing has been taken yet.
+A member that called something else sees the root's header and raises, and
+its notice reaches the others in this call or their next one.
 """
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
-from ..frames.header import ALLGATHER, BROADCAST, HeaderTemplate
-from ..frames.mailbox import MailboxSegment
+from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
+from ..frames.link import Link, send_boxed
+from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
 from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls
 from .calls import Group
 from .phases import Phase
 from .placement import Spreader
+
+#: With more instances than CPUs, every this many broadcasts (a power of two) an instance may move
+#: (``placement``): more often than the allreduce's ``board.SPREAD_EVERY``, as the shared-memory allreduce's
+#: (probes at N=4, 4 KiB: 16 beat 256 in 7 of 10 paired runs; 4 was slower).
+SPREAD_BROADCASTS = 16
 
 
 class BoardCopies:
@@ -53,9 +77,10 @@ class BoardCopies:
         if plan is None and BoardAllreduce.fits(self._segment, x):
             if len(self.plans) >= MAX_PLANS:
                 self.plans.clear()
-            kind = BoardAllgather if root_rank < 0 else BoardBroadcast
+            kind = BoardAllgather if root_rank < 0 else BoardBroadcast if len(self._group.members) < 3 \
+                else RootBroadcast
             plan = self.plans[key] = kind(self._segment, self._group, x, self._spreader, root_rank,
-                                                hot=self._hot)
+                                          hot=self._hot)
         return plan
 
     def close(self) -> None:
@@ -133,3 +158,105 @@ class BoardBroadcast(BoardAllgather):
         elif out is not x:
             self._rows_of(out)[0][:] = mine
         return out
+
+
+class RootBroadcast(BoardBroadcast):
+    """One signature (root, dtype, shape) of the world group's broadcast among three members or more: the root's
+    frame into each peer's mailbox, nothing back (see the module docstring). Its call (``allreduce``, as every
+    plan's) sends or receives, and hands to the engine's fallback (``HotCalls``) what did not move at once:
+    ``unsent``, the links whose frames the root could not put in a mailbox, or the root's frame a non-root
+    did not find."""
+
+    def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, spreader: Spreader,
+                 root_rank: int = -1, *, hot: HotCalls) -> None:
+        super().__init__(segment, group, like, spreader, root_rank, hot=hot)
+        self.is_root = root_rank == group.rank
+        #: The root's link (None on the root).
+        self.root_link: Link | None = None if self.is_root else group.links[root_rank]
+        self._hlen = len(self._header)
+        #: The root's links whose frame of the last call its mailbox did not take (``exchange`` sends them).
+        self.unsent: list[Link] = []
+        self.allreduce = self._call  # (the same signature)
+
+    def _call(self, seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
+              sources: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+        """Call ``seq`` (0: the next, numbered here) into ``out`` (made by the caller): sent or received, or
+        finished by the engine's fallback, which moves what the mailboxes did not (or raises why it cannot)."""
+        hot = self._hot
+        if not seq:
+            seq = hot.counter[0] = hot.counter[0] + 1
+        assert out is not None, "the engine passes the result"
+        try:
+            if self.is_root:
+                self.unsent = self.send(seq, x, hot.spin, out)
+                done = not self.unsent
+            else:
+                done = self.receive(seq, hot.spin, out)
+        except BaseException as exc:
+            hot.failed(exc)
+            raise
+        return out if done else hot.fallback(self, x, out)
+
+    def send(self, seq: int, x: np.ndarray, spin: float, out: np.ndarray) -> list[Link]:
+        """The root's call ``seq``: ``x`` into each peer's mailbox, and into ``out``; the links whose both
+        slots are still unread after ``spin`` s (the peer is two calls behind), whose frames the general path
+        sends."""
+        if self._spreader is not None and not seq % SPREAD_BROADCASTS:
+            self._spreader.spread()  # (as the allreduce's: ``placement``)
+        header = self._header
+        put_seq(header, SEQ_AT, seq)
+        if x is not self._x:
+            self._x, self._x_bytes = x, x.data.cast("B")
+        payload = self._x_bytes
+        left = []
+        for link in self._links:
+            if not send_boxed(link, header, payload):
+                left.append(link)  # (numbered later: here, or by ``exchange``)
+        if left:  # a reader two calls behind: wait for a slot a while (a socket frame costs both ends system calls)
+            left = self._resent(left, header, payload, spin)
+        FENCE_ACQUIRE()  # (``full_fence``: the frames, then the sleeping flags: see mailbox)
+        FENCE_RELEASE()
+        for link, flag in zip(self._links, self._flags):
+            if flag[SLEEPING]:
+                link.nudge()
+        if out is not x:
+            self._rows_of(out)[0][:] = payload
+        if self._crowded:
+            os.sched_yield()  # (a reader on our CPU takes this frame before we race into the next call)
+        return left
+
+    def _resent(self, left: list[Link], header: bytearray, payload: memoryview, spin: float) -> list[Link]:
+        """``left``'s frames retried, yielding the CPU between tries (the reader may need ours), for ``spin`` s;
+        the links still full."""
+        deadline = time.perf_counter() + spin
+        while left and time.perf_counter() < deadline:
+            os.sched_yield()
+            left = [link for link in left if not send_boxed(link, header, payload)]
+        return left
+
+    def receive(self, seq: int, spin: float, out: np.ndarray) -> bool:
+        """A non-root's call ``seq``: the root's frame, checked and copied into ``out``; False, having taken
+        nothing, unless it is next in the root's mailbox with this call's header within ``spin`` s."""
+        if self._spreader is not None and not seq % SPREAD_BROADCASTS:
+            self._spreader.spread()
+        header = self._header
+        put_seq(header, SEQ_AT, seq)
+        link = self.root_link
+        box = link.mailbox  # type: ignore[union-attr]
+        frame = box.peek(link.received)  # type: ignore[union-attr]
+        if frame is None:
+            deadline = time.perf_counter() + spin
+            crowded = self._crowded
+            while frame is None and time.perf_counter() < deadline:
+                if crowded:
+                    os.sched_yield()
+                frame = box.peek(link.received)  # type: ignore[union-attr]
+        hlen = self._hlen
+        if not frame or len(frame) != self._total or frame[:hlen].tobytes() != header:
+            return False
+        self._rows_of(out)[0][:] = frame[hlen:]
+        box.consume()  # type: ignore[union-attr]
+        link.took()  # type: ignore[union-attr]
+        if self._crowded:
+            os.sched_yield()
+        return True

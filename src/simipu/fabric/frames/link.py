@@ -331,6 +331,15 @@ def claim_each(links: Sequence[Link]) -> list[int]:
     return indices
 
 
+def send_boxed(link: Link, header: bytes | bytearray, payload: memoryview) -> bool:
+    """Write the link's next frame into its mailbox (a same-host link's) and number it; False, numbering
+    nothing, while both slots are still unread (the caller retries, or a ``Send`` numbers it for the socket)."""
+    if link.mailbox.try_send(link.sent, header, payload):  # type: ignore[union-attr]
+        link.sent += 1
+        return True
+    return False
+
+
 def took_published(links: Sequence[Link]) -> None:
     """``Link.took`` on each of ``links``, for frames read in place from the peers' boards (each mailbox counts
     the publications taken from its peer's board, as ``Mailbox.consume`` does)."""

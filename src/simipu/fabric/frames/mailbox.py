@@ -56,8 +56,10 @@ Publication p overwrites p - 2 without asking whether its readers are done
 with it, because they must be: the writer publishes p in a collective of the
 whole job, after finishing the one in which it published p - 1; finishing
 that took a frame from every peer (a board phase receives from every peer),
-and a peer sends that collective's frame only after finishing its previous
-collective of the whole job, where it took p - 2. (The headers' sequence
+and a peer sends that collective's frame only after finishing every earlier
+collective, among them the one where it took p - 2. (A collective that
+publishes nothing on the boards, as the small broadcast among three or more
+instances, ``board_copies.RootBroadcast``, changes none of this.) (The headers' sequence
 numbers make "that collective's frame" exact; a mismatch breaks the fabric
 first.) So a board needs no counter written by its readers, and a
 publication costs the writer no read of the readers' cache lines.
@@ -231,7 +233,7 @@ class Mailbox:
         #: The largest frame (header and payload) a slot holds.
         self.capacity = SLOT_BYTES - 16
 
-    def try_send(self, index: int, header: bytes, payload: memoryview) -> bool:
+    def try_send(self, index: int, header: bytes | bytearray, payload: memoryview) -> bool:
         """Write frame number ``index`` of the link into the free slot; False if both slots are still unread."""
         sent = self._out_words[_SENT]
         if sent - self._in_words[_CONSUMED] >= 2:
