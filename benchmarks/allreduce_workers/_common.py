@@ -42,7 +42,8 @@ DTYPE = np.float32
 PATTERN_PERIOD = 251  # values stay small integers: every sum is exact in float32
 RANK_OFFSET = 1000.0
 COLLECTIVES = ("allreduce", "broadcast", "allgather")
-#: Calls in a row of one of two paired calls before the other's (see the module docstring).
+#: Calls in a row of one of two paired calls before the other's (see the module docstring), at most: a size
+#: timed in fewer than ten blocks of it alternates in blocks of a tenth of its calls (64 MiB's 10: one by one).
 PAIR_BLOCK = 20
 
 
@@ -152,7 +153,7 @@ def time_calls(call: Callable[[np.ndarray], np.ndarray], x: np.ndarray, warmup: 
 
 def time_pairs(call: Callable, x: object, paired: Callable, y: np.ndarray, warmup: int, iters: int,
                barrier: Callable[[], None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``time_calls`` of ``call(x)`` and ``paired(y)`` in alternating blocks of ``PAIR_BLOCK``:
+    """``time_calls`` of ``call(x)`` and ``paired(y)`` in alternating blocks (``PAIR_BLOCK``):
     (``call``'s seconds, ``paired``'s seconds, ``call``'s last result)."""
     for _ in range(warmup):
         call(x)
@@ -161,12 +162,13 @@ def time_pairs(call: Callable, x: object, paired: Callable, y: np.ndarray, warmu
     barrier()
     clock = time.perf_counter
     result = x
-    for first in range(0, iters, PAIR_BLOCK):
-        for i in range(first, min(first + PAIR_BLOCK, iters)):
+    block = max(1, min(PAIR_BLOCK, iters // 10))
+    for first in range(0, iters, block):
+        for i in range(first, min(first + block, iters)):
             start = clock()
             result = call(x)
             times[0, i] = clock() - start
-        for i in range(first, min(first + PAIR_BLOCK, iters)):
+        for i in range(first, min(first + block, iters)):
             start = clock()
             paired(y)
             times[1, i] = clock() - start
