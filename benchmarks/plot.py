@@ -28,6 +28,8 @@ STYLE: dict[str, dict[str, Any]] = {
     "poprun": {"color": "tab:blue", "marker": "o", "linewidth": 2.2},
     "poprun-tcp": {"color": "tab:blue", "marker": "o", "linestyle": "--", "alpha": 0.6},
     "poprun-new": {"color": "tab:blue", "marker": "o", "linestyle": ":", "alpha": 0.6},
+    "hvd": {"color": "tab:purple", "marker": "D", "alpha": 0.8},
+    "hvd-plain": {"color": "tab:purple", "marker": "D", "linestyle": ":", "alpha": 0.5},
     "mpi4py": {"color": "tab:orange", "marker": "s"},
     "mpirun": {"color": "tab:orange", "marker": "s"},
     "gloo": {"color": "tab:green", "marker": "^"},
