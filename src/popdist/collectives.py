@@ -30,8 +30,10 @@ _OPS = {
     "max": Max, "min": Min, "prod": Product, "product": Product,
 }
 T = TypeVar("T")
-#: ``numpy.ndarray`` once the first collective has imported NumPy: an array of it needs no ``_array``.
+#: ``numpy.ndarray`` once the first collective has imported NumPy: an array of it needs no ``_array``; and
+#: ``numpy.empty_like`` (the hot broadcast's result).
 _ndarray: Any = None
+_empty_like: Any = None
 _NUMERIC = "biufc"  # the dtype kinds the collectives take
 
 
@@ -49,10 +51,10 @@ def _op(op: str) -> str:
 def _array(value: Any):
     """``value`` as a numeric NumPy array. (Every check here is paid on every collective: with more instances
     than cores a microsecond per call costs several per step, so it keeps to a dtype kind check.)"""
-    global _ndarray
+    global _ndarray, _empty_like
     import numpy as np  # with the first collective, not with popdist
 
-    _ndarray = np.ndarray
+    _ndarray, _empty_like = np.ndarray, np.empty_like
     array = np.asarray(value)
     if array.dtype.kind not in _NUMERIC:
         raise TypeError(f"collectives take numeric arrays, not {array.dtype}")
@@ -116,7 +118,7 @@ def broadcast(array: Any, root: int = 0, out: Any = None):
             plan = None
         if plan is not None and (out is plan.checked_out and array is plan.checked_for
                                  if out is not None else array.flags.c_contiguous):
-            return plan.allreduce(0, array, array.copy() if out is None else out)  # (a copy: every byte is set)
+            return plan.allreduce(0, array, _empty_like(array) if out is None else out)
     fabric = _backend.fabric or current_fabric()
     if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (as ``allreduce``: a call's Python is
         array = _array(array)  # most of a small collective's time)

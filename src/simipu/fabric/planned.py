@@ -86,7 +86,7 @@ class PlannedPaths(PhaseRunner):
         general path receives them, for the call just numbered."""
         seq = self._world_seq[0]
         if type(plan) is RootBroadcast:
-            return self._root_broadcast_fallback(plan, seq, x, out)  # type: ignore[arg-type]  # (made by the caller)
+            return self._root_broadcast_fallback(plan, x, out, seq)  # type: ignore[arg-type]  # (made by the caller)
         if isinstance(plan, BoardAllgather):
             return self._copy_fallback_board(plan, x, out, seq)  # type: ignore[arg-type]  # (made by the caller)
         return self._board_fallback(plan, x, plan.op, seq, out)
@@ -247,7 +247,7 @@ class PlannedPaths(PhaseRunner):
         self._exchange(call, Phase.FIRST, [], list(zip(g.other_links, views)), spin=0.0)
         return plan.reduce([*scratch[:g.rank], x, *scratch[g.rank:]], out)
 
-    def _root_broadcast_fallback(self, plan: RootBroadcast, seq: int, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _root_broadcast_fallback(self, plan: RootBroadcast, x: np.ndarray, out: np.ndarray, seq: int) -> np.ndarray:
         """Call ``seq``, the world group's small broadcast among three members or more (algorithms/board_copies.py:
         the root's frame to each peer, nothing back), whose frames the mailboxes did not move at once: ``exchange``
         moves them (the root's to readers two calls behind, ``plan.unsent``; a non-root's after its wait past the
