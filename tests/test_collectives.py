@@ -71,6 +71,21 @@ def test_repeated_small_calls_skip_the_fabric_methods_and_stay_right(instances: 
         assert r["after"] == ["CollectiveMismatchError", "FabricError"], r
 
 
+def test_steady_shared_copies_take_the_boards_when_segments_differ_in_size() -> None:
+    """A repeated broadcast above a board's size (the root's segment twice the array, its readers' smaller) and
+    an allgather after it take the boards once steady: every member's steady announcement is the same bytes
+    whatever its segment's size. (Before, each call's frames differed in their tails and every call after the
+    first went the general way.) A peer late past the spin still sends a call the general way, which on a loaded
+    machine may be most calls: the test asks that some steady call took the boards on every member."""
+    result = run_poprun(OFFLINE, "--num-instances", "3", "--num-replicas", "3", *python_program("steady_copies.py"))
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith(b"{")]
+    assert sorted(r["instance"] for r in records) == [0, 1, 2]
+    for r in records:
+        assert r["wrong"] == [], r
+        assert all(count < r["steps"] - 1 for count in r["fallbacks"].values()), r
+
+
 def test_results_are_bit_identical_across_runs() -> None:
     assert run_checks(3, 6, "auto") == run_checks(3, 6, "auto")
 

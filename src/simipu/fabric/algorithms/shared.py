@@ -65,6 +65,8 @@ WHOLE_BYTES = 256 * 1024
 GRANULE = 1 << 20
 _ANNOUNCEMENT = struct.Struct("<QQ")  # segment size, 1 if a descriptor is attached
 ANNOUNCEMENT_BYTES = _ANNOUNCEMENT.size
+#: The announcement of a segment as its peers mapped it: size 0 (``adopt`` maps or remaps only a larger one).
+UNCHANGED = _ANNOUNCEMENT.pack(0, 0)
 
 
 class _Segment:
@@ -157,11 +159,14 @@ class SharedArena:
         return self._peers[instance].array[:nbytes]
 
     def steady_announcement(self, peers: Sequence[int]) -> bytes | None:
-        """The SHARED_READY payload of a call that changes nothing (every segment mapped both ways, mine as large as
-        it is), or None while some peer still lacks my segment or I theirs."""
+        """The SHARED_READY payload of a call that changes nothing (every segment mapped both ways), or None while
+        some peer still lacks my segment or I theirs. It is ``UNCHANGED``, the same bytes on every member: with
+        its own segment's size, a broadcast's root (whose segment holds the array twice) and its readers sent
+        different frames, and the boards, which compare frames byte for byte, sent every such call the general
+        way."""
         if self._mine is None or any(p not in self._fd_sent or p not in self._peers for p in peers):
             return None
-        return _ANNOUNCEMENT.pack(self._mine.size, 0)
+        return UNCHANGED
 
     def close(self) -> None:
         for segment in [self._mine, *self._peers.values()]:
