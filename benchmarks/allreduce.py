@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from core_distance import round_trip_ns  # noqa: E402  (which state the host's vCPUs are in: see that module)
 from launch import (  # noqa: E402  (the launch benchmark's helpers: same anchors, same conventions)
     CORES,
     RESULTS_DIR,
@@ -230,6 +231,9 @@ class Launch:
     exit_code: int | None
     init_s: float | None = None
     error: str = ""
+    #: A cache line's round trip between two CPUs right before the launch (``core_distance``): far apart
+    #: (about twice the near figure), every tool's shared-memory copies of 4 MiB and up are slower.
+    core_round_trip_ns: float | None = None
 
 
 def plan_text(plan: dict[int, tuple[int, int]]) -> str:
@@ -267,9 +271,11 @@ def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool,
                 for tool in order:
                     out = Path(tmp) / f"{tool}-{n}-{rnd}.json"
                     argv = tool_argv(tool, anchors, n, plan_text(plan), out, collective)
-                    note(f"round {rnd + 1}/{rounds}, N={n}: {tool}")
+                    trip = round_trip_ns()
+                    note(f"round {rnd + 1}/{rounds}, N={n}: {tool}"
+                         + (f" (core round trip {trip:.0f} ns)" if trip is not None else ""))
                     wall, code, tail = run_command(argv, env=env, timeout=RUN_TIMEOUT)
-                    launch = Launch(tool, n, rnd, " ".join(argv), wall, code)
+                    launch = Launch(tool, n, rnd, " ".join(argv), wall, code, core_round_trip_ns=trip)
                     launches.append(launch)
                     if code != 0 or not out.exists():
                         last = [line for line in tail.strip().splitlines() if line.strip()][-3:]
