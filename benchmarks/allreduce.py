@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from core_distance import round_trip_ns  # noqa: E402  (which state the host's vCPUs are in: see that module)
+from core_distance import PeerGone, round_trip_ns  # noqa: E402  (which state the host's vCPUs are in: see that module)
 from launch import (  # noqa: E402  (the launch benchmark's helpers: same anchors, same conventions)
     CORES,
     RESULTS_DIR,
@@ -271,7 +271,10 @@ def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool,
                 for tool in order:
                     out = Path(tmp) / f"{tool}-{n}-{rnd}.json"
                     argv = tool_argv(tool, anchors, n, plan_text(plan), out, collective)
-                    trip = round_trip_ns()
+                    try:
+                        trip = round_trip_ns()
+                    except PeerGone:  # (a note about the machine: never a reason to stop the benchmark)
+                        trip = None
                     note(f"round {rnd + 1}/{rounds}, N={n}: {tool}"
                          + (f" (core round trip {trip:.0f} ns)" if trip is not None else ""))
                     wall, code, tail = run_command(argv, env=env, timeout=RUN_TIMEOUT)

@@ -15,8 +15,8 @@ that a slow round can be told apart from a slow tool.
     .venv/bin/python benchmarks/core_distance.py --repeat 20
 
 Pure Python and NumPy: the round trip includes the interpreter's loop (about
-350 ns near, 700-900 ns far here), which is enough to tell the two states
-apart; it is no hardware latency figure.
+300-450 ns near, 700 ns and more far here), which is enough to tell the two
+states apart; it is no hardware latency figure.
 """
 
 from __future__ import annotations
