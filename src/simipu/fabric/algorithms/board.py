@@ -7,11 +7,11 @@ exactly the frames the general path would (``frames.exchange.exchange_all``
 with a board: see ``frames.mailbox``), with a fraction of the work: the header
 is made once per signature (``frames.header.HeaderTemplate``: the general
 path's own bytes, each call's sequence number put in), the frame is numbered
-by its links (``frames.link.claim_each``) and published on our board, each
-peer's publication is awaited by watching one word, its header is compared
-byte for byte, and the reduction reads the peers' payloads straight from
-their boards (``board_frame_at`` aligns them), in member order, before they
-are marked taken (``frames.link.took_published``). Whenever that does not
+by its links (as ``frames.link.claim_each`` does) and published on our board,
+each peer's publication is awaited by watching one word, its header is
+compared byte for byte, and the reduction reads the peers' payloads straight
+from their boards (``board_frame_at`` aligns them), in member order, before
+they are marked taken (as ``frames.link.took_published`` does). Whenever that does not
 apply (a peer's next frame is not this call's on its board within the spin:
 it is late, or it called something else, or it is gone) the engine hands the
 receiving to ``exchange``, which finishes the call or raises exactly as the
@@ -22,9 +22,13 @@ frame above it: ``PlannedPaths.hot_allreduces``) look the plan up by
 signature and call it with seq 0, so that it numbers the call itself
 (``HotCalls``), checking nothing else: a plan is made only for a checked
 array, an ``out`` only after it was checked with that very array, and the
-plans go when the fabric breaks or closes. With one peer (a job of two instances) the call is
-``one_peer_call``'s closure: the same steps unrolled, no loop, every constant
-bound once; at 4 KiB it takes about 1.9 us a call against 2.8 us before.
+plans go when the fabric breaks or closes. The call is a closure, one frame
+with every constant bound once, for each instance pays every lookup on every
+step: ``many_peers_call``'s (at N=4 and 4 KiB, 0.7 of the instructions of the
+method calls before for an allgather, 0.8 for an allreduce, counted by
+callgrind), or with one peer (a job of two instances) ``one_peer_call``'s,
+the same steps unrolled, no loop (at 4 KiB, about 1.9 us a call against 2.8
+us before).
 
 With more instances on the host than CPUs, two more things (``algorithms.placement``):
 every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
@@ -45,7 +49,6 @@ from typing import Callable, cast
 import numpy as np
 
 from ..frames.header import ALLREDUCE, OP_CODES, SEQ_AT, HeaderTemplate, header_size, put_seq
-from ..frames.link import claim_each, took_published
 from ..frames.mailbox import (
     FENCE_ACQUIRE,
     FENCE_RELEASE,
@@ -126,14 +129,18 @@ class BoardAllreduces:
 class BoardAllreduce:
     """One signature (dtype, shape, op) of the world group's allreduce, with every view it needs made once."""
 
-    #: The call, ``(seq, x, out=None, payload=None, sources=()) -> result or None``: ``_any_peers`` (see
-    #: there), or ``one_peer_call``'s when the group has a single peer (two instances: the same frames and
-    #: checks, without a loop; a laptop's usual job, where a call's Python is most of its time). Seq 0: a hot
-    #: call (``HotCalls``), which numbers itself and returns a result always (or raises).
+    #: The call, ``(seq, x, out=None, payload=None, sources=()) -> result or None``: ``one_peer_call``'s when
+    #: the group has a single peer (two instances: a laptop's usual job, where a call's Python is most of its
+    #: time), ``many_peers_call``'s otherwise. Seq ``n``: call ``n`` (published; None, nothing taken, if some
+    #: peer's next frame is not this call's on its board within the spin: the general path receives). Seq 0: a
+    #: hot call (``HotCalls``), which numbers itself and returns a result always (or raises).
     allreduce: Callable[..., np.ndarray]
     #: ``one_peer_call``'s end of a copy (``board_copies``): ``(x, its bytes, the peer's bytes, out) -> out``, in
     #: place of the reduction; None for an allreduce.
     take_pair: Callable[[np.ndarray, memoryview, memoryview, np.ndarray], np.ndarray] | None = None
+    #: ``many_peers_call``'s end of an allgather (``board_copies``): ``(our bytes, the peers' bytes in
+    #: ``group.others`` order, out) -> out``, in place of the reduction; None otherwise.
+    take_rows: Callable[[memoryview, list[memoryview], np.ndarray], np.ndarray] | None = None
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
                  spreader: Spreader, phase: int = Phase.FIRST, tail: bytes = b"",
@@ -189,86 +196,12 @@ class BoardAllreduce:
         self._x_bytes = memoryview(b"")
         # (typed as a hot call's: a call with its own seq returns None when a peer is late, and those callers check)
         self.allreduce = cast("Callable[..., np.ndarray]",
-                              self._any_peers if len(self._links) != 1 else one_peer_call(self))
+                              many_peers_call(self) if len(self._links) != 1 else one_peer_call(self))
 
     @staticmethod
     def fits(segment: MailboxSegment, like: np.ndarray) -> bool:
         """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
         return 0 < like.nbytes <= segment.board_capacity - header_size(like.ndim)
-
-    def _any_peers(self, seq: int, x: np.ndarray, out: np.ndarray | None = None,
-                   payload: memoryview | None = None, sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
-        """Call ``seq`` (``_publish_and_reduce``), or with seq 0 the next call, numbered here, that falls back or
-        breaks the fabric on its own (``HotCalls``)."""
-        if seq:
-            return self._publish_and_reduce(seq, x, out, payload, sources)
-        hot = self._hot
-        seq = hot.counter[0] = hot.counter[0] + 1
-        try:
-            result = self._publish_and_reduce(seq, x, out, payload, sources)
-        except BaseException as exc:
-            hot.failed(exc)
-            raise
-        return result if result is not None else hot.fallback(self, x, out)
-
-    def _publish_and_reduce(self, seq: int, x: np.ndarray, out: np.ndarray | None, payload: memoryview | None,
-                            sources: tuple[np.ndarray, ...]) -> np.ndarray | None:
-        """Call ``seq``: publish ``x`` (or ``payload``, its bytes), reduce every member's array in member order,
-        the peers' read in place on their boards (or ``sources``), into ``out`` or a new array; None if some
-        peer's next frame is not this call's on its board within the spin (published, nothing taken: the
-        general path receives). One method: each call and lookup here is paid on every step."""
-        if self._spreader is not None and not seq % SPREAD_EVERY:
-            self._spreader.spread()
-        header = self._header
-        put_seq(header, SEQ_AT, seq)
-        words, links, segment = self._words, self._links, self._segment
-        published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
-        first, offset, header_bytes, payload_bytes = self._mine[published & 1]
-        header_bytes[:] = header
-        if payload is None:
-            if x is not self._x:
-                self._x, self._x_bytes = x, x.data.cast("B")
-            payload = self._x_bytes
-        payload_bytes[:] = payload
-        words[first + LENGTH] = self._total
-        words[first + OFFSET] = offset
-        at = first + INDICES
-        for position, index in zip(self._positions, claim_each(links)):
-            words[at + position] = index
-        words[first + PUBLICATION] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
-        FENCE_ACQUIRE()  # ``full_fence``, inline: then the sleeping flags (see mailbox)
-        FENCE_RELEASE()
-        for link, flag in zip(links, self._flags):
-            if flag[SLEEPING]:
-                link.nudge()
-        # gather: each peer's next publication, checked as the general path checks a frame
-        arrays: list = []  # (the boards' arrays, or None where ``sources`` are the arrays)
-        me = self._me + INDICES
-        for link, box, peer_words, slots in self._waits:
-            wanted = box.board_taken + 1
-            first, offset, header_bytes, array = slots[wanted & 1]
-            if peer_words[first + PUBLICATION] != wanted and not self._awaited(peer_words, first + PUBLICATION,
-                                                                                wanted, self._hot.spin):
-                return None
-            # the frame next on our link, and this call's header (its payload length and sequence number too: so
-            # its length and offset are ours, and it is no older frame left in the slot)
-            if peer_words[first + me] != link.received or header_bytes.tobytes() != header:
-                return None  # (tobytes and a memcmp: a third of a memoryview comparison's cost)
-            arrays.append(array)
-        arrays = [*sources] if sources else arrays
-        arrays.insert(self._rank, x)
-        if self._inline:  # ``calls.reduce_in_order``, inline (a new result: the first ufunc call makes it)
-            ufunc = self._ufunc
-            result = ufunc(arrays[0], arrays[1]) if out is None else ufunc(arrays[0], arrays[1], out)
-            for other in arrays[2:]:
-                ufunc(result, other, result)
-        else:
-            result = self.reduce(arrays, out)
-        # take: their writers may reuse those slots (see mailbox)
-        took_published(links)
-        if self._spreader is not None:
-            os.sched_yield()  # a peer on our CPU may still have this call to finish (see the module docstring)
-        return result
 
     def _awaited(self, words: memoryview, at: int, wanted: int, spin: float) -> bool:
         """Whether ``words[at]`` (a peer's publication) becomes ``wanted`` within ``spin`` s: called only when it
@@ -286,6 +219,35 @@ class BoardAllreduce:
             if time.perf_counter() > deadline:
                 return False
         return True
+
+    def bytes_of(self, x: np.ndarray) -> memoryview:
+        """``x``'s bytes, kept with ``x`` for the next call: a loop that allreduces one array reuses the view."""
+        self._x, self._x_bytes = x, x.data.cast("B")
+        return self._x_bytes
+
+    def _many_peers_views(self) -> tuple[list[tuple], tuple, tuple, tuple]:
+        """For ``many_peers_call``: per parity, our slot (where its length, offset and publication go, the
+        frame's offset, its header's and payload's bytes, and per peer its link and where its index goes); per
+        peer its sleeping flag and nudge, what ``_slots_to_take`` gives, and its link and mailbox."""
+        links = self._links
+        mine = [(first + LENGTH, first + OFFSET, first + PUBLICATION, offset, header_bytes, payload_bytes,
+                 tuple(zip(links, [first + INDICES + position for position in self._positions])))
+                for first, offset, header_bytes, payload_bytes in self._mine]
+        waits = tuple(self._slots_to_take())
+        return (mine, tuple(zip(self._flags, [link.nudge for link in links])), waits,
+                tuple((link, box) for link, box, _, _ in waits))
+
+    def _slots_to_take(self) -> list[tuple]:
+        """For ``many_peers_call``, per peer (in ``group.others`` order): its link, mailbox and board's words,
+        and per parity where its publication and index for us are, its header, and its payload to read (as an
+        array, or as bytes when a copy takes rows; None where the arrays travel elsewhere)."""
+        me = self._me + INDICES
+        rows = self.take_rows is not None
+        return [(link, box, peer_words,
+                 [(first + PUBLICATION, first + me, header_bytes,
+                   array.data.cast("B") if rows and array is not None else array)
+                  for first, _, header_bytes, array in slots])
+                for link, box, peer_words, slots in self._waits]
 
     def _pair_slots(self) -> tuple[list[tuple], list[tuple]]:
         """For ``one_peer_call``, per parity, our slot: where its length, offset, index for the peer and
@@ -307,9 +269,71 @@ class BoardAllreduce:
         return result
 
 
+def many_peers_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
+    """The plan's call for three members or more (``BoardAllreduce.allreduce``): see the module docstring."""
+    header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
+    ufunc, inline, rank, reduce, awaited, take_rows = (plan._ufunc, plan._inline, plan._rank, plan.reduce,
+                                                       plan._awaited, plan.take_rows)
+    counter, spin, failed, fallback = plan._hot.counter, plan._hot.spin, plan._hot.failed, plan._hot.fallback
+    mine, sleepers, waits, taken = plan._many_peers_views()
+
+    def call(seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
+             sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
+        if hot := not seq:
+            seq = counter[0] = counter[0] + 1
+        try:
+            if spreader is not None and not seq % SPREAD_EVERY:
+                spreader.spread()
+            put_seq(header, SEQ_AT, seq)
+            published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
+            length_at, offset_at, publication_at, offset, header_bytes, payload_bytes, indices = mine[published & 1]
+            header_bytes[:] = header
+            payload = payload if payload is not None else plan._x_bytes if x is plan._x else plan.bytes_of(x)
+            payload_bytes[:] = payload
+            words[length_at], words[offset_at] = total, offset
+            for link, at in indices:  # (``claim_each``, inline)
+                words[at] = index = link.sent
+                link.sent = index + 1
+            words[publication_at] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
+            FENCE_ACQUIRE()  # ``full_fence``, inline: then the sleeping flags (see mailbox)
+            FENCE_RELEASE()
+            for flag, nudge in sleepers:
+                if flag[SLEEPING]:
+                    nudge()
+            arrays, result = [], None  # (gathered as ``_slots_to_take`` says)
+            for link, box, peer_words, slots in waits:  # (as the general path checks a frame: see the class)
+                wanted = box.board_taken + 1
+                publication_at, index_at, header_bytes, array = slots[wanted & 1]
+                if ((peer_words[publication_at] != wanted and not awaited(peer_words, publication_at, wanted, spin))
+                        or peer_words[index_at] != link.received or header_bytes.tobytes() != header):
+                    break  # (tobytes and a memcmp: a third of a memoryview comparison's cost)
+                arrays.append(array)
+            else:
+                if take_rows is not None:
+                    result = take_rows(payload, arrays, out)  # type: ignore[arg-type]  # (a copy: out given)
+                elif inline and not sources:  # ``calls.reduce_in_order``, inline (the first ufunc call makes a result)
+                    arrays.insert(rank, x)
+                    result = ufunc(arrays[0], arrays[1]) if out is None else ufunc(arrays[0], arrays[1], out)
+                    for other in arrays[2:]:
+                        ufunc(result, other, result)
+                else:  # (the same calls; ``sources``: the arrays are in shared memory, shm's)
+                    result = reduce([*(sources or arrays)[:rank], x, *(sources or arrays)[rank:]], out)
+                for link, box in taken:  # take (``took_published``, inline): their writers may reuse those slots
+                    box.board_taken += 1
+                    link.received += 1
+                if spreader is not None:
+                    os.sched_yield()  # a peer on our CPU may still have this call to finish (module docstring)
+        except BaseException as exc:
+            if hot:
+                failed(exc)
+            raise
+        return result if result is not None or not hot else fallback(plan, x, out)
+    return call
+
+
 def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
-    """``plan._any_peers`` for a group of two: the same frames, checks and reduction order, unrolled, in one frame
-    even for a hot call, with all it reads bound once (closure variables cost less than a plan's attributes)."""
+    """``many_peers_call`` for a group of two: the same frames, checks and reduction order, unrolled (no loop),
+    with all it reads bound once (closure variables cost less than a plan's attributes)."""
     (link, box, peer_words, _), = plan._waits
     header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
     ufunc, inline, rank, reduce, awaited = plan._ufunc, plan._inline, plan._rank, plan.reduce, plan._awaited

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -101,12 +102,16 @@ class BoardAllgather(BoardAllreduce):
         self.kind = ALLGATHER if root_rank < 0 else BROADCAST
         template = HeaderTemplate(self.kind, 0, Phase.FIRST, like.dtype.str, tuple(like.shape), self.root, group.key,
                                   like.nbytes)
+        #: An allgather's copy with two peers or more (a broadcast's is ``reduce``'s; with one peer, ``take_pair``).
+        self.take_rows = self._take_rows if root_rank < 0 else None
         # (the op only names the reduction that ``reduce`` replaces; an allgather's header is an allreduce's length)
         super().__init__(segment, group, like, "sum", spreader, template=template, hot=hot)
 
-        #: The last ``out`` and its byte views, a row per member (one for a broadcast): see ``_rows_of``.
+        #: The last ``out`` and its byte views, a row per member (one for a broadcast), and the peers' rows in
+        #: ``group.others`` order: see ``_rows_of``.
         self._rows_for: np.ndarray | None = None
         self._rows: list[memoryview] = []
+        self._peer_rows: list[memoryview] = []
 
     def _rows_of(self, out: np.ndarray) -> list[memoryview]:
         """``out``'s bytes, a view per member's row (a broadcast's: one); a loop that fills one ``out`` reuses them
@@ -116,6 +121,7 @@ class BoardAllgather(BoardAllreduce):
             rows = 1 if self.root >= 0 else out.shape[0]
             n = len(whole) // rows
             self._rows_for, self._rows = out, [whole[k * n:(k + 1) * n] for k in range(rows)]
+            self._peer_rows = self._rows[:self._rank] + self._rows[self._rank + 1:]
         return self._rows
 
     def take_pair(self, x: np.ndarray, mine: memoryview, theirs: memoryview, out: np.ndarray) -> np.ndarray:
@@ -123,6 +129,15 @@ class BoardAllgather(BoardAllreduce):
         rows = self._rows if out is self._rows_for else self._rows_of(out)
         rows[self._rank][:] = mine
         rows[1 - self._rank][:] = theirs
+        return out
+
+    def _take_rows(self, mine: memoryview, theirs: list[memoryview], out: np.ndarray) -> np.ndarray:
+        """With two peers or more: ``out``'s rows filled from our bytes and the peers' (in ``group.others``
+        order), by byte views (an ndarray row assignment costs about four times a view's copy here)."""
+        rows = self._rows if out is self._rows_for else self._rows_of(out)
+        rows[self._rank][:] = mine
+        for row, peer in zip(self._peer_rows, theirs):
+            row[:] = peer
         return out
 
     def remember(self, array: np.ndarray, out: np.ndarray | None, x: np.ndarray, result: np.ndarray) -> None:
@@ -163,9 +178,9 @@ class BoardBroadcast(BoardAllgather):
 class RootBroadcast(BoardBroadcast):
     """One signature (root, dtype, shape) of the world group's broadcast among three members or more: the root's
     frame into each peer's mailbox, nothing back (see the module docstring). Its call (``allreduce``, as every
-    plan's) sends or receives, and hands to the engine's fallback (``HotCalls``) what did not move at once:
-    ``unsent``, the links whose frames the root could not put in a mailbox, or the root's frame a non-root
-    did not find."""
+    plan's: ``root_call`` or ``reader_call``, closures with every view bound once) sends or receives, and hands
+    to the engine's fallback (``HotCalls``) what did not move at once: ``unsent``, the links whose frames the
+    root could not put in a mailbox, or the root's frame a non-root did not find."""
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, spreader: Spreader,
                  root_rank: int = -1, *, hot: HotCalls) -> None:
@@ -173,59 +188,11 @@ class RootBroadcast(BoardBroadcast):
         self.is_root = root_rank == group.rank
         #: The root's link (None on the root).
         self.root_link: Link | None = None if self.is_root else group.links[root_rank]
-        self._hlen = len(self._header)
         #: The root's links whose frame of the last call its mailbox did not take (``exchange`` sends them).
         self.unsent: list[Link] = []
-        self.allreduce = self._call  # (the same signature)
+        self.allreduce = root_call(self) if self.is_root else reader_call(self)  # (the same signature)
 
-    def _call(self, seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
-              sources: tuple[np.ndarray, ...] = ()) -> np.ndarray:
-        """Call ``seq`` (0: the next, numbered here) into ``out`` (made by the caller): sent or received, or
-        finished by the engine's fallback, which moves what the mailboxes did not (or raises why it cannot)."""
-        hot = self._hot
-        if not seq:
-            seq = hot.counter[0] = hot.counter[0] + 1
-        assert out is not None, "the engine passes the result"
-        try:
-            if self.is_root:
-                self.unsent = self.send(seq, x, hot.spin, out)
-                done = not self.unsent
-            else:
-                done = self.receive(seq, hot.spin, out)
-        except BaseException as exc:
-            hot.failed(exc)
-            raise
-        return out if done else hot.fallback(self, x, out)
-
-    def send(self, seq: int, x: np.ndarray, spin: float, out: np.ndarray) -> list[Link]:
-        """The root's call ``seq``: ``x`` into each peer's mailbox, and into ``out``; the links whose both
-        slots are still unread after ``spin`` s (the peer is two calls behind), whose frames the general path
-        sends."""
-        if self._spreader is not None and not seq % SPREAD_BROADCASTS:
-            self._spreader.spread()  # (as the allreduce's: ``placement``)
-        header = self._header
-        put_seq(header, SEQ_AT, seq)
-        if x is not self._x:
-            self._x, self._x_bytes = x, x.data.cast("B")
-        payload = self._x_bytes
-        left = []
-        for link in self._links:
-            if not send_boxed(link, header, payload):
-                left.append(link)  # (numbered later: here, or by ``exchange``)
-        if left:  # a reader two calls behind: wait for a slot a while (a socket frame costs both ends system calls)
-            left = self._resent(left, header, payload, spin)
-        FENCE_ACQUIRE()  # (``full_fence``: the frames, then the sleeping flags: see mailbox)
-        FENCE_RELEASE()
-        for link, flag in zip(self._links, self._flags):
-            if flag[SLEEPING]:
-                link.nudge()
-        if out is not x:
-            self._rows_of(out)[0][:] = payload
-        if self._crowded:
-            os.sched_yield()  # (a reader on our CPU takes this frame before we race into the next call)
-        return left
-
-    def _resent(self, left: list[Link], header: bytearray, payload: memoryview, spin: float) -> list[Link]:
+    def resent(self, left: list[Link], header: bytearray, payload: memoryview, spin: float) -> list[Link]:
         """``left``'s frames retried, yielding the CPU between tries (the reader may need ours), for ``spin`` s;
         the links still full."""
         deadline = time.perf_counter() + spin
@@ -234,29 +201,89 @@ class RootBroadcast(BoardBroadcast):
             left = [link for link in left if not send_boxed(link, header, payload)]
         return left
 
-    def receive(self, seq: int, spin: float, out: np.ndarray) -> bool:
-        """A non-root's call ``seq``: the root's frame, checked and copied into ``out``; False, having taken
-        nothing, unless it is next in the root's mailbox with this call's header within ``spin`` s."""
-        if self._spreader is not None and not seq % SPREAD_BROADCASTS:
-            self._spreader.spread()
-        header = self._header
-        put_seq(header, SEQ_AT, seq)
-        link = self.root_link
-        box = link.mailbox  # type: ignore[union-attr]
-        frame = box.peek(link.received)  # type: ignore[union-attr]
-        if frame is None:
-            deadline = time.perf_counter() + spin
-            crowded = self._crowded
-            while frame is None and time.perf_counter() < deadline:
+
+def root_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
+    """The root's call ``seq`` (0: the next, numbered here): ``x`` into each peer's mailbox, and into ``out``
+    (made by the caller); a peer whose both slots are still unread (it is two calls behind) is retried for the
+    spin, then its frame is the engine's fallback's to send (``unsent``), by the socket."""
+    hooks, spreader, crowded, header = plan._hot, plan._spreader, plan._crowded, plan._header
+    counter, spin, failed, fallback = hooks.counter, hooks.spin, hooks.failed, hooks.fallback
+    total, hlen = plan._total, len(plan._header)
+    links = plan._links
+    senders = tuple((link, link.mailbox.fixed_sender(hlen, total))  # type: ignore[union-attr]  # (same host)
+                    for link in links)
+    sleepers = tuple(zip(plan._flags, [link.nudge for link in links]))
+
+    def call(seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
+             sources: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+        if not seq:
+            seq = counter[0] = counter[0] + 1
+        assert out is not None, "the engine passes the result"
+        try:
+            if spreader is not None and not seq % SPREAD_BROADCASTS:
+                spreader.spread()  # (as the allreduce's: ``placement``)
+            put_seq(header, SEQ_AT, seq)
+            if x is not plan._x:
+                plan._x, plan._x_bytes = x, x.data.cast("B")
+            payload = plan._x_bytes
+            left = []
+            for link, send in senders:
+                if send(link.sent, header, payload):  # (``send_boxed``, with the sizes' views bound once)
+                    link.claim()
+                else:
+                    left.append(link)  # (numbered later: here, or by ``exchange``)
+            if left:  # a reader two calls behind: wait for a slot a while (a socket frame costs both ends calls)
+                left = plan.resent(left, header, payload, spin)
+            plan.unsent = left
+            FENCE_ACQUIRE()  # (``full_fence``: the frames, then the sleeping flags: see mailbox)
+            FENCE_RELEASE()
+            for flag, nudge in sleepers:
+                if flag[SLEEPING]:
+                    nudge()
+            if out is not x:
+                (plan._rows if out is plan._rows_for else plan._rows_of(out))[0][:] = payload
+            if crowded:
+                os.sched_yield()  # (a reader on our CPU takes this frame before we race into the next call)
+        except BaseException as exc:
+            failed(exc)
+            raise
+        return out if not left else fallback(plan, x, out)
+    return call
+
+
+def reader_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
+    """A non-root's call ``seq`` (0: the next, numbered here): the root's frame, checked and copied into ``out``
+    (made by the caller); if it is not next in the root's mailbox with this call's header within the spin,
+    nothing is taken and the engine's fallback receives it (or raises why it cannot)."""
+    hooks, spreader, crowded, header = plan._hot, plan._spreader, plan._crowded, plan._header
+    counter, spin, failed, fallback = hooks.counter, hooks.spin, hooks.failed, hooks.fallback
+    link = plan.root_link
+    assert link is not None and link.mailbox is not None, "a reader of a root on this host"
+    take = link.mailbox.fixed_receiver(len(header), plan._total)
+
+    def call(seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
+             sources: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+        if not seq:
+            seq = counter[0] = counter[0] + 1
+        assert out is not None, "the engine passes the result"
+        try:
+            if spreader is not None and not seq % SPREAD_BROADCASTS:
+                spreader.spread()
+            put_seq(header, SEQ_AT, seq)
+            dest = (plan._rows if out is plan._rows_for else plan._rows_of(out))[0]
+            done = take(link.received, header, dest)
+            if not done:
+                deadline = time.perf_counter() + spin
+                while not done and time.perf_counter() < deadline:
+                    if crowded:
+                        os.sched_yield()
+                    done = take(link.received, header, dest)
+            if done:
+                link.took()
                 if crowded:
                     os.sched_yield()
-                frame = box.peek(link.received)  # type: ignore[union-attr]
-        hlen = self._hlen
-        if not frame or len(frame) != self._total or frame[:hlen].tobytes() != header:
-            return False
-        self._rows_of(out)[0][:] = frame[hlen:]
-        box.consume()  # type: ignore[union-attr]
-        link.took()  # type: ignore[union-attr]
-        if self._crowded:
-            os.sched_yield()
-        return True
+        except BaseException as exc:
+            failed(exc)
+            raise
+        return out if done else fallback(plan, x, out)
+    return call
