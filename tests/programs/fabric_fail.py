@@ -4,7 +4,9 @@ usage: fabric_fail.py MODE
   killed      instance 1 SIGKILLs itself as the others enter an allreduce;
               survivors ignore SIGTERM (so only the fabric can end them) and
               print "lost: <error>" when the allreduce raises
-  late        instance 1 never joins the fabric; the others wait in init()
+  late DIR    instance 1 never joins the fabric; the others wait in init(), which instances 0 and 2
+              enter together (each leaves a file in DIR and waits for the other's), so that however
+              slowly each process starts, only instance 1 is late
   mismatch    instance 0 reduces 3 floats, the others 4
   wrong-token instance 0 joins with a token it made up
 """
@@ -12,6 +14,8 @@ usage: fabric_fail.py MODE
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -20,11 +24,21 @@ import popdist.collectives as C
 from simipu.fabric import CollectiveMismatchError, PeerLostError, RendezvousError
 
 
+def enter_together(directory: Path, me: int, instances: tuple[int, ...], limit: float = 60.0) -> None:
+    """Return once each of ``instances`` has reached this point (or after ``limit`` s, to never hang)."""
+    (directory / f"started-{me}").touch()
+    deadline = time.monotonic() + limit
+    while not all((directory / f"started-{i}").exists() for i in instances) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def main() -> int:
     mode = sys.argv[1]
     me = popdist.getInstanceIndex()
-    if mode == "late" and me == 1:
-        signal.pause()
+    if mode == "late":
+        if me == 1:
+            signal.pause()
+        enter_together(Path(sys.argv[2]), me, (0, 2))
     if mode == "wrong-token" and me == 0:
         os.environ["POPRUN_JOB_TOKEN"] = "0" * 64
         try:
