@@ -11,7 +11,7 @@ by its links (as ``frames.link.claim_each`` does) and published on our board,
 each peer's publication is awaited by watching one word, its header is
 compared byte for byte, and the reduction reads the peers' payloads straight
 from their boards (``board_frame_at`` aligns them), in member order, before
-they are marked taken (as ``frames.link.took_published`` does). Whenever that does not
+they are marked taken (as ``frames.link.Link.took_published`` does). Whenever that does not
 apply (a peer's next frame is not this call's on its board within the spin:
 it is late, or it called something else, or it is gone) the engine hands the
 receiving to ``exchange``, which finishes the call or raises exactly as the
@@ -354,9 +354,7 @@ def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
             length_at, offset_at, index_at, publication_at, offset, header_bytes, payload_bytes = mine[published & 1]
             header_bytes[:] = header
             if payload is None:
-                if x is not plan._x:
-                    plan._x, plan._x_bytes = x, x.data.cast("B")
-                payload = plan._x_bytes
+                payload = plan._x_bytes if x is plan._x else plan.bytes_of(x)
             payload_bytes[:] = payload
             words[length_at] = total
             words[offset_at] = offset

@@ -223,9 +223,7 @@ def root_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
             if spreader is not None and not seq % SPREAD_BROADCASTS:
                 spreader.spread()  # (as the allreduce's: ``placement``)
             put_seq(header, SEQ_AT, seq)
-            if x is not plan._x:
-                plan._x, plan._x_bytes = x, x.data.cast("B")
-            payload = plan._x_bytes
+            payload = plan._x_bytes if x is plan._x else plan.bytes_of(x)
             left = []
             for link, send in senders:
                 if send(link.sent, header, payload):  # (``send_boxed``, with the sizes' views bound once)

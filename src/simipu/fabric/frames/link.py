@@ -6,8 +6,9 @@ hosts) and, within a host on x86-64, a pair of shared-memory mailboxes
 the socket. Each end numbers the link's frames, so a receiver takes them in
 order whichever way each came: this module alone changes those numbers
 (``Link.claim`` numbers a frame going out, ``Link.took`` counts one taken;
-``claim_each`` and ``took_published`` do so for a board's frames), whoever
-moves the frame (``post``/``take`` here, ``exchange``, the board's allreduce).
+``claim_each`` and ``Link.took_published`` do so for a board's frames, and the
+board's call closures inline them: ``algorithms/board.py``), whoever moves the
+frame (``post``/``take`` here, ``exchange``, the board's allreduce).
 Frames are ``header``'s.
 
 ``post`` and ``take`` move a frame at once when they can (a mailbox frame
@@ -338,13 +339,6 @@ def send_boxed(link: Link, header: bytes | bytearray, payload: memoryview) -> bo
         link.sent += 1
         return True
     return False
-
-
-def took_published(links: Sequence[Link]) -> None:
-    """``Link.took`` on each of ``links``, for frames read in place from the peers' boards (each mailbox counts
-    the publications taken from its peer's board, as ``Mailbox.consume`` does)."""
-    for link in links:
-        link.took_published()
 
 
 def post(link: Link, header: bytes, payload: memoryview, fds: Sequence[int] = ()) -> Send | None:
