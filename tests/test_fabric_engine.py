@@ -292,6 +292,19 @@ def test_a_reader_calling_something_else_than_a_small_broadcast_fails_every_memb
                                              "called broadcast(root=0)"), lines
 
 
+def test_a_board_frame_of_a_later_call_with_the_same_signature_is_a_mismatch(jobs: list[Job],
+                                                                              tmp_path: Path) -> None:
+    """Instance 2 skips a small broadcast (a reader sends nothing in it), so its allreduce's board frame is the
+    next one on its links to the others, with this allreduce's signature but the collective number before:
+    no instance returns from the allreduce, and the others name the numbers."""
+    job = run_job(jobs, tmp_path, 3, "skipped-bcast")
+    lines = job.finish()
+    for i in range(3):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+    assert any("as collective #2 of its group but instance 2 called allreduce(sum) on float32[16] as collective #1"
+               in lines[i][0]["message"] for i in (0, 1)), lines
+
+
 @pytest.mark.parametrize("victim", [0, 2])
 def test_a_killed_root_or_reader_of_small_broadcasts_is_named_by_every_survivor(jobs: list[Job], tmp_path: Path,
                                                                                 victim: int) -> None:

@@ -65,6 +65,9 @@ Scenarios:
             then a barrier
   bcast-mismatch  a small broadcast from root 0 (instances 0 and 2), an allreduce of the same array
             (instance 1); then a barrier
+  skipped-bcast  a small broadcast from root 0 that instance 2 skips, then a small allreduce of the same
+            signature everywhere ({"returned": i} if it returns), then a barrier: instance 2's board frame
+            is next on its links to the others, and only its sequence number tells it is not this call's
   slow      instance 0 enters a small allreduce (the board's own path) and a barrier at once, the others
             after reading a line from stdin (instance 0 is asleep in poll by then: only a wake-up byte
             can wake it)
@@ -428,6 +431,15 @@ def run_bcast_mismatch(fabric, instance: int) -> None:
         fabric.barrier()
 
 
+def run_skipped_bcast(fabric, instance: int) -> None:
+    x = np.ones(16, np.float32)
+    if instance != 2:
+        fabric.broadcast(x, root=0)
+    fabric.allreduce(x)
+    report(returned=instance)
+    fabric.barrier()
+
+
 def run_slow(fabric, instance: int, n: int, out: Path) -> None:
     report(ready=instance, pid=os.getpid())
     if instance != 0:
@@ -517,6 +529,8 @@ def main() -> int:
             run_bcast_ahead(fabric, instance)
         elif scenario == "bcast-mismatch":
             run_bcast_mismatch(fabric, instance)
+        elif scenario == "skipped-bcast":
+            run_skipped_bcast(fabric, instance)
         elif scenario == "slow":
             run_slow(fabric, instance, n, out)
         elif scenario == "loop":

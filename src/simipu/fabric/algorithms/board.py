@@ -138,9 +138,6 @@ class BoardAllreduce:
     #: ``one_peer_call``'s end of a copy (``board_copies``): ``(x, its bytes, the peer's bytes, out) -> out``, in
     #: place of the reduction; None for an allreduce.
     take_pair: Callable[[np.ndarray, memoryview, memoryview, np.ndarray], np.ndarray] | None = None
-    #: ``many_peers_call``'s end of an allgather (``board_copies``): ``(our bytes, the peers' bytes in
-    #: ``group.others`` order, out) -> out``, in place of the reduction; None otherwise.
-    take_rows: Callable[[memoryview, list[memoryview], np.ndarray], np.ndarray] | None = None
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
                  spreader: Spreader, phase: int = Phase.FIRST, tail: bytes = b"",
@@ -225,29 +222,28 @@ class BoardAllreduce:
         self._x, self._x_bytes = x, x.data.cast("B")
         return self._x_bytes
 
-    def _many_peers_views(self) -> tuple[list[tuple], tuple, tuple, tuple]:
-        """For ``many_peers_call``: per parity, our slot (where its length, offset and publication go, the
-        frame's offset, its header's and payload's bytes, and per peer its link and where its index goes); per
-        peer its sleeping flag and nudge, what ``_slots_to_take`` gives, and its link and mailbox."""
+    def _publication_views(self) -> tuple[list[tuple], tuple]:
+        """For ``publisher``: per parity, our slot (where its length, offset and publication go, the frame's
+        offset, its header's and payload's bytes, and per peer its link and where its index goes); per peer its
+        sleeping flag and nudge."""
         links = self._links
         mine = [(first + LENGTH, first + OFFSET, first + PUBLICATION, offset, header_bytes, payload_bytes,
                  tuple(zip(links, [first + INDICES + position for position in self._positions])))
                 for first, offset, header_bytes, payload_bytes in self._mine]
-        waits = tuple(self._slots_to_take())
-        return (mine, tuple(zip(self._flags, [link.nudge for link in links])), waits,
-                tuple((link, box) for link, box, _, _ in waits))
+        return mine, tuple(zip(self._flags, [link.nudge for link in links]))
 
-    def _slots_to_take(self) -> list[tuple]:
-        """For ``many_peers_call``, per peer (in ``group.others`` order): its link, mailbox and board's words,
-        and per parity where its publication and index for us are, its header, and its payload to read (as an
-        array, or as bytes when a copy takes rows; None where the arrays travel elsewhere)."""
+    def slots_to_take(self, as_bytes: bool = False) -> tuple[tuple, tuple]:
+        """For a call with three members or more (``many_peers_call``, ``board_copies.many_peers_copy_call``), per
+        peer in ``group.others`` order: its link, mailbox and board's words, and per parity where its
+        publication and index for us are, its header, and its payload to read (an array, or its bytes if
+        ``as_bytes``; None where the arrays travel elsewhere); and per peer its link and mailbox."""
         me = self._me + INDICES
-        rows = self.take_rows is not None
-        return [(link, box, peer_words,
-                 [(first + PUBLICATION, first + me, header_bytes,
-                   array.data.cast("B") if rows and array is not None else array)
-                  for first, _, header_bytes, array in slots])
-                for link, box, peer_words, slots in self._waits]
+        waits = tuple((link, box, peer_words,
+                       [(first + PUBLICATION, first + me, header_bytes,
+                         array.data.cast("B") if as_bytes and array is not None else array)
+                        for first, _, header_bytes, array in slots])
+                      for link, box, peer_words, slots in self._waits)
+        return waits, tuple((link, box) for link, box, _, _ in waits)
 
     def _pair_slots(self) -> tuple[list[tuple], list[tuple]]:
         """For ``one_peer_call``, per parity, our slot: where its length, offset, index for the peer and
@@ -269,38 +265,52 @@ class BoardAllreduce:
         return result
 
 
+def publisher(plan: BoardAllreduce) -> Callable[[int, np.ndarray, memoryview | None], memoryview]:
+    """The first half of a call with three members or more: ``publish(seq, x, payload)`` puts call ``seq``'s
+    frame (``payload``, or ``x``'s bytes) on our board, numbered by each link, and nudges the peers asleep;
+    it returns the payload. (One frame more a call than inline, a few hundredths of a 4 KiB call at N=4,
+    for one copy of these lines where the plans' calls, ``many_peers_call`` and
+    ``board_copies.many_peers_copy_call``, would have two.)"""
+    header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
+    mine, sleepers = plan._publication_views()
+
+    def publish(seq: int, x: np.ndarray, payload: memoryview | None) -> memoryview:
+        if spreader is not None and not seq % SPREAD_EVERY:
+            spreader.spread()
+        put_seq(header, SEQ_AT, seq)
+        published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
+        length_at, offset_at, publication_at, offset, header_bytes, payload_bytes, indices = mine[published & 1]
+        header_bytes[:] = header
+        payload = payload if payload is not None else plan._x_bytes if x is plan._x else plan.bytes_of(x)
+        payload_bytes[:] = payload
+        words[length_at], words[offset_at] = total, offset
+        for link, at in indices:  # (``claim_each``, inline)
+            words[at] = index = link.sent
+            link.sent = index + 1
+        words[publication_at] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
+        FENCE_ACQUIRE()  # ``full_fence``, inline: then the sleeping flags (see mailbox)
+        FENCE_RELEASE()
+        for flag, nudge in sleepers:
+            if flag[SLEEPING]:
+                nudge()
+        return payload
+    return publish
+
+
 def many_peers_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
     """The plan's call for three members or more (``BoardAllreduce.allreduce``): see the module docstring."""
-    header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
-    ufunc, inline, rank, reduce, awaited, take_rows = (plan._ufunc, plan._inline, plan._rank, plan.reduce,
-                                                       plan._awaited, plan.take_rows)
+    header, spreader, ufunc, inline, rank = plan._header, plan._spreader, plan._ufunc, plan._inline, plan._rank
+    reduce, awaited, publish = plan.reduce, plan._awaited, publisher(plan)
     counter, spin, failed, fallback = plan._hot.counter, plan._hot.spin, plan._hot.failed, plan._hot.fallback
-    mine, sleepers, waits, taken = plan._many_peers_views()
+    waits, taken = plan.slots_to_take()
 
     def call(seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
              sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
         if hot := not seq:
             seq = counter[0] = counter[0] + 1
         try:
-            if spreader is not None and not seq % SPREAD_EVERY:
-                spreader.spread()
-            put_seq(header, SEQ_AT, seq)
-            published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
-            length_at, offset_at, publication_at, offset, header_bytes, payload_bytes, indices = mine[published & 1]
-            header_bytes[:] = header
-            payload = payload if payload is not None else plan._x_bytes if x is plan._x else plan.bytes_of(x)
-            payload_bytes[:] = payload
-            words[length_at], words[offset_at] = total, offset
-            for link, at in indices:  # (``claim_each``, inline)
-                words[at] = index = link.sent
-                link.sent = index + 1
-            words[publication_at] = published  # publish: after the rest of the slot (x86-64 keeps stores in order)
-            FENCE_ACQUIRE()  # ``full_fence``, inline: then the sleeping flags (see mailbox)
-            FENCE_RELEASE()
-            for flag, nudge in sleepers:
-                if flag[SLEEPING]:
-                    nudge()
-            arrays, result = [], None  # (gathered as ``_slots_to_take`` says)
+            publish(seq, x, payload)
+            arrays, result = [], None  # (gathered as ``slots_to_take`` says)
             for link, box, peer_words, slots in waits:  # (as the general path checks a frame: see the class)
                 wanted = box.board_taken + 1
                 publication_at, index_at, header_bytes, array = slots[wanted & 1]
@@ -309,9 +319,7 @@ def many_peers_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
                     break  # (tobytes and a memcmp: a third of a memoryview comparison's cost)
                 arrays.append(array)
             else:
-                if take_rows is not None:
-                    result = take_rows(payload, arrays, out)  # type: ignore[arg-type]  # (a copy: out given)
-                elif inline and not sources:  # ``calls.reduce_in_order``, inline (the first ufunc call makes a result)
+                if inline and not sources:  # ``calls.reduce_in_order``, inline (the first ufunc call makes a result)
                     arrays.insert(rank, x)
                     result = ufunc(arrays[0], arrays[1]) if out is None else ufunc(arrays[0], arrays[1], out)
                     for other in arrays[2:]:
