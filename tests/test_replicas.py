@@ -61,3 +61,55 @@ def test_results_are_bit_identical_across_runs() -> None:
         again = run_replicas(program, LoneFabric(), FOUR)
         assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
     assert all(r.tobytes() == first[0].tobytes() for r in first)
+
+
+def test_replica_0_failing_releases_the_others() -> None:
+    """Replica 0 combines for everyone: the others, waiting for its result, are released."""
+    def program(replica):
+        if replica.local_index == 0:
+            raise ValueError("replica 0 broke")
+        return replica.cross_replica_sum(np.ones(1))
+
+    with pytest.raises(ValueError, match="replica 0 broke"):
+        run_replicas(program, LoneFabric(), FOUR)
+
+
+class _FailingFabric(LoneFabric):
+    """An instance-level collective that fails (as a fabric whose peer died does)."""
+
+    def allreduce(self, array, op="sum", group=None):
+        raise ConnectionError("peer instance 1 is gone")
+
+
+def test_a_failing_instance_collective_is_the_error_every_replica_sees() -> None:
+    with pytest.raises(ConnectionError, match="peer instance 1 is gone"):
+        run_replicas(lambda replica: replica.cross_replica_sum(np.ones(1)), _FailingFabric(), FOUR)
+
+
+def test_a_replica_failing_between_ops_is_the_error_raised() -> None:
+    """Replica 1 fails after its first op while the others go on to a second: theirs is released, and the
+    error raised is replica 1's (not a lock's)."""
+    def program(replica):
+        first = replica.cross_replica_sum(np.ones(1))
+        if replica.index == 1:
+            raise ValueError("replica 1 broke after one op")
+        return first, replica.cross_replica_sum(np.ones(1))
+
+    with pytest.raises(ValueError, match="replica 1 broke after one op"):
+        run_replicas(program, LoneFabric(), FOUR)
+
+
+def test_many_ops_in_a_row_each_get_their_own_result() -> None:
+    """Replicas run ahead of each other by up to an op: no op's values or result leak into another's."""
+    def program(replica):
+        for step in range(300):
+            value = np.array([step * 10.0 + replica.index])
+            total = replica.cross_replica_sum(value)
+            assert total[0] == 4 * step * 10.0 + 6, (step, total)
+            value += 1  # (the caller's array changes after the op: the result is unaffected)
+            gathered = replica.cross_replica_allgather(np.array([step, replica.index]))
+            assert gathered.tolist() == [[step, r] for r in range(4)], (step, gathered)
+            assert replica.cross_replica_max(np.array([step + replica.index]))[0] == step + 3
+        return True
+
+    assert run_replicas(program, LoneFabric(), FOUR) == [True] * 4

@@ -39,29 +39,66 @@ class ReplicaLayout:
 
 
 class _ReplicaMeeting:
-    """The instance's replicas meet here for each op; replica 0 does the instance-level part."""
+    """The instance's replicas meet here for each op; replica 0 does the instance-level part.
+
+    Each other replica hands its value over and waits for the result; replica 0 waits for every value,
+    combines them and hands the result out. Two hand-offs an op, each a plain lock per replica (its
+    ``arrived`` released by the replica, taken by replica 0; its ``ready`` the other way), where a
+    ``threading.Barrier`` (a condition variable, in Python) took three rounds: 58 us against 20 us a
+    ``cross_replica_sum`` for 2 instances x 2 replicas (README, the main job). The slots are safe to reuse
+    without a third round: replica 0 reads them for op k+1 only once every replica has arrived at it, which
+    each does after copying op k's result."""
 
     def __init__(self, fabric: InstanceCollectives, layout: ReplicaLayout) -> None:
         self.fabric = fabric
         self.layout = layout
-        self.barrier = threading.Barrier(layout.num_local_replicas)
-        self.slots: list[Any] = [None] * layout.num_local_replicas
+        n = layout.num_local_replicas
+        self.slots: list[Any] = [None] * n
         self.result: Any = None
-        self.error: BaseException | None = None
+        #: Per replica (replica 0's unused): released when its value is in its slot, and when the result is out.
+        self._arrived = [threading.Lock() for _ in range(n)]
+        self._ready = [threading.Lock() for _ in range(n)]
+        for lock in (*self._arrived, *self._ready):
+            lock.acquire()
+        self._broken = False
 
     def exchange(self, local_index: int, value: np.ndarray, combine: Callable[[list[np.ndarray]], np.ndarray]) -> np.ndarray:
+        """This replica's part of one op: everyone's ``value`` combined by replica 0, a copy for each."""
+        if self._broken:
+            raise threading.BrokenBarrierError
         self.slots[local_index] = np.ascontiguousarray(value)
-        self.barrier.wait()
-        if local_index == 0:
-            try:
-                self.result = combine(self.slots)
-            except BaseException:
-                self.barrier.abort()
-                raise
-        self.barrier.wait()
-        result = self.result
-        self.barrier.wait()  # everyone has the result before the next op reuses the slots
+        if local_index:
+            self._arrived[local_index].release()
+            self._ready[local_index].acquire()
+            if self._broken:
+                raise threading.BrokenBarrierError
+            return self.result.copy()
+        for lock in self._arrived[1:]:
+            lock.acquire()
+            if self._broken:
+                raise threading.BrokenBarrierError
+        try:
+            result = self.result = combine(self.slots)
+        except BaseException:
+            self.abort()
+            raise
+        for lock in self._ready[1:]:
+            _release(lock)  # (a replica that failed meanwhile has released them all: ``abort``)
         return result.copy()
+
+    def abort(self) -> None:
+        """A replica failed: every replica waiting here, or arriving later, raises ``BrokenBarrierError``."""
+        self._broken = True
+        for lock in (*self._arrived, *self._ready):
+            _release(lock)
+
+
+def _release(lock: threading.Lock) -> None:
+    """Release ``lock`` unless it is free already (``abort`` may have freed it first)."""
+    try:
+        lock.release()
+    except RuntimeError:
+        pass
 
 
 class ReplicaContext:
@@ -141,7 +178,7 @@ def run_replicas(fn: Callable[..., Any], fabric: InstanceCollectives, layout: Re
             errors.append((local_index, exc))
         except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
             errors.append((local_index, exc))
-            meeting.barrier.abort()
+            meeting.abort()
 
     threads = [threading.Thread(target=body, args=(i,), name=f"replica-{layout.replica_offset + i}")
                for i in range(1, layout.num_local_replicas)]
