@@ -44,10 +44,10 @@ class _ReplicaMeeting:
     Each other replica hands its value over and waits for the result; replica 0 waits for every value,
     combines them and hands the result out. Two hand-offs an op, each a plain lock per replica (its
     ``arrived`` released by the replica, taken by replica 0; its ``ready`` the other way), where a
-    ``threading.Barrier`` (a condition variable, in Python) took three rounds: 58 us against 20 us a
-    ``cross_replica_sum`` for 2 instances x 2 replicas (README, the main job). The slots are safe to reuse
-    without a third round: replica 0 reads them for op k+1 only once every replica has arrived at it, which
-    each does after copying op k's result."""
+    ``threading.Barrier`` (a condition variable, in Python) took three rounds: a ``cross_replica_sum`` of
+    up to 38 KiB for 2 instances x 2 replicas takes 17-21 us against 53-58 us (``benchmarks/replicas.py``).
+    The slots are safe to reuse without a third round: replica 0 reads them for op k+1 only once every
+    replica has arrived at it, which each does after copying op k's result."""
 
     def __init__(self, fabric: InstanceCollectives, layout: ReplicaLayout) -> None:
         self.fabric = fabric
@@ -68,7 +68,7 @@ class _ReplicaMeeting:
             raise threading.BrokenBarrierError
         self.slots[local_index] = np.ascontiguousarray(value)
         if local_index:
-            self._arrived[local_index].release()
+            _release(self._arrived[local_index])  # (free already if a replica failed meanwhile: ``abort``)
             self._ready[local_index].acquire()
             if self._broken:
                 raise threading.BrokenBarrierError
