@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "benchmarks" / "results"
-POPRUN = Path(sys.executable).parent / "poprun"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from launch import RESULTS_DIR, baseline_env, find_poprun, git_state, python_env  # noqa: E402  (same conventions)
+
 SIZES = (4096, 38_504, 1 << 20)  # bytes (38,504: the main job's 4,810 gradients and 3 counters, float64)
 LOCAL_REPLICAS = 2
 INSTANCES = (1, 2)
@@ -77,14 +77,13 @@ def worker(sizes: Sequence[int], calls: int, out: Path) -> None:
         out.write_text(json.dumps({str(k): v for k, v in results[0].items()}))
 
 
-def launch(instances: int, source: Path | None, sizes: Sequence[int], calls: int) -> dict[str, float]:
-    """One launch of the worker; its per-size medians (µs), keyed by size."""
-    env = dict(os.environ)
-    if source is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(source.resolve() / "src"), *filter(None, [env.get("PYTHONPATH")])])
+def launch(poprun: str, instances: int, source: Path | None, sizes: Sequence[int], calls: int) -> dict[str, float]:
+    """One launch of the worker (``source``'s ``src/`` first on the path, if given); its per-size medians (µs),
+    keyed by size."""
+    env = baseline_env(source) if source is not None else python_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        argv = [str(POPRUN), "--offline-mode=1", "--num-instances", str(instances),
+        argv = [poprun, "--offline-mode=1", "--num-instances", str(instances),
                 "--num-replicas", str(instances * LOCAL_REPLICAS), sys.executable, __file__, "--worker",
                 "--sizes", *map(str, sizes), "--calls", str(calls), "--out", str(out)]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
@@ -113,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.baseline is not None and not (args.baseline / "src" / "simipu").is_dir():
         parser.error(f"--baseline {args.baseline}: no src/simipu in it")
+    poprun = find_poprun()
+    if poprun.path is None:
+        raise SystemExit(poprun.note)
     rounds, calls = (2, 300) if args.quick else (args.rounds, args.calls)
     trees: dict[str, Path | None] = {"poprun": None, **({"baseline": args.baseline} if args.baseline else {})}
     configs = [(tree, n) for n in INSTANCES for tree in trees]
@@ -122,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in range(len(configs)):
             tree, n = configs[(k + r) % len(configs)]
             launches.append({"round": r, "tool": tree, "instances": n,
-                             "median_us": launch(n, trees[tree], args.sizes, calls)})
+                             "median_us": launch(poprun.path, n, trees[tree], args.sizes, calls)})
     summary = []
     for n in INSTANCES:
         for nbytes in args.sizes:
@@ -142,10 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             cells += [f"{statistics.median(row['baseline']):.1f} µs", " ".join(f"{x:.2f}" for x in ratios),
                       f"**{statistics.median(ratios):.2f}x**"]
         print("| " + " | ".join(cells) + " |")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    git = git_state()
+    commit = git["commit"]
     elapsed, load_after = time.perf_counter() - started, os.getloadavg()
-    report = {"commit": commit, "baseline": str(args.baseline) if args.baseline else None, "rounds": rounds,
+    report = {"commit": commit, "git": git, "baseline": str(args.baseline) if args.baseline else None, "rounds": rounds,
               "calls": calls, "elapsed_s": elapsed, "loadavg_before": load, "loadavg_after": load_after,
               "summary": summary, "launches": launches}
     args.output.parent.mkdir(parents=True, exist_ok=True)
