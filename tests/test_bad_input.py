@@ -119,6 +119,7 @@ BAD_INPUT = [
     ("program inside --mpi-global-args", [O, "--mpi-global-args", "python3", "true"], b"is not an option"),
     ("instance args without an index", [O, "--instance-mpi-local-args", "-x A=1", "true"], b"<instance index>:<args>"),
     ("instance args with index -1", [O, "--instance-mpi-local-args=-1:-x A=1", "true"], b"<instance index>:<args>"),
+    ("--bind-to core:nonsense", [O, "--mpi-local-args", "--bind-to core:nonsense", "true"], b"unknown qualifier"),
     ("-wdir that does not exist", [O, "--mpi-global-args", "-wdir {d}/nowhere", "true"], b"no such directory"),
     # -- hosts and host files ----------------------------------------------------------------------
     ("-H empty", [O, "-H", "", "true"], b"empty host list"),

@@ -107,6 +107,24 @@ def test_mpi_pass_through_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert not any("bind-to" in w or "allow-run-as-root" in w for w in warnings)
 
 
+def test_mpirun_bind_to_reaches_the_placement(capsys: pytest.CaptureFixture[str]) -> None:
+    """mpirun's --bind-to levels poprun-py has become the placement's; a later argument wins; a level it has
+    not is warned about by name; in --instance-mpi-local-args it applies to no one, and says so."""
+    assert spec_of("poprun --mpi-global-args='--bind-to numa' --mpi-local-args='--bind-to core' prog").placement \
+        .bind_to == "core"
+    spec = spec_of("poprun --mpi-local-args='--bind-to hwthread:overload-allowed' prog")
+    assert spec.placement.cores_wanted and spec.placement.bind_overload and spec.placement.numa_wanted
+    assert spec_of("poprun --mpi-local-args='--bind-to none' --num-instances 2 --num-replicas 2 prog").placement \
+        .numa_wanted is False
+    capsys.readouterr()
+    spec = spec_of("poprun --mpi-local-args='--bind-to socket' --instance-mpi-local-args='1:--bind-to core' "
+                   "--num-instances 2 --num-replicas 2 prog")
+    assert spec.placement.bind_to is None
+    warnings = [line for line in capsys.readouterr().err.splitlines() if " POPRUN [W] " in line]
+    assert any("'--bind-to socket'" in w for w in warnings) and any("=1: ignoring --bind-to" in w for w in warnings), \
+        warnings
+
+
 def test_config_export_then_import_with_override(tmp_path) -> None:
     config = tmp_path / "launch.json"
     line = parse_command_line(

@@ -45,6 +45,14 @@ def test_round_robin_over_the_nodes_the_cpuset_allows() -> None:
         place(1, nodes, allowed={99})
 
 
+def test_bind_to_core_gives_each_instance_one_cpu_spread_over_the_nodes() -> None:
+    nodes = (NumaNode(0, (0, 1)), NumaNode(1, (2, 3)))
+    placed = place(5, nodes, allowed={0, 1, 2, 3}, per_core=True)
+    assert [(node.index, cpus) for node, cpus in placed] == [(0, (0,)), (1, (2,)), (0, (1,)), (1, (3,)), (0, (0,))]
+    placed = place(3, nodes, allowed={1, 3}, per_core=True)  # the cpuset's CPUs only, round-robin once all are used
+    assert [cpus for _, cpus in placed] == [(1,), (3,), (1,)]
+
+
 def affinities(*args: str, sysfs: Path, instances: int = 2) -> dict[int, list[int]]:
     n = str(instances)
     result = run_poprun(
@@ -81,3 +89,40 @@ def test_print_topology_shows_the_cpus(tmp_path: Path) -> None:
     result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2", "--print-topology=yes", "true",
                         env={**os.environ, "POPRUN_SYSFS_ROOT": str(sysfs)})
     assert f"instance 1 on localhost: CPUs {ALLOWED[1]}".encode() in result.stderr
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_mpirun_bind_to_core_binds_each_instance_to_its_own_cpu(tmp_path: Path, nodes: int) -> None:
+    """``--mpi-local-args='--bind-to core'`` as mpirun takes it: one CPU each, over every node's CPUs, whether
+    the host has one NUMA node or two (and whatever --numa-aware says)."""
+    cpulists = [f"{ALLOWED[0]},{ALLOWED[1]}"] if nodes == 1 else [str(ALLOWED[0]), str(ALLOWED[1])]
+    sysfs = fake_sysfs(tmp_path, cpulists)
+    assert affinities("--mpi-local-args=--bind-to core", sysfs=sysfs) == {0: [ALLOWED[0]], 1: [ALLOWED[1]]}
+    assert affinities("--mpi-global-args=--bind-to hwthread", "--numa-aware=no", sysfs=sysfs) == \
+        {0: [ALLOWED[0]], 1: [ALLOWED[1]]}
+
+
+@needs_two_cpus
+def test_mpirun_bind_to_numa_and_none(tmp_path: Path) -> None:
+    """``--bind-to none`` leaves instances unbound (mpirun's meaning), unless --numa-aware=yes says otherwise;
+    ``--bind-to numa`` binds a single instance to its node as --numa-aware=yes does."""
+    sysfs = fake_sysfs(tmp_path, [str(ALLOWED[0]), str(ALLOWED[1])])
+    assert affinities("--mpi-local-args=--bind-to none", sysfs=sysfs) == {0: ALLOWED, 1: ALLOWED}
+    assert affinities("--mpi-local-args=--bind-to none", "--numa-aware=yes", sysfs=sysfs) == \
+        {0: [ALLOWED[0]], 1: [ALLOWED[1]]}
+    assert affinities("--mpi-local-args=--bind-to numa", sysfs=sysfs, instances=1) == {0: [ALLOWED[0]]}
+
+
+def test_bind_to_core_with_more_instances_than_cpus_says_so_unless_overload_is_allowed(tmp_path: Path) -> None:
+    """Open MPI refuses to put two processes on a core without ``overload-allowed``; poprun-py binds them
+    round-robin and warns once, naming the qualifier (with it: no warning)."""
+    sysfs = fake_sysfs(tmp_path, [str(ALLOWED[0])])  # one CPU for three instances
+    env = {**os.environ, "POPRUN_SYSFS_ROOT": str(sysfs)}
+    common = ["--offline-mode=1", "--num-instances", "3", "--num-replicas", "3"]
+    shared = run_poprun(*common, "--mpi-local-args=--bind-to core", "true", env=env)
+    assert shared.returncode == 0, shared.stderr
+    warnings = [line for line in shared.stderr.decode().splitlines() if " POPRUN [W] " in line]
+    assert len(warnings) == 1 and "3 instances on 1 CPUs" in warnings[0] and "overload-allowed" in warnings[0], warnings
+    quiet = run_poprun(*common, "--mpi-local-args=--bind-to core:overload-allowed", "true", env=env)
+    assert quiet.returncode == 0 and b" POPRUN [W] " not in quiet.stderr, quiet.stderr

@@ -294,6 +294,18 @@ def test_remote_agents_bind_their_instances_to_numa_nodes(home: Path) -> None:
         assert f"instance {index} on {host}: CPUs {format_cpus(cpus)}" in stderr
 
 
+def test_remote_agents_bind_each_instance_to_a_core_as_mpirun_does(home: Path) -> None:
+    """``--mpi-local-args='--bind-to core'`` reaches each agent: its two instances get a CPU each, in order."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two instances on a core each need two CPUs in poprun's cpuset")
+    show = "import os, popdist; print(popdist.getInstanceIndex(), sorted(os.sched_getaffinity(0)))"
+    result = run_poprun(*launch_args("--num-instances", "4", "--num-replicas", "4", "--mpi-local-args=--bind-to core",
+                                     sys.executable, "-c", show))
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [f"{i} {[cpus[i % 2]]}".encode() for i in range(4)]
+
+
 # -- hosts that stop answering -----------------------------------------------------------------
 def with_ssh_options(home: Path, **options: str) -> None:
     """``Host *`` options after the hosts' own blocks (in ssh_config the first value obtained wins)."""

@@ -167,7 +167,8 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     base_env = {**forwarded_environment(environ, SOFT_DEFAULTS), **console}
     agents = {
         label: AgentExecutor(label, host.channel, events, base_env=base_env, grace=spec.supervision.stop_grace,
-                             numa=spec.placement.numa_wanted, start_timeout=spec.reach.ssh_timeout)
+                             numa=spec.placement.numa_wanted, start_timeout=spec.reach.ssh_timeout,
+                             cores=spec.placement.cores_wanted, overload=spec.placement.bind_overload)
         for label, host in launch.reach.agents.items()
     }
     return FanOutExecutor(local, agents)

@@ -39,6 +39,11 @@ class MpiArgs:
     env: tuple[EnvSetting, ...] = ()
     ignored: tuple[str, ...] = ()
     working_dir: str | None = None  # mpirun's -wdir: where instances start, on every host
+    #: mpirun's ``--bind-to``: "core" (each instance on one CPU), "numa" (on a NUMA node), "none", or None: not
+    #: given (poprun's own placement, ``--numa-aware``); with ``overload`` (``core:overload-allowed``) cores may
+    #: be shared without a warning.
+    bind_to: str | None = None
+    overload: bool = False
 
     def merged(self, other: MpiArgs) -> MpiArgs:
         """Later arguments add to earlier ones; a later value wins."""
@@ -49,6 +54,8 @@ class MpiArgs:
             env=self.env + other.env,
             ignored=self.ignored + other.ignored,
             working_dir=other.working_dir or self.working_dir,
+            bind_to=other.bind_to or self.bind_to,
+            overload=other.overload if other.bind_to else self.overload,
         )
 
 
@@ -117,6 +124,8 @@ def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") ->
     working_dir: str | None = None
     env: list[EnvSetting] = []
     ignored: list[str] = []
+    bind_to: str | None = None
+    overload_allowed = False
     for name, value, unknown in _walk(_tokens(strings, option), option):
         if unknown:
             ignored.append(" ".join(unknown))
@@ -130,15 +139,38 @@ def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") ->
             working_dir = value
         elif name == "x":
             env.append(_parse_env(value or "", option))
-        elif name == "bind-to" and value != "none":
-            ignored.append(f"--bind-to {value}")
-        # --allow-run-as-root and --bind-to none need nothing from us.
-    return MpiArgs(tag, timestamp, output_filename, tuple(env), tuple(ignored), working_dir)
+        elif name == "bind-to":
+            level, overload = _binding(value or "", option)
+            if level is None:
+                ignored.append(f"--bind-to {value}")
+            else:
+                bind_to, overload_allowed = level, overload
+        # --allow-run-as-root needs nothing from us.
+    return MpiArgs(tag, timestamp, output_filename, tuple(env), tuple(ignored), working_dir, bind_to,
+                   overload_allowed)
+
+
+#: Open MPI's ``--bind-to`` levels poprun-py has: one CPU (a hardware thread is one CPU to the kernel), a NUMA
+#: node (sysfs's, as ``--numa-aware``), or none. Others (socket, l3cache, ...) are warned about and ignored.
+_BIND_LEVELS = {"core": "core", "hwthread": "core", "numa": "numa", "none": "none"}
+_BIND_QUALIFIERS = {"overload-allowed", "if-supported", "ordered"}
+
+
+def _binding(value: str, option: str) -> tuple[str | None, bool]:
+    """``--bind-to LEVEL[:QUALIFIER,...]`` -> (our level, or None for one we have no equivalent of; whether
+    ``overload-allowed`` was given). An unknown qualifier is an error, as in Open MPI."""
+    level, _, qualifiers = value.partition(":")
+    given = {q for q in qualifiers.split(",") if q} if qualifiers else set()
+    unknown = sorted(given - _BIND_QUALIFIERS)
+    if unknown:
+        raise UsageError(f"{option}: --bind-to {value}: unknown qualifier {unknown[0]!r}; Open MPI's are "
+                         f"{', '.join(sorted(_BIND_QUALIFIERS))}")
+    return _BIND_LEVELS.get(level.lower()), "overload-allowed" in given
 
 
 def warn_ignored(args: MpiArgs, option: str) -> None:
     for item in args.ignored:
-        hint = " (use --numa-aware for placement)" if item.startswith("--bind-to") else ""
+        hint = " (poprun-py binds to core, hwthread, numa or none)" if item.startswith("--bind-to") else ""
         log.warning("%s: ignoring %r: poprun-py runs without MPI and has no equivalent%s", option, item, hint)
 
 

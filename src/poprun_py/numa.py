@@ -1,4 +1,5 @@
-"""NUMA placement: instances of a host bound to its NUMA nodes round-robin.
+"""NUMA placement: instances of a host bound to its NUMA nodes round-robin (or, as mpirun's ``--bind-to
+core``, each to one CPU of them).
 
 The topology is read from sysfs (``<root>/devices/system/node/node*/cpulist``);
 the root is injectable (``POPRUN_SYSFS_ROOT``) so tests can describe a 2- or
@@ -64,17 +65,31 @@ def read_numa_nodes(sysfs_root: str | os.PathLike[str] = "/sys") -> tuple[NumaNo
     return tuple(nodes) or (NumaNode(0, tuple(range(os.cpu_count() or 1))),)
 
 
-def place(num_instances: int, nodes: Sequence[NumaNode], allowed: Iterable[int]) -> list[tuple[NumaNode, tuple[int, ...]]]:
-    """Node and CPUs for each of a host's instances, round-robin over the nodes with allowed CPUs."""
+def place(num_instances: int, nodes: Sequence[NumaNode], allowed: Iterable[int],
+          per_core: bool = False) -> list[tuple[NumaNode, tuple[int, ...]]]:
+    """Node and CPUs for each of a host's instances, round-robin over the nodes with allowed CPUs; with
+    ``per_core`` (mpirun's ``--bind-to core``) one CPU each, the node's next, round-robin again once every
+    allowed CPU has an instance."""
     allowed_set = set(allowed)
     usable = [(node, tuple(c for c in node.cpus if c in allowed_set)) for node in nodes]
     usable = [(node, cpus) for node, cpus in usable if cpus]
     if not usable:
         raise ValueError(f"no NUMA node has any of the CPUs poprun may use ({sorted(allowed_set)})")
-    return [usable[k % len(usable)] for k in range(num_instances)]
+    placed = [usable[k % len(usable)] for k in range(num_instances)]
+    if not per_core:
+        return placed
+    return [(node, (cpus[(k // len(usable)) % len(cpus)],)) for k, (node, cpus) in enumerate(placed)]
 
 
-def local_placement(num_instances: int) -> list[tuple[NumaNode, tuple[int, ...]]]:
-    """Placement on this host: sysfs (or the injected root) and the launcher's own cpuset."""
-    nodes = read_numa_nodes(os.environ.get(SYSFS_ROOT_VARIABLE, "/sys"))
-    return place(num_instances, nodes, os.sched_getaffinity(0))
+def local_placement(num_instances: int, per_core: bool = False,
+                    overload_allowed: bool = False) -> list[tuple[NumaNode, tuple[int, ...]]]:
+    """Placement on this host: sysfs (or the injected root) and the launcher's own cpuset. Cores shared by
+    ``--bind-to core`` are said once, as Open MPI refuses them without ``overload-allowed``: with more
+    instances than CPUs, unbound instances share them better (the scheduler moves them apart)."""
+    allowed = os.sched_getaffinity(0)
+    placed = place(num_instances, read_numa_nodes(os.environ.get(SYSFS_ROOT_VARIABLE, "/sys")), allowed, per_core)
+    if per_core and not overload_allowed and num_instances > len({cpus for _, cpus in placed}):
+        log.warning("--bind-to core: %d instances on %d CPUs here, so some share a CPU (Open MPI refuses this "
+                    "without --bind-to core:overload-allowed); leave --bind-to out to let them move", num_instances,
+                    len({cpus for _, cpus in placed}))
+    return placed

@@ -32,6 +32,10 @@ class Placement:
     hosts: tuple[HostSpec, ...] = ()  # none given: this host alone
     numa_aware: bool | None = None  # None: automatic (on with several instances per host)
     process_placement: str = "spreadnuma"
+    #: mpirun's ``--bind-to`` from ``--mpi-*-args`` ("core", "numa", "none"; None: not given), and whether
+    #: its ``overload-allowed`` qualifier lets cores be shared without a warning.
+    bind_to: str | None = None
+    bind_overload: bool = False
 
     @property
     def replicas_per_instance(self) -> int:
@@ -51,9 +55,23 @@ class Placement:
 
     @property
     def numa_wanted(self) -> bool:
-        """NUMA placement: asked for, or automatic with several instances per host; never when disabled."""
-        wanted = self.numa_aware if self.numa_aware is not None else self.instances_per_host > 1
-        return self.process_placement != "disabled" and wanted
+        """Bound at all: to NUMA nodes when asked for (``--numa-aware``, else ``--bind-to numa|none``), or
+        automatically with several instances per host; to cores when ``--bind-to core`` asks; never when
+        placement is disabled."""
+        if self.process_placement == "disabled":
+            return False
+        if self.numa_aware is not None:
+            wanted = self.numa_aware
+        elif self.bind_to in ("numa", "none"):
+            wanted = self.bind_to == "numa"
+        else:
+            wanted = self.instances_per_host > 1
+        return wanted or self.cores_wanted
+
+    @property
+    def cores_wanted(self) -> bool:
+        """Each instance bound to one CPU (mpirun's ``--bind-to core``), unless placement is disabled."""
+        return self.bind_to == "core" and self.process_placement != "disabled"
 
     def blocks(self) -> tuple[tuple[HostSpec, range], ...]:
         """Each host with the instances it runs: contiguous blocks of the same size, in host order."""

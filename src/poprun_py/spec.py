@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -187,6 +187,9 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
     o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
     placement = _placement(o)
     global_args, local_args, instance_args = _mpi_settings(o, placement.num_instances)
+    binding = global_args.merged(local_args)
+    if binding.bind_to is not None:  # (mpirun's --bind-to: ``Placement.numa_wanted``)
+        placement = replace(placement, bind_to=binding.bind_to, bind_overload=binding.overload)
     vipu = _vipu_settings(o)
     parse_bool("allow_run_as_root", o["allow_run_as_root"])  # accepted; poprun-py never needs root
     return LaunchSpec(
@@ -281,6 +284,9 @@ def _mpi_settings(o: Mapping[str, Any], num_instances: int) -> tuple[MpiArgs, Mp
         if args.tag_output or args.timestamp_output or args.output_filename:
             log.warning("--instance-mpi-local-args=%d: only -x applies per instance; "
                         "output options go in --mpi-global-args", index)
+        if args.bind_to is not None:
+            log.warning("--instance-mpi-local-args=%d: ignoring --bind-to: it applies to every instance; put it "
+                        "in --mpi-local-args", index)
     return global_args, local_args, instance_args
 
 

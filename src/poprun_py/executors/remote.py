@@ -47,13 +47,15 @@ class AgentExecutor:
     """The instances of one host, spawned and watched by the agent at the end of ``channel``."""
 
     def __init__(self, host: str, channel: AgentChannel, events: EventQueue, *,
-                 base_env: Mapping[str, str], grace: float, numa: bool, start_timeout: float) -> None:
+                 base_env: Mapping[str, str], grace: float, numa: bool, start_timeout: float,
+                 cores: bool = False, overload: bool = False) -> None:
         self.host = host
         self._channel = channel
         self._events = events
         self._base_env = dict(base_env)
         self._grace = grace
-        self._numa = numa
+        #: The instances' binding there: to NUMA nodes, to one CPU each (``--bind-to core``), CPUs shared quietly.
+        self._numa, self._cores, self._overload = numa, cores, overload
         self._start_timeout = start_timeout
         self._decoder = wire.FrameDecoder()
         self._live: set[int] = set()
@@ -73,6 +75,8 @@ class AgentExecutor:
             "host": self.host,
             "grace": self._grace,
             "numa": self._numa,
+            "cores": self._cores,
+            "overload": self._overload,
             "base_env": self._base_env,
             "instances": [
                 {"index": p.index, "local_index": p.local_index, "argv": list(p.argv), "env": dict(p.env), "cwd": p.cwd}
