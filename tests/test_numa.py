@@ -123,6 +123,6 @@ def test_bind_to_core_with_more_instances_than_cpus_says_so_unless_overload_is_a
     shared = run_poprun(*common, "--mpi-local-args=--bind-to core", "true", env=env)
     assert shared.returncode == 0, shared.stderr
     warnings = [line for line in shared.stderr.decode().splitlines() if " POPRUN [W] " in line]
-    assert len(warnings) == 1 and "3 instances on 1 CPUs" in warnings[0] and "overload-allowed" in warnings[0], warnings
+    assert len(warnings) == 1 and "3 instances on 1 CPU here" in warnings[0] and "overload-allowed" in warnings[0], warnings
     quiet = run_poprun(*common, "--mpi-local-args=--bind-to core:overload-allowed", "true", env=env)
     assert quiet.returncode == 0 and b" POPRUN [W] " not in quiet.stderr, quiet.stderr

@@ -88,8 +88,9 @@ def local_placement(num_instances: int, per_core: bool = False,
     instances than CPUs, unbound instances share them better (the scheduler moves them apart)."""
     allowed = os.sched_getaffinity(0)
     placed = place(num_instances, read_numa_nodes(os.environ.get(SYSFS_ROOT_VARIABLE, "/sys")), allowed, per_core)
-    if per_core and not overload_allowed and num_instances > len({cpus for _, cpus in placed}):
-        log.warning("--bind-to core: %d instances on %d CPUs here, so some share a CPU (Open MPI refuses this "
+    cpus_used = len({cpus for _, cpus in placed})
+    if per_core and not overload_allowed and num_instances > cpus_used:
+        log.warning("--bind-to core: %d instances on %d CPU%s here, so some share a CPU (Open MPI refuses this "
                     "without --bind-to core:overload-allowed); leave --bind-to out to let them move", num_instances,
-                    len({cpus for _, cpus in placed}))
+                    cpus_used, "" if cpus_used == 1 else "s")
     return placed
