@@ -113,7 +113,7 @@ def test_mpirun_bind_to_reaches_the_placement(capsys: pytest.CaptureFixture[str]
     assert spec_of("poprun --mpi-global-args='--bind-to numa' --mpi-local-args='--bind-to core' prog").placement \
         .bind_to == "core"
     spec = spec_of("poprun --mpi-local-args='--bind-to hwthread:overload-allowed' prog")
-    assert spec.placement.cores_wanted and spec.placement.bind_overload and spec.placement.numa_wanted
+    assert spec.placement.bind_unit == "hwthread" and spec.placement.bind_overload and spec.placement.numa_wanted
     assert spec_of("poprun --mpi-local-args='--bind-to none' --num-instances 2 --num-replicas 2 prog").placement \
         .numa_wanted is False
     capsys.readouterr()

@@ -45,12 +45,32 @@ def test_round_robin_over_the_nodes_the_cpuset_allows() -> None:
         place(1, nodes, allowed={99})
 
 
-def test_bind_to_core_gives_each_instance_one_cpu_spread_over_the_nodes() -> None:
+def test_bind_to_hwthread_gives_each_instance_one_cpu_spread_over_the_nodes() -> None:
     nodes = (NumaNode(0, (0, 1)), NumaNode(1, (2, 3)))
-    placed = place(5, nodes, allowed={0, 1, 2, 3}, per_core=True)
+    placed = place(5, nodes, allowed={0, 1, 2, 3}, unit="hwthread")
     assert [(node.index, cpus) for node, cpus in placed] == [(0, (0,)), (1, (2,)), (0, (1,)), (1, (3,)), (0, (0,))]
-    placed = place(3, nodes, allowed={1, 3}, per_core=True)  # the cpuset's CPUs only, round-robin once all are used
+    placed = place(3, nodes, allowed={1, 3}, unit="hwthread")  # the cpuset's CPUs only, round-robin once all are used
     assert [cpus for _, cpus in placed] == [(1,), (3,), (1,)]
+
+
+def test_bind_to_core_gives_each_instance_a_whole_core() -> None:
+    """Two hardware threads per core (CPUs 0 and 4 share one, as Linux numbers them): ``core`` binds an instance
+    to both, ``hwthread`` to one; a sibling outside the cpuset is left out."""
+    nodes = (NumaNode(0, tuple(range(8))),)
+    siblings = {cpu: (cpu % 4, cpu % 4 + 4) for cpu in range(8)}
+    placed = place(3, nodes, allowed=range(8), unit="core", siblings=siblings)
+    assert [cpus for _, cpus in placed] == [(0, 4), (1, 5), (2, 6)]
+    placed = place(2, nodes, allowed={0, 1, 4}, unit="core", siblings=siblings)
+    assert [cpus for _, cpus in placed] == [(0, 4), (1,)]
+    assert [cpus for _, cpus in place(2, nodes, allowed=range(8), unit="hwthread")] == [(0,), (1,)]
+
+
+def fake_threads(root: Path, siblings: dict[int, str]) -> None:
+    """sysfs's ``cpuN/topology/thread_siblings_list`` for each CPU given."""
+    for cpu, cpulist in siblings.items():
+        topology = root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(cpulist + "\n")
 
 
 def affinities(*args: str, sysfs: Path, instances: int = 2) -> dict[int, list[int]]:
@@ -94,13 +114,26 @@ def test_print_topology_shows_the_cpus(tmp_path: Path) -> None:
 @needs_two_cpus
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_mpirun_bind_to_core_binds_each_instance_to_its_own_cpu(tmp_path: Path, nodes: int) -> None:
-    """``--mpi-local-args='--bind-to core'`` as mpirun takes it: one CPU each, over every node's CPUs, whether
-    the host has one NUMA node or two (and whatever --numa-aware says)."""
+    """``--mpi-local-args='--bind-to core'`` as mpirun takes it: a core each (here one CPU: sysfs describes no
+    hardware threads), over every node's CPUs, whether the host has one NUMA node or two (and whatever
+    --numa-aware says)."""
     cpulists = [f"{ALLOWED[0]},{ALLOWED[1]}"] if nodes == 1 else [str(ALLOWED[0]), str(ALLOWED[1])]
     sysfs = fake_sysfs(tmp_path, cpulists)
     assert affinities("--mpi-local-args=--bind-to core", sysfs=sysfs) == {0: [ALLOWED[0]], 1: [ALLOWED[1]]}
     assert affinities("--mpi-global-args=--bind-to hwthread", "--numa-aware=no", sysfs=sysfs) == \
         {0: [ALLOWED[0]], 1: [ALLOWED[1]]}
+
+
+@needs_two_cpus
+def test_mpirun_bind_to_core_binds_to_a_whole_core_of_two_hardware_threads(tmp_path: Path) -> None:
+    """poprun's two CPUs described as two hardware threads of one core: ``core`` gives each instance that core,
+    and says it is shared; ``hwthread`` gives each a thread."""
+    sysfs = fake_sysfs(tmp_path, [f"{ALLOWED[0]},{ALLOWED[1]}"])
+    pair = f"{ALLOWED[0]},{ALLOWED[1]}"
+    fake_threads(sysfs, {ALLOWED[0]: pair, ALLOWED[1]: pair})
+    pinned = [ALLOWED[0], ALLOWED[1]]
+    assert affinities("--mpi-local-args=--bind-to core:overload-allowed", sysfs=sysfs) == {0: pinned, 1: pinned}
+    assert affinities("--mpi-local-args=--bind-to hwthread", sysfs=sysfs) == {0: [ALLOWED[0]], 1: [ALLOWED[1]]}
 
 
 @needs_two_cpus
@@ -123,6 +156,6 @@ def test_bind_to_core_with_more_instances_than_cpus_says_so_unless_overload_is_a
     shared = run_poprun(*common, "--mpi-local-args=--bind-to core", "true", env=env)
     assert shared.returncode == 0, shared.stderr
     warnings = [line for line in shared.stderr.decode().splitlines() if " POPRUN [W] " in line]
-    assert len(warnings) == 1 and "3 instances on 1 CPU here" in warnings[0] and "overload-allowed" in warnings[0], warnings
+    assert len(warnings) == 1 and "3 instances on 1 core here" in warnings[0] and "overload-allowed" in warnings[0], warnings
     quiet = run_poprun(*common, "--mpi-local-args=--bind-to core:overload-allowed", "true", env=env)
     assert quiet.returncode == 0 and b" POPRUN [W] " not in quiet.stderr, quiet.stderr

@@ -168,7 +168,7 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     agents = {
         label: AgentExecutor(label, host.channel, events, base_env=base_env, grace=spec.supervision.stop_grace,
                              numa=spec.placement.numa_wanted, start_timeout=spec.reach.ssh_timeout,
-                             cores=spec.placement.cores_wanted, overload=spec.placement.bind_overload)
+                             unit=spec.placement.bind_unit, overload=spec.placement.bind_overload)
         for label, host in launch.reach.agents.items()
     }
     return FanOutExecutor(local, agents)

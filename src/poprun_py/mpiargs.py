@@ -39,9 +39,9 @@ class MpiArgs:
     env: tuple[EnvSetting, ...] = ()
     ignored: tuple[str, ...] = ()
     working_dir: str | None = None  # mpirun's -wdir: where instances start, on every host
-    #: mpirun's ``--bind-to``: "core" (each instance on one CPU), "numa" (on a NUMA node), "none", or None: not
-    #: given (poprun's own placement, ``--numa-aware``); with ``overload`` (``core:overload-allowed``) cores may
-    #: be shared without a warning.
+    #: mpirun's ``--bind-to``: "core" or "hwthread" (each instance on one), "numa" (on a NUMA node), "none", or
+    #: None: not given (poprun's own placement, ``--numa-aware``); with ``overload`` (``core:overload-allowed``)
+    #: cores may be shared without a warning.
     bind_to: str | None = None
     overload: bool = False
 
@@ -150,9 +150,10 @@ def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") ->
                    overload_allowed)
 
 
-#: Open MPI's ``--bind-to`` levels poprun-py has: one CPU (a hardware thread is one CPU to the kernel), a NUMA
-#: node (sysfs's, as ``--numa-aware``), or none. Others (socket, l3cache, ...) are warned about and ignored.
-_BIND_LEVELS = {"core": "core", "hwthread": "core", "numa": "numa", "none": "none"}
+#: Open MPI's ``--bind-to`` levels poprun-py has: a core (its hardware threads), a hardware thread (one CPU to
+#: the kernel), a NUMA node (sysfs's, as ``--numa-aware``), or none. Others (socket, l3cache, ...) are warned
+#: about and ignored.
+_BIND_LEVELS = {"core": "core", "hwthread": "hwthread", "numa": "numa", "none": "none"}
 _BIND_QUALIFIERS = {"overload-allowed", "if-supported", "ordered"}
 
 

@@ -1,5 +1,5 @@
 """NUMA placement: instances of a host bound to its NUMA nodes round-robin (or, as mpirun's ``--bind-to
-core``, each to one CPU of them).
+core`` and ``hwthread``, each to one core or one hardware thread of them).
 
 The topology is read from sysfs (``<root>/devices/system/node/node*/cpulist``);
 the root is injectable (``POPRUN_SYSFS_ROOT``) so tests can describe a 2- or
@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 log = logging.getLogger("poprun.numa")
 
@@ -65,32 +65,60 @@ def read_numa_nodes(sysfs_root: str | os.PathLike[str] = "/sys") -> tuple[NumaNo
     return tuple(nodes) or (NumaNode(0, tuple(range(os.cpu_count() or 1))),)
 
 
-def place(num_instances: int, nodes: Sequence[NumaNode], allowed: Iterable[int],
-          per_core: bool = False) -> list[tuple[NumaNode, tuple[int, ...]]]:
-    """Node and CPUs for each of a host's instances, round-robin over the nodes with allowed CPUs; with
-    ``per_core`` (mpirun's ``--bind-to core``) one CPU each, the node's next, round-robin again once every
-    allowed CPU has an instance."""
+def read_core_siblings(cpus: Iterable[int], sysfs_root: str | os.PathLike[str] = "/sys") -> dict[int, tuple[int, ...]]:
+    """Each CPU's core: the hardware threads it shares a core with, itself included (sysfs's
+    ``thread_siblings_list``); a CPU sysfs does not describe is a core of its own."""
+    base = Path(sysfs_root) / "devices" / "system" / "cpu"
+    siblings = {}
+    for cpu in cpus:
+        try:
+            siblings[cpu] = parse_cpulist((base / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
+        except (OSError, ValueError):
+            siblings[cpu] = (cpu,)
+    return siblings
+
+
+def place(num_instances: int, nodes: Sequence[NumaNode], allowed: Iterable[int], unit: str | None = None,
+          siblings: Mapping[int, tuple[int, ...]] | None = None) -> list[tuple[NumaNode, tuple[int, ...]]]:
+    """Node and CPUs for each of a host's instances, round-robin over the nodes with allowed CPUs. With a
+    ``unit`` (mpirun's ``--bind-to``), each gets one of its node's units in turn, round-robin again once every
+    unit has an instance: ``"hwthread"`` one CPU, ``"core"`` one core's allowed CPUs (``siblings``: each CPU's
+    hardware threads; none given: every CPU a core)."""
     allowed_set = set(allowed)
     usable = [(node, tuple(c for c in node.cpus if c in allowed_set)) for node in nodes]
     usable = [(node, cpus) for node, cpus in usable if cpus]
     if not usable:
         raise ValueError(f"no NUMA node has any of the CPUs poprun may use ({sorted(allowed_set)})")
     placed = [usable[k % len(usable)] for k in range(num_instances)]
-    if not per_core:
+    if unit is None:
         return placed
-    return [(node, (cpus[(k // len(usable)) % len(cpus)],)) for k, (node, cpus) in enumerate(placed)]
+    units = {node.index: _units(cpus, unit, siblings or {}) for node, cpus in usable}
+    return [(node, units[node.index][(k // len(usable)) % len(units[node.index])]) for k, (node, _) in enumerate(placed)]
 
 
-def local_placement(num_instances: int, per_core: bool = False,
+def _units(cpus: tuple[int, ...], unit: str, siblings: Mapping[int, tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """A node's allowed ``cpus`` as binding units, in CPU order: one each, or one per core."""
+    if unit == "hwthread":
+        return [(cpu,) for cpu in cpus]
+    cores: dict[tuple[int, ...], list[int]] = {}
+    for cpu in cpus:
+        cores.setdefault(siblings.get(cpu, (cpu,)), []).append(cpu)
+    return [tuple(members) for members in cores.values()]
+
+
+def local_placement(num_instances: int, unit: str | None = None,
                     overload_allowed: bool = False) -> list[tuple[NumaNode, tuple[int, ...]]]:
-    """Placement on this host: sysfs (or the injected root) and the launcher's own cpuset. Cores shared by
-    ``--bind-to core`` are said once, as Open MPI refuses them without ``overload-allowed``: with more
-    instances than CPUs, unbound instances share them better (the scheduler moves them apart)."""
+    """Placement on this host: sysfs (or the injected root) and the launcher's own cpuset. Cores or threads
+    shared under ``--bind-to`` are said once, as Open MPI refuses them without ``overload-allowed``: with more
+    instances than cores, unbound instances share them better (the scheduler moves them apart)."""
     allowed = os.sched_getaffinity(0)
-    placed = place(num_instances, read_numa_nodes(os.environ.get(SYSFS_ROOT_VARIABLE, "/sys")), allowed, per_core)
-    cpus_used = len({cpus for _, cpus in placed})
-    if per_core and not overload_allowed and num_instances > cpus_used:
-        log.warning("--bind-to core: %d instances on %d CPU%s here, so some share a CPU (Open MPI refuses this "
-                    "without --bind-to core:overload-allowed); leave --bind-to out to let them move", num_instances,
-                    cpus_used, "" if cpus_used == 1 else "s")
+    root = os.environ.get(SYSFS_ROOT_VARIABLE, "/sys")
+    siblings = read_core_siblings(allowed, root) if unit == "core" else None
+    placed = place(num_instances, read_numa_nodes(root), allowed, unit, siblings)
+    units_used = len({cpus for _, cpus in placed})
+    if unit is not None and not overload_allowed and num_instances > units_used:
+        noun = "core" if unit == "core" else "CPU"
+        log.warning("--bind-to %s: %d instances on %d %s%s here, so some share one (Open MPI refuses this without "
+                    "--bind-to %s:overload-allowed); leave --bind-to out to let them move", unit, num_instances,
+                    units_used, noun, "" if units_used == 1 else "s", unit)
     return placed

@@ -46,15 +46,15 @@ def local_host_cpus(placement: Placement, remote_hosts: Collection[str] = ()) ->
 
 
 def numa_binding(placement: Placement) -> dict[int, tuple[int, ...]]:
-    """CPUs per instance on this host: a NUMA node's, or one (``--bind-to core``); remote agents place their
-    own instances on their own nodes."""
+    """CPUs per instance on this host: a NUMA node's, or a core's or one (``--bind-to core|hwthread``); remote
+    agents place their own instances on their own nodes."""
     if not placement.numa_wanted:
         return {}
     per_host = placement.instances_per_host
     from .numa import local_placement
 
     try:
-        cpus = local_placement(per_host, placement.cores_wanted, placement.bind_overload)
+        cpus = local_placement(per_host, placement.bind_unit, placement.bind_overload)
     except ValueError as exc:
         log.warning("NUMA placement is off: %s", exc)
         return {}

@@ -32,8 +32,8 @@ class Placement:
     hosts: tuple[HostSpec, ...] = ()  # none given: this host alone
     numa_aware: bool | None = None  # None: automatic (on with several instances per host)
     process_placement: str = "spreadnuma"
-    #: mpirun's ``--bind-to`` from ``--mpi-*-args`` ("core", "numa", "none"; None: not given), and whether
-    #: its ``overload-allowed`` qualifier lets cores be shared without a warning.
+    #: mpirun's ``--bind-to`` from ``--mpi-*-args`` ("core", "hwthread", "numa", "none"; None: not given), and
+    #: whether its ``overload-allowed`` qualifier lets cores be shared without a warning.
     bind_to: str | None = None
     bind_overload: bool = False
 
@@ -56,8 +56,8 @@ class Placement:
     @property
     def numa_wanted(self) -> bool:
         """Bound at all: to NUMA nodes when asked for (``--numa-aware``, else ``--bind-to numa|none``), or
-        automatically with several instances per host; to cores when ``--bind-to core`` asks; never when
-        placement is disabled."""
+        automatically with several instances per host; to cores or hardware threads when ``--bind-to`` asks
+        (``bind_unit``); never when placement is disabled."""
         if self.process_placement == "disabled":
             return False
         if self.numa_aware is not None:
@@ -66,12 +66,13 @@ class Placement:
             wanted = self.bind_to == "numa"
         else:
             wanted = self.instances_per_host > 1
-        return wanted or self.cores_wanted
+        return wanted or self.bind_unit is not None
 
     @property
-    def cores_wanted(self) -> bool:
-        """Each instance bound to one CPU (mpirun's ``--bind-to core``), unless placement is disabled."""
-        return self.bind_to == "core" and self.process_placement != "disabled"
+    def bind_unit(self) -> str | None:
+        """What each instance is bound to one of, mpirun's ``--bind-to core`` or ``hwthread`` (``numa.place``'s
+        unit), unless placement is disabled; else None."""
+        return self.bind_to if self.bind_to in ("core", "hwthread") and self.process_placement != "disabled" else None
 
     def blocks(self) -> tuple[tuple[HostSpec, range], ...]:
         """Each host with the instances it runs: contiguous blocks of the same size, in host order."""

@@ -137,8 +137,8 @@ def _plans(start: Mapping[str, Any]) -> list[InstancePlan]:
         from ..numa import local_placement
 
         try:
-            cpus = [placed for _, placed in local_placement(len(instances), bool(start.get("cores")),
-                                                            bool(start.get("overload")))]
+            unit = start.get("unit") if start.get("unit") in ("core", "hwthread") else None
+            cpus = [placed for _, placed in local_placement(len(instances), unit, bool(start.get("overload")))]
         except ValueError as exc:
             log.warning("NUMA placement is off on this host: %s", exc)
     plans = []

@@ -48,14 +48,15 @@ class AgentExecutor:
 
     def __init__(self, host: str, channel: AgentChannel, events: EventQueue, *,
                  base_env: Mapping[str, str], grace: float, numa: bool, start_timeout: float,
-                 cores: bool = False, overload: bool = False) -> None:
+                 unit: str | None = None, overload: bool = False) -> None:
         self.host = host
         self._channel = channel
         self._events = events
         self._base_env = dict(base_env)
         self._grace = grace
-        #: The instances' binding there: to NUMA nodes, to one CPU each (``--bind-to core``), CPUs shared quietly.
-        self._numa, self._cores, self._overload = numa, cores, overload
+        #: The instances' binding there: to NUMA nodes, to a core or hardware thread each (``--bind-to``: the
+        #: unit), units shared quietly.
+        self._numa, self._unit, self._overload = numa, unit, overload
         self._start_timeout = start_timeout
         self._decoder = wire.FrameDecoder()
         self._live: set[int] = set()
@@ -75,7 +76,7 @@ class AgentExecutor:
             "host": self.host,
             "grace": self._grace,
             "numa": self._numa,
-            "cores": self._cores,
+            "unit": self._unit,
             "overload": self._overload,
             "base_env": self._base_env,
             "instances": [
