@@ -215,12 +215,15 @@ def many_peers_copy_call(plan: BoardAllgather) -> Callable[..., np.ndarray | Non
             payload = publish(seq, x, payload)
             if out is not plan._rows_for:
                 plan._rows_of(out)
-            result = None
+            result, waited = None, False
             for (link, box, peer_words, slots), row in zip(waits, plan._peer_rows):  # (``many_peers_call``'s checks)
                 wanted = box.board_taken + 1
                 publication_at, index_at, header_bytes, theirs = slots[wanted & 1]
-                if ((peer_words[publication_at] != wanted and not awaited(peer_words, publication_at, wanted, spin))
-                        or peer_words[index_at] != link.received or header_bytes.tobytes() != header):
+                if peer_words[publication_at] != wanted:
+                    waited = True
+                    if not awaited(peer_words, publication_at, wanted, spin):
+                        break
+                if peer_words[index_at] != link.received or header_bytes.tobytes() != header:
                     break
                 row[:] = theirs
             else:
@@ -229,8 +232,8 @@ def many_peers_copy_call(plan: BoardAllgather) -> Callable[..., np.ndarray | Non
                 for link, box in taken:  # take (``took_published``, inline): their writers may reuse those slots
                     box.board_taken += 1
                     link.received += 1
-                if spreader is not None:
-                    os.sched_yield()  # (``many_peers_call``'s: see board's module docstring)
+                if spreader is not None and not waited:
+                    os.sched_yield()  # (``many_peers_call``'s, when it published last: see board's module docstring)
         except BaseException as exc:
             if hot:
                 failed(exc)
