@@ -73,9 +73,20 @@ def test_horovod_semantics_over_three_instances() -> None:
         assert out["grad"] == [6.0]  # the gradient of a Sum allreduce is the Sum allreduce of the gradients
         assert out["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
         assert out["broadcast"] == [10.0] and out["broadcast_"] == [20.0]
-        assert out["allgather_grad"] == [[3.0, 3.0]] * (r + 1)
-        assert out["broadcast_grad"] == ([3.0] if r == 1 else [0.0])
+        # Horovod's since 0.22: the average of the gradients (the sum, 3.0, was 0.21's and n times too large)
+        assert out["allgather_grad"] == [[1.0, 1.0]] * (r + 1)
+        assert out["broadcast_grad"] == ([1.0] if r == 1 else [0.0])
         assert out["object"] == {"from": 1, "list": [1, 1]} and out["objects"] == [["rank", k] for k in range(3)]
+        assert out["int_average_scaled"] == [3]  # Horovod scales the sum once: 5 * 2/3, not 5 // 3 * 2
+        assert out["synchronize_twice"] == [[6.0, 6.0], None]
+        third = float(torch.tensor(1.0) - torch.tensor(1.0) / 3)  # (in float32)
+        rows = [[third] * 2] * 3 + [[1.0, 1.0]]  # each rank's row: its gradient 1, averaged over 3
+        assert out["sparse_as_dense_False"] == rows and out["sparse_as_dense_True"] == rows
+        if importlib.util.find_spec("cloudpickle") is None:
+            assert out["lambdas"].startswith("PicklingError: Can't pickle <function <lambda>")
+            assert "pip install cloudpickle" in out["lambdas"]
+        else:
+            assert out["lambdas"] == [2, 2, 2]
         assert out["optimizer_class"] == ["SGD", True] and out["weights_everywhere_equal"] is True
         first, adasum, root = out["errors"]
         assert first.startswith("ValueError") and "not both" in first
@@ -193,6 +204,32 @@ def test_mpi4py_semantics_over_three_instances() -> None:
     assert by_rank[2]["recv"] == {"hello": "from 0"} and by_rank[0]["recv"] == [1, 2, 3]
     assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
 
+
+def test_mpi4py_buffers_are_read_and_written_in_memory_order() -> None:
+    by_rank = records(run_poprun(*job(3), *python_program("mpi_buffers.py")))
+    assert sorted(by_rank) == [0, 1, 2]
+    for r, out in by_rank.items():
+        assert out["fortran_allreduce"] == [[6.0, 6.0]] * 3  # (into the Fortran-ordered array itself, not a copy)
+        assert out["fortran_bcast"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+        assert out["count_spec"] == [0.0, 0.0] + [float(r)] * 2
+        assert out["allgather_in_place"] == [0.0, 10.0, 20.0]
+        assert out["not_contiguous"].startswith("Allreduce: the array is not contiguous in memory")
+        assert out["op_create"][0] == "NotProvidedError" and "MPI.Op.Create is not provided" in out["op_create"][1]
+    assert by_rank[1]["recv_larger"] == [[0.0, 1.0, 2.0, -1.0, -1.0], 3, 24, 0]
+    assert by_rank[1]["recv_shaped"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert by_rank[1]["truncated"] == ("Recv: message truncated: rank 0 sent 40 bytes, the receive buffer holds 16 "
+                                       "(MPI_ERR_TRUNCATE)")
+    assert by_rank[2]["gather_in_place"] == [[0.0, 0.5], [1.0, 1.5], [2.0, 2.5]]
+
+
+def test_mpi4py_sends_that_cannot_pair_up_say_so() -> None:
+    result = run_poprun(*job(2), *python_program("mpi_both_send.py"))
+    lines = lines_of(result)
+    assert len(lines) == 2, lines
+    for r in range(2):
+        line = next(text for text in lines if text.startswith(f"rank {r}: "))
+        assert f"CollectiveMismatchError: send: ranks {r} and {1 - r} both sent first" in line
+        assert "synchronous, as MPI_Ssend" in line
 
 # -- how programs find them, and the off switch -----------------------------------------------------------
 def test_our_mpi4py_wins_over_an_installed_one_under_poprun() -> None:

@@ -16,7 +16,7 @@ calls; never feed them bytes from anywhere else.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -61,19 +61,26 @@ def allgather_bytes(data: bytes, group: Sequence[int] | None = None) -> list[byt
     return [rows[k, :int(n)].tobytes() for k, n in enumerate(lengths)]
 
 
-def broadcast_object(obj: Any, root: int, group: Sequence[int] | None = None) -> Any:
-    """The root's ``obj`` on every member, pickled (see the module docstring for why that is safe here)."""
+def _pickled(obj: Any) -> bytes:
+    return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+
+
+def broadcast_object(obj: Any, root: int, group: Sequence[int] | None = None,
+                     dumps: Callable[[Any], bytes] = _pickled) -> Any:
+    """The root's ``obj`` on every member, pickled by ``dumps`` (see the module docstring for why unpickling is
+    safe here)."""
     fabric = current_fabric()
-    data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL) if fabric.instance == root else None
+    data = dumps(obj) if fabric.instance == root else None
     received = broadcast_bytes(data, root, group)
     return obj if fabric.instance == root else pickle.loads(received)  # noqa: S301 - the job's own instances
 
 
-def allgather_objects(obj: Any, group: Sequence[int] | None = None) -> list[Any]:
-    """Every member's ``obj``, in member order (this member's own object is not copied)."""
+def allgather_objects(obj: Any, group: Sequence[int] | None = None,
+                      dumps: Callable[[Any], bytes] = _pickled) -> list[Any]:
+    """Every member's ``obj``, pickled by ``dumps``, in member order (this member's own object is not copied)."""
     fabric = current_fabric()
     members = _group(group)
-    blobs = allgather_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), members)
+    blobs = allgather_bytes(dumps(obj), members)
     mine = list(members).index(fabric.instance) if members else fabric.instance
     return [obj if k == mine else pickle.loads(blob) for k, blob in enumerate(blobs)]  # noqa: S301
 

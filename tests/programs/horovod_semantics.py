@@ -35,16 +35,32 @@ out["grad"] = w.grad.tolist()  # the sum over ranks of (rank + 1)
 out["allgather"] = hvd.allgather(torch.full((r + 1, 2), float(r))).tolist()  # first dims 1, 2, 3
 rows = torch.ones(r + 1, 2, requires_grad=True)
 hvd.allgather(rows).sum().backward()
-out["allgather_grad"] = rows.grad.tolist()  # this rank's rows of the summed gradient
+out["allgather_grad"] = rows.grad.tolist()  # this rank's rows of the averaged gradient (Horovod >= 0.22)
 source = torch.tensor([1.0], requires_grad=True)
 hvd.broadcast(source, root_rank=1).sum().backward()
-out["broadcast_grad"] = source.grad.tolist()  # the root gets every rank's gradient, the others none
+out["broadcast_grad"] = source.grad.tolist()  # the root gets the ranks' average gradient, the others none
 b = torch.tensor([10.0 * r])
 out["broadcast"] = hvd.broadcast(b, root_rank=1).tolist()
 hvd.broadcast_(b, root_rank=2)
 out["broadcast_"] = b.tolist()
 out["object"] = hvd.broadcast_object({"from": r, "list": [r] * 2}, root_rank=1)
 out["objects"] = hvd.allgather_object(("rank", r))
+
+out["int_average_scaled"] = hvd.allreduce(torch.tensor([1 if r == 1 else 2]), postscale_factor=2.0).tolist()
+done = hvd.allreduce_async(t, op=hvd.Sum)
+out["synchronize_twice"] = [hvd.synchronize(done).tolist(), hvd.synchronize(done)]
+for dense in (False, True):  # an embedding's sparse gradient: gathered, or made dense (sparse_as_dense)
+    embedding = torch.nn.Embedding(4, 2, sparse=True)
+    with torch.no_grad():
+        embedding.weight.fill_(1.0)
+    sparse_opt = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=1.0), sparse_as_dense=dense)
+    embedding(torch.tensor([r])).sum().backward()
+    sparse_opt.step()
+    out[f"sparse_as_dense_{dense}"] = embedding.weight.tolist()
+try:
+    out["lambdas"] = [f(1) for f in hvd.allgather_object(lambda x: x + 1)]  # with cloudpickle, as Horovod
+except Exception as exc:  # noqa: BLE001 - without it, the error says what to install
+    out["lambdas"] = f"{type(exc).__name__}: {exc}"
 
 torch.manual_seed(r)  # every instance starts from other weights
 model = torch.nn.Linear(3, 1)

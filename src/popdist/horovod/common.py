@@ -166,7 +166,8 @@ def allreduce_array(x: np.ndarray, op: ReduceOp, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0) -> np.ndarray:
     """A new array: ``x`` reduced over the instances (in instance order: the same bits everywhere).
 
-    Average of an integer array sums, divides and truncates toward zero, as Horovod's scaling does.
+    Average of an integer array sums, scales once by ``postscale_factor / size`` and truncates toward zero, as
+    Horovod's scaling does (dividing and truncating first, then scaling, lost what the division had left).
     """
     import numpy as np
 
@@ -175,7 +176,7 @@ def allreduce_array(x: np.ndarray, op: ReduceOp, prescale_factor: float = 1.0,
         x = (x * prescale_factor).astype(x.dtype, copy=False)
     if op is ReduceOp.Average and x.dtype.kind in "iu":
         members = len(group) if group else fabric.num_instances
-        out = (fabric.allreduce(x, "sum", group) / members).astype(x.dtype)
+        return (fabric.allreduce(x, "sum", group) * (postscale_factor / members)).astype(x.dtype)
     else:
         out = fabric.allreduce(x, _FABRIC_OPS[op], group)
     if postscale_factor != 1.0:

@@ -6,9 +6,15 @@ array, or ``[array, MPI.FLOAT]``-style specs. Reductions run in rank order, so e
 bits. Rooted operations (``Gather``, ``Reduce``, ``Scatter``) run as their all-to-all forms and keep the
 root's part: simpler, and the same result.
 
+Buffers are read and written as they lie in memory, as MPI's are: a C- or Fortran-contiguous array (a
+non-contiguous one raises ``BufferError``, as in mpi4py), the first ``count`` items of a
+``[buffer, count, datatype]`` spec, any object with the buffer protocol.
+
 Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are synchronous, as ``MPI_Ssend``: ``send``
-returns once the receiver has called ``recv``. The source must be named (no ``ANY_SOURCE``), and a program
-where two ranks both send to each other before receiving waits forever, as it may under MPI.
+returns once the receiver has called ``recv``. The source must be named (no ``ANY_SOURCE``), and messages
+are received in the order they were sent. ``Recv`` takes a message of at most its buffer's bytes, as MPI
+does. Two ranks that both send to each other before receiving raise an error that says so; a longer cycle
+of sends (a ring where every rank sends first) waits forever, as it may under MPI with large messages.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import numpy as np
 
 from popdist import core
 from popdist.backend import current_fabric
-from popdist.ragged import allgather_objects, broadcast_bytes, broadcast_object
+from popdist.ragged import allgather_objects, broadcast_object
+from simipu.fabric.errors import CollectiveMismatchError
 
 README_SECTION = "README \"Running Graphcore's programs\""
 
@@ -42,6 +49,11 @@ class Op:
 
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Op {self.name}>"
+
+    @classmethod
+    def Create(cls, function: Any, commute: bool = False) -> Op:
+        raise NotProvidedError(f"MPI.Op.Create is not provided by poprun-py's mpi4py (user-defined reductions); "
+                               f"use the lowercase allreduce with a Python function, see {README_SECTION}")
 
 
 class Datatype:
@@ -67,13 +79,14 @@ class _InPlace:
 IN_PLACE = _InPlace()
 ANY_SOURCE = -1
 ANY_TAG = -1
+UNDEFINED = -32766  # (Open MPI's value)
 
 
 class Status:
-    """Filled by ``recv(status=...)``: the source and tag of the message received."""
+    """Filled by ``recv(status=...)``: the source, tag and size in bytes of the message received."""
 
     def __init__(self) -> None:
-        self.source, self.tag = ANY_SOURCE, ANY_TAG
+        self.source, self.tag, self.error, self.nbytes = ANY_SOURCE, ANY_TAG, 0, 0
 
     def Get_source(self) -> int:
         return self.source
@@ -81,28 +94,57 @@ class Status:
     def Get_tag(self) -> int:
         return self.tag
 
+    def Get_error(self) -> int:
+        return self.error
+
+    def Get_count(self, datatype: Datatype | None = None) -> int:
+        """Items of ``datatype`` (bytes by default) in the message; ``UNDEFINED`` if they do not divide it."""
+        size = 1 if datatype is None else datatype.Get_size()
+        return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
+
+    Get_elements = Get_count
+
+    source_ = property(Get_source)
+    count = property(Get_count)
+
 
 def _buffer(spec: Any, what: str) -> np.ndarray:
-    """The NumPy array of a buffer spec: an array, or ``[buffer, datatype]`` / ``[buffer, count, datatype]``."""
-    datatype = None
+    """The memory of a buffer spec as a one-dimensional array, in memory order, sharing it: an array, or
+    ``[buffer, datatype]`` / ``[buffer, count, datatype]``, or any object with the buffer protocol."""
+    datatype, count = None, None
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise TypeError(f"{what}: an empty buffer spec")
+        if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
+            count = int(spec[1])
         spec, datatype = spec[0], spec[-1] if isinstance(spec[-1], Datatype) else None
     if isinstance(spec, np.ndarray):
-        return spec if datatype is None or spec.dtype == datatype.dtype else spec.view(datatype.dtype)
-    try:
-        view = memoryview(spec)
-    except TypeError:
-        raise TypeError(f"{what}: {type(spec).__name__} is not a buffer; pass a NumPy array (or use the "
-                        f"lowercase method for Python objects)") from None
-    return np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B"))
+        if not (spec.flags.c_contiguous or spec.flags.f_contiguous):
+            raise BufferError(f"{what}: the array is not contiguous in memory; MPI reads and writes a buffer as it lies "
+                              "in memory, so mpi4py refuses it and so does poprun-py: pass "
+                              "np.ascontiguousarray(...) and copy the result back")
+        flat = spec.ravel(order="K")  # (a view: in memory order, C or Fortran)
+        if datatype is not None and flat.dtype != datatype.dtype:
+            flat = flat.view(np.uint8).view(datatype.dtype)
+    else:
+        try:
+            view = memoryview(spec)
+        except TypeError:
+            raise TypeError(f"{what}: {type(spec).__name__} is not a buffer; pass a NumPy array (or use the "
+                            f"lowercase method for Python objects)") from None
+        flat = np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B")).reshape(-1)
+    if count is not None:
+        if not 0 <= count <= flat.size:
+            raise ValueError(f"{what}: count {count} is more than the buffer's {flat.size} items")
+        flat = flat[:count]
+    return flat
 
 
 def _into(recvbuf: np.ndarray, values: np.ndarray, what: str) -> None:
+    """``values`` into ``recvbuf`` (``_buffer``'s view of the caller's memory), converting the dtype."""
     if recvbuf.size != values.size:
         raise ValueError(f"{what}: the receive buffer holds {recvbuf.size} elements, the result has {values.size}")
-    np.copyto(recvbuf.reshape(-1), values.reshape(-1), casting="unsafe")
+    np.copyto(recvbuf, values.reshape(-1), casting="unsafe")
 
 
 class Comm:
@@ -167,22 +209,32 @@ class Comm:
         """Synchronous: returns once ``dest`` has received (see the module docstring)."""
         import pickle
 
-        self._pair_bytes(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), self.Get_rank(), dest, tag, "send")
+        self._send_bytes(np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag, "send")
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
         import pickle
 
-        data = self._pair_bytes(None, source, self.Get_rank(), tag, "recv", status)
-        return pickle.loads(data)  # noqa: S301 - from this job's own instances only (popdist.ragged)
+        data = self._recv_bytes(source, tag, "recv", status)
+        return pickle.loads(data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
 
-    def _pair_bytes(self, data: bytes | None, source: int, dest: int, tag: int, what: str,
-                    status: Status | None = None) -> bytes:
-        src, pair = self._pair(data is not None, source, dest, tag, what, status)
-        return broadcast_bytes(data, src, pair)
+    def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
+        """A message to ``dest``: its header (tag, size), then its bytes."""
+        src, pair, _ = self._pair(True, self.Get_rank(), dest, tag, data.size, what, None)
+        if data.size:
+            current_fabric().broadcast(data, src, pair)
 
-    def _pair(self, sending: bool, source: int, dest: int, tag: int, what: str,
-              status: Status | None) -> tuple[int, tuple[int, ...]]:
-        """The source instance and the pair; the sender's tag goes first, checked by the receiver."""
+    def _recv_bytes(self, source: int, tag: int, what: str, status: Status | None) -> np.ndarray:
+        """The next message from ``source``, as bytes; raises (having taken it) if it has another tag."""
+        src, pair, (sent_tag, nbytes) = self._pair(False, source, self.Get_rank(), tag, 0, what, status)
+        data = current_fabric().broadcast(np.empty(nbytes, np.uint8), src, pair) if nbytes else np.empty(0, np.uint8)
+        if tag != ANY_TAG and sent_tag != tag:  # (taken first: the sender is not left waiting)
+            raise ValueError(f"{what}: expected tag {tag} from rank {source}, the next message has tag {sent_tag} "
+                             "(poprun-py's messages arrive in the order they were sent, whatever their tags)")
+        return data
+
+    def _pair(self, sending: bool, source: int, dest: int, tag: int, nbytes: int, what: str,
+              status: Status | None) -> tuple[int, tuple[int, ...], tuple[int, int]]:
+        """The source instance, the pair, and the message's (tag, bytes): the sender's header goes first."""
         if source == ANY_SOURCE:
             raise NotProvidedError(f"{what}(source=ANY_SOURCE) is not provided by poprun-py's mpi4py: name the "
                                    f"source rank (see {README_SECTION})")
@@ -190,12 +242,19 @@ class Comm:
         if src == dst:
             raise ValueError(f"{what}: a rank cannot send to itself here (source and dest are both {source})")
         pair = tuple(sorted((src, dst)))
-        sent_tag = int(current_fabric().broadcast(np.array([tag if sending else 0], np.int64), src, pair)[0])
-        if not sending and tag != ANY_TAG and sent_tag != tag:
-            raise ValueError(f"{what}: expected tag {tag} from rank {source}, the next message has tag {sent_tag}")
+        header = np.array([tag, nbytes] if sending else [0, 0], np.int64)
+        try:
+            sent_tag, sent_bytes = (int(v) for v in current_fabric().broadcast(header, src, pair))
+        except CollectiveMismatchError as exc:
+            other = dest if sending else source
+            raise CollectiveMismatchError(
+                f"{what}: ranks {self.Get_rank()} and {other} both {'sent' if sending else 'received'} first "
+                f"(or called other methods in another order): poprun-py's send is synchronous, as MPI_Ssend, so "
+                f"each send needs its recv on the other side first; let one of the two receive first "
+                f"(the fabric said: {exc})") from exc
         if status is not None:
-            status.source, status.tag = source, sent_tag
-        return src, pair
+            status.source, status.tag, status.nbytes = source, sent_tag, sent_bytes
+        return src, pair, (sent_tag, sent_bytes)
 
     # -- buffers ------------------------------------------------------------------------------------------
     def Bcast(self, buf: Any, root: int = 0) -> None:
@@ -220,13 +279,29 @@ class Comm:
             _into(_buffer(recvbuf, "Reduce"), result, "Reduce")
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        _into(_buffer(recvbuf, "Allgather"), current_fabric().allgather(_buffer(sendbuf, "Allgather"), self._group()),
-              "Allgather")
+        recv = _buffer(recvbuf, "Allgather")
+        send = self._own_block(recv, "Allgather") if sendbuf is IN_PLACE else _buffer(sendbuf, "Allgather")
+        _into(recv, current_fabric().allgather(send, self._group()), "Allgather")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        gathered = current_fabric().allgather(_buffer(sendbuf, "Gather"), self._group())
-        if self.Get_rank() == self._rank_checked(root, "Gather"):
+        is_root = self.Get_rank() == self._rank_checked(root, "Gather")
+        if sendbuf is IN_PLACE:
+            if not is_root:
+                raise ValueError("Gather: only the root may pass MPI.IN_PLACE")
+            send = self._own_block(_buffer(recvbuf, "Gather"), "Gather")
+        else:
+            send = _buffer(sendbuf, "Gather")
+        gathered = current_fabric().allgather(send, self._group())
+        if is_root:
             _into(_buffer(recvbuf, "Gather"), gathered, "Gather")
+
+    def _own_block(self, recv: np.ndarray, what: str) -> np.ndarray:
+        """With ``MPI.IN_PLACE``: this rank's block of the receive buffer, where MPI takes its contribution from."""
+        size = self.Get_size()
+        if recv.size % size:
+            raise ValueError(f"{what}: the receive buffer's {recv.size} items do not split into {size} ranks' blocks")
+        block = recv.size // size
+        return recv[self.Get_rank() * block:(self.Get_rank() + 1) * block].copy()
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         recv = _buffer(recvbuf, "Scatter")
@@ -243,17 +318,17 @@ class Comm:
         _into(recv, everything[self.Get_rank()], "Scatter")
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
-        """Synchronous, as ``send``; the receiver's buffer must have the same shape and dtype."""
-        self._pair_array(_buffer(buf, "Send"), self.Get_rank(), dest, tag, "Send")
+        """Synchronous, as ``send``: the buffer's bytes."""
+        self._send_bytes(_buffer(buf, "Send").view(np.uint8), dest, tag, "Send")
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
-        array = _buffer(buf, "Recv")
-        _into(array, self._pair_array(array, source, self.Get_rank(), tag, "Recv", status), "Recv")
-
-    def _pair_array(self, array: np.ndarray, source: int, dest: int, tag: int, what: str,
-                    status: Status | None = None) -> np.ndarray:
-        src, pair = self._pair(what == "Send", source, dest, tag, what, status)
-        return current_fabric().broadcast(np.ascontiguousarray(array), src, pair)
+        """The message's bytes into the start of ``buf``, which must have room for them (MPI_ERR_TRUNCATE)."""
+        room = _buffer(buf, "Recv").view(np.uint8)
+        data = self._recv_bytes(source, tag, "Recv", status)
+        if data.size > room.size:
+            raise ValueError(f"Recv: message truncated: rank {source} sent {data.size} bytes, the receive buffer "
+                             f"holds {room.size} (MPI_ERR_TRUNCATE)")
+        room[:data.size] = data
 
     def _rank_checked(self, root: int, what: str) -> int:
         self._instance(root, what)

@@ -1,12 +1,14 @@
 """Horovod's helpers for a model and its optimizer: start every instance from the root's parameters and
 optimizer state; send any picklable object (``broadcast_object``, ``allgather_object``).
 
-Objects travel pickled between the instances of this job only, over its authenticated fabric, as in
-Horovod (which pickles too); see ``popdist.ragged``.
+Objects travel pickled between the instances of this job only, over its authenticated fabric; see
+``popdist.ragged``. As in Horovod, by ``cloudpickle`` when it is installed (lambdas and functions defined in
+a function travel too), else by the standard ``pickle``, with an error that says so for what it cannot take.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -48,14 +50,28 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
     """``obj`` as it is on ``root_rank``, on every instance (any picklable object)."""
     if process_set is not None:
         raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
-    return _broadcast_object(obj, _root(root_rank), current_group())
+    return _broadcast_object(obj, _root(root_rank), current_group(), _dumps)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: object = None) -> list[Any]:
     """Every instance's ``obj``, in rank order."""
     if process_set is not None:
         raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
-    return allgather_objects(obj, current_group())
+    return allgather_objects(obj, current_group(), _dumps)
+
+
+def _dumps(obj: Any) -> bytes:
+    """``obj`` pickled as Horovod pickles it: by cloudpickle if installed (see the module docstring)."""
+    try:
+        import cloudpickle  # type: ignore[import-not-found, import-untyped, unused-ignore]
+    except ImportError:
+        try:
+            return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise pickle.PicklingError(
+                f"{exc}; Horovod sends objects with cloudpickle, which takes lambdas and functions defined in "
+                "a function: pip install cloudpickle, and poprun-py's Horovod uses it") from exc
+    return bytes(cloudpickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
 
 
 def _is_root(root_rank: int) -> bool:

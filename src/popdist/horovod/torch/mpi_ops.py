@@ -143,7 +143,8 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 
 class HorovodAllgather(torch.autograd.Function):
-    """Allgather as an autograd function: each instance's gradient is its rows of the summed gradient."""
+    """Allgather as an autograd function: each instance's gradient is its rows of the averaged gradient (as
+    Horovod's since 0.22, whose allgather and broadcast gradients had been the sum, ``size`` times too large)."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
@@ -153,10 +154,10 @@ class HorovodAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        summed = _allreduce(grad_output, ReduceOp.Sum, 1.0, 1.0)
+        averaged = _allreduce(grad_output, ReduceOp.Average, 1.0, 1.0)
         members = current_group()  # (execute_on_instances: the rows are the group's, in member order)
         me = members.index(rank()) if members else rank()
-        return summed.narrow(0, sum(ctx.rows[:me]), ctx.rows[me]),
+        return averaged.narrow(0, sum(ctx.rows[:me]), ctx.rows[me]),
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: object = None) -> torch.Tensor:
@@ -167,7 +168,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: object
 
 
 class HorovodBroadcast(torch.autograd.Function):
-    """Broadcast as an autograd function: the root's gradient is the sum of every instance's; others get 0."""
+    """Broadcast as an autograd function: the root's gradient is the average of every instance's (Horovod's
+    since 0.22, as ``HorovodAllgather``'s); the others get 0."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int) -> torch.Tensor:
@@ -176,10 +178,10 @@ class HorovodBroadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        summed = _allreduce(grad_output, ReduceOp.Sum, 1.0, 1.0)
+        averaged = _allreduce(grad_output, ReduceOp.Average, 1.0, 1.0)
         if rank() != ctx.root_rank:
-            summed = torch.zeros_like(summed)
-        return summed, None
+            averaged = torch.zeros_like(averaged)
+        return averaged, None
 
 
 def _broadcast(tensor: torch.Tensor, root_rank: int) -> torch.Tensor:
@@ -261,9 +263,6 @@ def poll(handle: int) -> bool:
     return True
 
 
-def synchronize(handle: int) -> torch.Tensor:
-    """The result of the async operation ``handle``."""
-    try:
-        return _handles.pop(handle)
-    except KeyError:
-        raise ValueError(f"unknown handle {handle!r} (already synchronized?)") from None
+def synchronize(handle: int) -> torch.Tensor | None:
+    """The result of the async operation ``handle``; None for a handle already synchronized (as Horovod's)."""
+    return _handles.pop(handle, None)

@@ -29,6 +29,7 @@ class _DistributedOptimizer:
     _hvd_compression: Any
     _hvd_predivide: float
     _hvd_skip: bool
+    _hvd_sparse_as_dense: bool
     param_groups: list[dict[str, Any]]
 
     def synchronize(self) -> None:
@@ -39,6 +40,11 @@ class _DistributedOptimizer:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            elif p.grad.is_sparse:  # (an embedding's with sparse=True)
+                if not self._hvd_sparse_as_dense:
+                    p.grad = _sparse_allreduce(p.grad, self._hvd_op)
+                    continue
+                p.grad = p.grad.to_dense()
             grads.append(p.grad)
         by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for grad in grads:
@@ -73,6 +79,22 @@ class _DistributedOptimizer:
         return self._hvd_base.step(self, closure)  # type: ignore[attr-defined]
 
 
+def _sparse_allreduce(grad: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """A sparse gradient reduced as Horovod reduces one: every instance's entries gathered (indices and values,
+    in rank order, uncoalesced: repeated indices add up when used), the values divided by the number of
+    instances for an Average. The same tensor on every instance."""
+    from popdist.horovod.torch.mpi_ops import allgather
+
+    if op not in (ReduceOp.Average, ReduceOp.Sum):
+        raise NotImplementedError(f"a sparse gradient is reduced by gathering its entries, which gives only "
+                                  f"Average or Sum, not {op.name}; pass sparse_as_dense=True")
+    values = allgather(grad._values().detach())
+    indices = allgather(grad._indices().t().contiguous()).t()
+    if op is ReduceOp.Average:
+        values = values / _size()
+    return torch.sparse_coo_tensor(indices, values, grad.size(), check_invariants=True)  # (indices in range)
+
+
 def _size() -> int:
     from popdist.horovod.common import size
 
@@ -86,9 +108,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
                          process_set: object = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` reduces the gradients over every instance first.
 
-    ``named_parameters``, ``num_groups``, ``groups`` and ``sparse_as_dense`` are accepted for compatibility
-    (names are not needed: gradients are reduced in parameter order, fused). ``backward_passes_per_step``
-    needs nothing either: gradients accumulate locally until ``step()``, which reduces them once.
+    ``named_parameters``, ``num_groups`` and ``groups`` are accepted for compatibility (names are not needed:
+    gradients are reduced in parameter order, fused). A sparse gradient (``Embedding(sparse=True)``) is
+    gathered as Horovod's is, or made dense and reduced with the others with ``sparse_as_dense=True``.
+    ``backward_passes_per_step`` needs nothing either: gradients accumulate locally until ``step()``, which reduces them once.
     """
     if process_set is not None:
         raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
@@ -104,4 +127,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
     wrapped.__dict__.update(optimizer.__dict__)  # the same parameter groups, state and hooks: nothing rebuilt
     wrapped._hvd_op, wrapped._hvd_compression = resolved, compression
     wrapped._hvd_predivide, wrapped._hvd_skip = float(gradient_predivide_factor), False
+    wrapped._hvd_sparse_as_dense = bool(sparse_as_dense)
     return wrapped
