@@ -222,14 +222,22 @@ def test_mpi4py_buffers_are_read_and_written_in_memory_order() -> None:
     assert by_rank[2]["gather_in_place"] == [[0.0, 0.5], [1.0, 1.5], [2.0, 2.5]]
 
 
-def test_mpi4py_sends_that_cannot_pair_up_say_so() -> None:
-    result = run_poprun(*job(2), *python_program("mpi_both_send.py"))
-    lines = lines_of(result)
+def test_mpi4py_sends_are_standard_mode_and_match_by_tag() -> None:
+    by_rank = records(run_poprun(*job(3), *python_program("mpi_messages.py")))
+    assert sorted(by_rank) == [0, 1, 2]
+    for r, out in by_rank.items():
+        assert out["ring"] == f"from {(r - 1) % 3}" and out["self"] == {"me": r}
+    assert by_rank[0]["exchange"] == 10 and by_rank[1]["exchange"] == 0
+    assert by_rank[0]["tags"] == ["eight", 8, "seven"] and by_rank[2]["large"] is True
+
+
+def test_a_message_met_by_a_collective_is_a_mismatch_on_both_ranks() -> None:
+    lines = lines_of(run_poprun(*job(2), *python_program("mpi_message_then_collective.py")))
     assert len(lines) == 2, lines
-    for r in range(2):
-        line = next(text for text in lines if text.startswith(f"rank {r}: "))
-        assert f"CollectiveMismatchError: send: ranks {r} and {1 - r} both sent first" in line
-        assert "synchronous, as MPI_Ssend" in line
+    for line in lines:
+        assert "CollectiveMismatchError: instance 1 called allgather on int64[1] but instance 0 called send/recv " \
+               "of a message from instance 0 on int64[2]" in line
+
 
 # -- how programs find them, and the off switch -----------------------------------------------------------
 def test_our_mpi4py_wins_over_an_installed_one_under_poprun() -> None:

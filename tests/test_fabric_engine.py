@@ -29,7 +29,7 @@ import pytest
 from support import PROGRAMS, program
 
 sys.path.insert(0, str(PROGRAMS))
-from fabric_cases import suite  # noqa: E402
+from fabric_cases import make_input, suite  # noqa: E402
 
 from simipu.fabric import CollectiveMismatchError, PeerLostError  # noqa: E402
 from simipu.fabric.algorithms.phases import Phase  # noqa: E402
@@ -261,6 +261,39 @@ def test_a_killed_peer_is_named_by_every_survivor(jobs: list[Job], tmp_path: Pat
     for i in (0, 2):
         assert len(lines[i]) == 1 and lines[i][0]["error"] == PeerLostError.__name__ and lines[i][0]["instance"] == 1, lines
     assert job.workers[1].proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_messages_sent_before_anyone_receives_arrive_in_order(jobs: list[Job], tmp_path: Path,
+                                                              transport: str) -> None:
+    job = run_job(jobs, tmp_path, 3, "messages", transport=transport)
+    lines = job.finish()
+    assert all(lines[i] == [{"done": i}] for i in range(3)), lines
+    for i in range(3):
+        got = job.results(i)
+        for peer in set(range(3)) - {i}:
+            assert got[f"small{peer}"].tolist() == [peer, i]
+            assert_bit_identical(got[f"large{peer}"], make_input(f"message{peer}to{i}", peer, "float32", (1 << 18,)),
+                                 f"instance {i}'s message from {peer}")
+
+
+def test_a_message_unlike_the_one_expected_raises_on_both_ends(jobs: list[Job], tmp_path: Path) -> None:
+    job = run_job(jobs, tmp_path, 2, "message-mismatch")
+    lines = job.finish()
+    for i in range(2):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+    assert "instance 1 called send/recv of a message from instance 0 on int64[4] but instance 0 called send/recv " \
+           "of a message from instance 0 on float32[4]" in lines[1][0]["message"]
+
+
+def test_a_receiver_waiting_for_a_killed_sender_is_told(jobs: list[Job], tmp_path: Path) -> None:
+    job = run_job(jobs, tmp_path, 2, "recv-from-lost")
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
+    os.kill(job.workers[0].proc.pid, signal.SIGKILL)
+    lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
+    assert len(lines[1]) == 1 and lines[1][0]["error"] == PeerLostError.__name__ and lines[1][0]["instance"] == 0
+    assert job.workers[0].proc.returncode == -signal.SIGKILL
 
 
 def test_a_small_broadcast_root_runs_ahead_of_late_readers(jobs: list[Job], tmp_path: Path) -> None:

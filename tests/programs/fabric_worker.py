@@ -469,6 +469,40 @@ def run_group(fabric, instance: int, n: int, out: Path) -> None:
     np.savez(out / f"{instance}.npz", **results)
 
 
+def run_messages(fabric, instance: int, n: int, out: Path) -> None:
+    """Every instance sends to every other first (a small and a 1 MiB message each), then receives them all:
+    with eager sends nobody waits for a receiver."""
+    for peer in range(n):
+        if peer != instance:
+            fabric.send(np.array([instance, peer], np.int64), peer)
+            fabric.send(make_input(f"message{instance}to{peer}", instance, "float32", (1 << 18,)), peer)
+    results = {}
+    for peer in range(n):
+        if peer != instance:
+            results[f"small{peer}"] = fabric.recv(np.empty(2, np.int64), peer)
+            results[f"large{peer}"] = fabric.recv(np.empty(1 << 18, np.float32), peer)
+    fabric.barrier()
+    np.savez(out / f"{instance}.npz", **results)
+
+
+def run_message_mismatch(fabric, instance: int) -> None:
+    """Instance 0 sends float32[4]; instance 1 expects int64[4]: a mismatch, raised on both."""
+    if instance == 0:
+        fabric.send(np.zeros(4, np.float32), 1)
+    elif instance == 1:
+        fabric.recv(np.empty(4, np.int64), 0)
+    fabric.barrier()
+
+
+def run_recv_from_lost(fabric, instance: int) -> None:
+    """Instance 1 waits for a message that instance 0 never sends (it is killed)."""
+    report(ready=instance, pid=os.getpid())
+    if instance == 0:
+        sys.stdin.readline()
+    else:
+        fabric.recv(np.empty(2, np.int64), 0)
+
+
 def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     host, port = os.environ["FABRIC_ADDRESS"].rsplit(":", 1)
@@ -541,6 +575,12 @@ def main() -> int:
             run_mismatch_board(fabric, instance)
         elif scenario == "group":
             run_group(fabric, instance, n, out)
+        elif scenario == "messages":
+            run_messages(fabric, instance, n, out)
+        elif scenario == "message-mismatch":
+            run_message_mismatch(fabric, instance)
+        elif scenario == "recv-from-lost":
+            run_recv_from_lost(fabric, instance)
         elif scenario == "barrier":
             report(ready=instance, pid=os.getpid())
             fabric.barrier()

@@ -10,11 +10,11 @@ Buffers are read and written as they lie in memory, as MPI's are: a C- or Fortra
 non-contiguous one raises ``BufferError``, as in mpi4py), the first ``count`` items of a
 ``[buffer, count, datatype]`` spec, any object with the buffer protocol.
 
-Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are synchronous, as ``MPI_Ssend``: ``send``
-returns once the receiver has called ``recv``. The source must be named (no ``ANY_SOURCE``), and messages
-are received in the order they were sent. ``Recv`` takes a message of at most its buffer's bytes, as MPI
-does. Two ranks that both send to each other before receiving raise an error that says so; a longer cycle
-of sends (a ring where every rank sends first) waits forever, as it may under MPI with large messages.
+Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are MPI's standard mode: ``send`` returns once
+its message is on the way (the fabric's ``send``: eager while the link has room, so two ranks may both send
+before they receive, and a ring of sends completes), and ``recv`` matches by tag, setting aside the
+messages that came first with other tags. The source must be named (no ``ANY_SOURCE``). ``Recv`` takes a
+message of at most its buffer's bytes, as MPI does.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ import numpy as np
 from popdist import core
 from popdist.backend import current_fabric
 from popdist.ragged import allgather_objects, broadcast_object
-from simipu.fabric.errors import CollectiveMismatchError
 
 README_SECTION = "README \"Running Graphcore's programs\""
+
+
+#: Messages received (or sent to ourselves) before a ``recv`` asked for their tag, by source instance, in order.
+_unclaimed: dict[int, list[tuple[int, np.ndarray]]] = {}
 
 
 class NotProvidedError(AttributeError, NotImplementedError):
@@ -206,7 +209,7 @@ class Comm:
         return result if self.Get_rank() == root else None
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        """Synchronous: returns once ``dest`` has received (see the module docstring)."""
+        """MPI's standard send: returns once the message is on its way (see the module docstring)."""
         import pickle
 
         self._send_bytes(np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag, "send")
@@ -218,43 +221,40 @@ class Comm:
         return pickle.loads(data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
 
     def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
-        """A message to ``dest``: its header (tag, size), then its bytes."""
-        src, pair, _ = self._pair(True, self.Get_rank(), dest, tag, data.size, what, None)
+        """A message to ``dest``: a header (tag, size), then its bytes; to ourselves, straight into our queue."""
+        peer = self._instance(dest, what)
+        if peer == core.getInstanceIndex():
+            _unclaimed.setdefault(peer, []).append((tag, data.copy()))
+            return
+        fabric = current_fabric()
+        fabric.send(np.array([tag, data.size], np.int64), peer)
         if data.size:
-            current_fabric().broadcast(data, src, pair)
+            fabric.send(data, peer)
 
     def _recv_bytes(self, source: int, tag: int, what: str, status: Status | None) -> np.ndarray:
-        """The next message from ``source``, as bytes; raises (having taken it) if it has another tag."""
-        src, pair, (sent_tag, nbytes) = self._pair(False, source, self.Get_rank(), tag, 0, what, status)
-        data = current_fabric().broadcast(np.empty(nbytes, np.uint8), src, pair) if nbytes else np.empty(0, np.uint8)
-        if tag != ANY_TAG and sent_tag != tag:  # (taken first: the sender is not left waiting)
-            raise ValueError(f"{what}: expected tag {tag} from rank {source}, the next message has tag {sent_tag} "
-                             "(poprun-py's messages arrive in the order they were sent, whatever their tags)")
-        return data
-
-    def _pair(self, sending: bool, source: int, dest: int, tag: int, nbytes: int, what: str,
-              status: Status | None) -> tuple[int, tuple[int, ...], tuple[int, int]]:
-        """The source instance, the pair, and the message's (tag, bytes): the sender's header goes first."""
+        """The first message from ``source`` with ``tag`` (any, for ``ANY_TAG``): one that came earlier and was
+        set aside, or the next ones to arrive, setting aside those with other tags (as MPI matches by tag)."""
         if source == ANY_SOURCE:
             raise NotProvidedError(f"{what}(source=ANY_SOURCE) is not provided by poprun-py's mpi4py: name the "
                                    f"source rank (see {README_SECTION})")
-        src, dst = self._instance(source, what), self._instance(dest, what)
-        if src == dst:
-            raise ValueError(f"{what}: a rank cannot send to itself here (source and dest are both {source})")
-        pair = tuple(sorted((src, dst)))
-        header = np.array([tag, nbytes] if sending else [0, 0], np.int64)
-        try:
-            sent_tag, sent_bytes = (int(v) for v in current_fabric().broadcast(header, src, pair))
-        except CollectiveMismatchError as exc:
-            other = dest if sending else source
-            raise CollectiveMismatchError(
-                f"{what}: ranks {self.Get_rank()} and {other} both {'sent' if sending else 'received'} first "
-                f"(or called other methods in another order): poprun-py's send is synchronous, as MPI_Ssend, so "
-                f"each send needs its recv on the other side first; let one of the two receive first "
-                f"(the fabric said: {exc})") from exc
+        peer = self._instance(source, what)
+        waiting = _unclaimed.setdefault(peer, [])
+        found = next((k for k, (sent_tag, _) in enumerate(waiting) if tag in (ANY_TAG, sent_tag)), None)
+        if found is not None:
+            sent_tag, data = waiting.pop(found)
+        elif peer == core.getInstanceIndex():
+            raise ValueError(f"{what}: no message with tag {tag} was sent to this rank by itself, and none can come")
+        else:
+            fabric = current_fabric()
+            while True:
+                sent_tag, nbytes = (int(v) for v in fabric.recv(np.empty(2, np.int64), peer))
+                data = fabric.recv(np.empty(nbytes, np.uint8), peer) if nbytes else np.empty(0, np.uint8)
+                if tag in (ANY_TAG, sent_tag):
+                    break
+                waiting.append((sent_tag, data))
         if status is not None:
-            status.source, status.tag, status.nbytes = source, sent_tag, sent_bytes
-        return src, pair, (sent_tag, sent_bytes)
+            status.source, status.tag, status.nbytes = source, sent_tag, data.size
+        return data
 
     # -- buffers ------------------------------------------------------------------------------------------
     def Bcast(self, buf: Any, root: int = 0) -> None:
@@ -318,7 +318,7 @@ class Comm:
         _into(recv, everything[self.Get_rank()], "Scatter")
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
-        """Synchronous, as ``send``: the buffer's bytes."""
+        """``send``'s standard mode, of the buffer's bytes."""
         self._send_bytes(_buffer(buf, "Send").view(np.uint8), dest, tag, "Send")
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:

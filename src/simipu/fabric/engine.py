@@ -16,7 +16,10 @@ group and picks an algorithm (``algorithms/``, their phases named in
   to its host;
 * everything else, over the links alone (algorithms/sockets.py): the one-round
   allreduce (up to ``SMALL_BYTES``) or reduce-scatter then allgather; the
-  broadcast, the allgather, the reduce_scatter and the barrier.
+  broadcast, the allgather, the reduce_scatter and the barrier;
+* point to point (``send``/``recv``, for mpi4py's): one frame on the link
+  between two instances, numbered per direction; the sender does not wait for
+  the receiver while the link has room.
 
 Determinism: each reduction runs in a fixed order, so results are
 bit-identical across runs and members whatever the timing. Flat: by member
@@ -53,13 +56,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .algorithms import sockets
-from .algorithms.calls import UFUNCS, to_bytes
+from .algorithms.calls import UFUNCS, Call, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import out_problem, result_for
+from .algorithms.phases import Phase
 from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
 from .algorithms.shared_copies import allgather_shared, broadcast_shared
 from .errors import FabricError
-from .frames.header import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, REDUCE_SCATTER
+from .frames.header import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, MESSAGE, REDUCE_SCATTER
+from .frames.link import Link
 from .planned import PlannedPaths
 
 
@@ -242,3 +247,33 @@ class Fabric(PlannedPaths):
     def barrier(self, group: Sequence[int] | None = None) -> None:
         """Return once every member of the group has entered the barrier."""
         sockets.barrier(self, self._call(BARRIER, None, group))
+
+    # -- point to point (mpi4py's send and recv: ``popdist.mpi4py``) ----------------------------------------
+    def send(self, array: np.ndarray, dest: int) -> None:
+        """``array`` to instance ``dest``, as one frame on our link, returning once it is written there (to the
+        link's mailbox or socket), not once it is received: MPI's standard send, eager for what the link holds
+        (a message larger than the socket's buffer waits for the receiver, as a large MPI send does).
+        ``dest`` takes it with ``recv``; messages between two instances arrive in the order they were sent."""
+        x = self._prepare(array, None)
+        call, link = self._message(x, self.instance, dest)
+        self._exchange(call, Phase.FIRST, [(link, to_bytes(x), ())], [])
+
+    def recv(self, like: np.ndarray, source: int) -> np.ndarray:
+        """The next message from instance ``source``, as a new array; it must have ``like``'s dtype and shape
+        (a message of another raises ``CollectiveMismatchError``, as a mismatched collective does)."""
+        result = np.empty_like(self._prepare(like, None))
+        call, link = self._message(result, source, self.instance)
+        self._exchange(call, Phase.FIRST, [], [(link, to_bytes(result))])
+        return result
+
+    def _message(self, x: np.ndarray, source: int, dest: int) -> tuple[Call, Link]:
+        """The call of the next message from ``source`` to ``dest`` (numbered per direction, so that two
+        instances may both send before they receive), and the link it travels on."""
+        peer = dest if source == self.instance else source
+        if peer == self.instance:
+            raise ValueError(f"a message needs two instances; instance {peer} sent to itself")
+        g = self._group(tuple(sorted((self.instance, peer))))
+        seq = self._messages[(source, dest)] = self._messages.get((source, dest), 0) + 1
+        link = g.links[g.members.index(peer)]
+        assert link is not None, "a peer's link (only our own is None)"
+        return Call(MESSAGE, 0, x.dtype.str, tuple(x.shape), source, seq, g, g.members), link

@@ -56,6 +56,8 @@ class PhaseRunner:
         #: Each group's call counter (a one-item list, so that the hot path holds the world group's own).
         self._seq: dict[tuple[int, ...], list[int]] = {}
         self._world_seq = self._seq.setdefault(self._everyone, [0])
+        #: Point-to-point messages numbered per (source, destination) (``engine.Fabric.send``).
+        self._messages: dict[tuple[int, int], int] = {}
         self._scratch = ScratchBuffers()
         #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.
         self.scratch_for = self._scratch.for_group

@@ -30,10 +30,10 @@ from ..errors import CollectiveMismatchError, FabricError, PeerLostError
 
 MAGIC = b"PF"
 # kinds
-ALLREDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER, BARRIER, MISMATCH, ABORT = 1, 2, 3, 4, 5, 14, 15
+ALLREDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER, BARRIER, MESSAGE, MISMATCH, ABORT = 1, 2, 3, 4, 5, 6, 14, 15
 KIND_NAMES = {ALLREDUCE: "allreduce", BROADCAST: "broadcast", ALLGATHER: "allgather",
-              REDUCE_SCATTER: "reduce_scatter", BARRIER: "barrier", MISMATCH: "mismatch notice",
-              ABORT: "abort"}
+              REDUCE_SCATTER: "reduce_scatter", BARRIER: "barrier", MESSAGE: "send/recv",
+              MISMATCH: "mismatch notice", ABORT: "abort"}
 OP_CODES = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
 OP_NAMES = {code: name for name, code in OP_CODES.items()}
 #: A byte that is never the first of a frame: a wake-up nudge between frames on a socket stream.
@@ -69,6 +69,8 @@ class Signature:
             return name
         if self.kind == BROADCAST:
             name += f"(root={self.root})"
+        elif self.kind == MESSAGE:
+            name += f" of a message from instance {self.root}"
         elif self.op:
             name += f"({OP_NAMES.get(self.op, self.op)})"
         try:

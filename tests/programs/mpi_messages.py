@@ -1,0 +1,36 @@
+"""mpi4py's point to point as MPI's standard mode, each result printed as JSON for the test to check (3
+instances): a ring where every rank sends first, two ranks that both send first, tags received out of
+order, a message to oneself, and one larger than a socket's buffer."""
+
+import json
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+out = {"rank": r, "size": n}
+
+comm.send(f"from {r}", dest=(r + 1) % n, tag=r)
+out["ring"] = comm.recv(source=(r - 1) % n)
+if r < 2:
+    comm.send(r * 10, dest=1 - r)
+    out["exchange"] = comm.recv(source=1 - r)
+if r == 2:
+    comm.send("seven", dest=0, tag=7)
+    comm.send("eight", dest=0, tag=8)
+elif r == 0:
+    status = MPI.Status()
+    later = comm.recv(source=2, tag=8, status=status)
+    out["tags"] = [later, status.Get_tag(), comm.recv(source=2, tag=7)]
+comm.send({"me": r}, dest=r, tag=5)
+out["self"] = comm.recv(source=r, tag=5)
+large = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
+if r == 1:
+    comm.Send(large, dest=2, tag=9)
+elif r == 2:
+    received = np.empty_like(large)
+    comm.Recv(received, source=1, tag=9)
+    out["large"] = bool(np.array_equal(received, large))
+comm.Barrier()
+print(json.dumps(out), flush=True)
