@@ -1,10 +1,12 @@
 """mpi4py's buffers as MPI reads and writes them, in memory order, each result printed as JSON for the test
 to check (3 instances): Fortran-ordered arrays, ``[buffer, count, datatype]``, a receive buffer larger or
-shaped otherwise than the message, ``IN_PLACE`` in Allgather and Gather, and the errors for what MPI refuses."""
+shaped otherwise than the message, ``IN_PLACE`` in Allgather and Gather, a torch tensor, and the errors for
+what MPI refuses."""
 
 import json
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 comm = MPI.COMM_WORLD
@@ -49,6 +51,10 @@ if r == 2:
     out["gather_in_place"] = at_root.tolist()
 else:
     comm.Gather(np.array([float(r), r + 0.5]), None, root=2)
+
+tensor = torch.full((3,), float(r + 1))  # through DLPack, as mpi4py 4 takes it
+comm.Allreduce(MPI.IN_PLACE, tensor, op=MPI.SUM)
+out["torch"] = tensor.tolist()
 
 strided = np.zeros((3, 3))[:, :2]
 try:

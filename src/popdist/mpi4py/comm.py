@@ -8,7 +8,7 @@ root's part: simpler, and the same result.
 
 Buffers are read and written as they lie in memory, as MPI's are: a C- or Fortran-contiguous array (a
 non-contiguous one raises ``BufferError``, as in mpi4py), the first ``count`` items of a
-``[buffer, count, datatype]`` spec, any object with the buffer protocol.
+``[buffer, count, datatype]`` spec, any object with the buffer protocol or DLPack's (a CPU torch tensor).
 
 Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are MPI's standard mode: ``send`` returns once
 its message is on the way (the fabric's ``send``: eager while the link has room, so two ranks may both send
@@ -121,6 +121,11 @@ def _buffer(spec: Any, what: str) -> np.ndarray:
         if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
             count = int(spec[1])
         spec, datatype = spec[0], spec[-1] if isinstance(spec[-1], Datatype) else None
+    if not isinstance(spec, np.ndarray) and hasattr(spec, "__dlpack__"):  # a torch tensor, as mpi4py 4 takes it
+        try:
+            spec = np.from_dlpack(spec)
+        except (BufferError, TypeError, RuntimeError) as exc:
+            raise BufferError(f"{what}: {type(spec).__name__} cannot be shared as host memory ({exc})") from None
     if isinstance(spec, np.ndarray):
         if not (spec.flags.c_contiguous or spec.flags.f_contiguous):
             raise BufferError(f"{what}: the array is not contiguous in memory; MPI reads and writes a buffer as it lies "
