@@ -229,6 +229,7 @@ def test_mpi4py_sends_are_standard_mode_and_match_by_tag() -> None:
         assert out["ring"] == f"from {(r - 1) % 3}" and out["self"] == {"me": r}
     assert by_rank[0]["exchange"] == 10 and by_rank[1]["exchange"] == 0
     assert by_rank[0]["tags"] == ["eight", 8, "seven"] and by_rank[2]["large"] is True
+    assert by_rank[1]["contexts"] == ["on the world", "on the copy"] and by_rank[2]["self_dup"] == 1
 
 
 def test_a_message_met_by_a_collective_is_a_mismatch_on_both_ranks() -> None:
@@ -236,7 +237,7 @@ def test_a_message_met_by_a_collective_is_a_mismatch_on_both_ranks() -> None:
     assert len(lines) == 2, lines
     for line in lines:
         assert "CollectiveMismatchError: instance 1 called allgather on int64[1] but instance 0 called send/recv " \
-               "of a message from instance 0 on int64[2]" in line
+               "of a message from instance 0 on int64[3]" in line
 
 
 # -- how programs find them, and the off switch -----------------------------------------------------------

@@ -1,6 +1,6 @@
 """mpi4py's point to point as MPI's standard mode, each result printed as JSON for the test to check (3
 instances): a ring where every rank sends first, two ranks that both send first, tags received out of
-order, a message to oneself, and one larger than a socket's buffer."""
+order, a message to oneself, one larger than a socket's buffer, and a duplicated communicator's."""
 
 import json
 
@@ -32,5 +32,12 @@ elif r == 2:
     received = np.empty_like(large)
     comm.Recv(received, source=1, tag=9)
     out["large"] = bool(np.array_equal(received, large))
+library = comm.Dup()  # its messages are its own: a recv on COMM_WORLD does not take them
+if r == 0:
+    library.send("on the copy", dest=1, tag=1)
+    comm.send("on the world", dest=1, tag=1)
+elif r == 1:
+    out["contexts"] = [comm.recv(source=0, tag=1), library.recv(source=0, tag=1)]
+out["self_dup"] = MPI.COMM_SELF.Dup().Get_size()
 comm.Barrier()
 print(json.dumps(out), flush=True)

@@ -62,7 +62,7 @@ class _SelfComm(Comm):
         return core.getInstanceIndex()
 
 
-COMM_SELF = _SelfComm(None, "MPI_COMM_SELF")
+COMM_SELF = _SelfComm(None, "MPI_COMM_SELF", 1)
 
 BYTE = Datatype("BYTE", "u1")
 CHAR = Datatype("CHAR", "i1")

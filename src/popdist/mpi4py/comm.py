@@ -33,8 +33,13 @@ from popdist.ragged import allgather_objects, broadcast_object
 README_SECTION = "README \"Running Graphcore's programs\""
 
 
-#: Messages received (or sent to ourselves) before a ``recv`` asked for their tag, by source instance, in order.
-_unclaimed: dict[int, list[tuple[int, np.ndarray]]] = {}
+#: Messages received (or sent to ourselves) before a ``recv`` asked for them, by (communicator's context, source
+#: instance), each (tag, bytes), in the order they came.
+_unclaimed: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
+os.register_at_fork(after_in_child=_unclaimed.clear)  # (a forked instance, ``launch()``'s, is not its parent)
+#: The last context given to a communicator: ``Dup`` gives the next, on every rank alike (it is collective in MPI,
+#: so every rank calls it in the same order), and a message goes only to a ``recv`` on its own communicator.
+_contexts = [1]  # (0: COMM_WORLD, 1: COMM_SELF)
 
 
 class NotProvidedError(AttributeError, NotImplementedError):
@@ -158,9 +163,10 @@ def _into(recvbuf: np.ndarray, values: np.ndarray, what: str) -> None:
 class Comm:
     """A communicator: ``members`` are instance indices in rank order (None: every instance)."""
 
-    def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD") -> None:
+    def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD", context: int = 0) -> None:
         self._members = None if members is None else tuple(members)
         self._name = name
+        self._context = context
 
     # -- who ----------------------------------------------------------------------------------------------
     def _group(self) -> tuple[int, ...] | None:
@@ -226,13 +232,14 @@ class Comm:
         return pickle.loads(data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
 
     def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
-        """A message to ``dest``: a header (tag, size), then its bytes; to ourselves, straight into our queue."""
+        """A message to ``dest``: a header (tag, size, context), then its bytes; to ourselves, straight into our
+        queue."""
         peer = self._instance(dest, what)
         if peer == core.getInstanceIndex():
-            _unclaimed.setdefault(peer, []).append((tag, data.copy()))
+            _unclaimed.setdefault((self._context, peer), []).append((tag, data.copy()))
             return
         fabric = current_fabric()
-        fabric.send(np.array([tag, data.size], np.int64), peer)
+        fabric.send(np.array([tag, data.size, self._context], np.int64), peer)
         if data.size:
             fabric.send(data, peer)
 
@@ -243,7 +250,7 @@ class Comm:
             raise NotProvidedError(f"{what}(source=ANY_SOURCE) is not provided by poprun-py's mpi4py: name the "
                                    f"source rank (see {README_SECTION})")
         peer = self._instance(source, what)
-        waiting = _unclaimed.setdefault(peer, [])
+        waiting = _unclaimed.setdefault((self._context, peer), [])
         found = next((k for k, (sent_tag, _) in enumerate(waiting) if tag in (ANY_TAG, sent_tag)), None)
         if found is not None:
             sent_tag, data = waiting.pop(found)
@@ -252,11 +259,11 @@ class Comm:
         else:
             fabric = current_fabric()
             while True:
-                sent_tag, nbytes = (int(v) for v in fabric.recv(np.empty(2, np.int64), peer))
+                sent_tag, nbytes, context = (int(v) for v in fabric.recv(np.empty(3, np.int64), peer))
                 data = fabric.recv(np.empty(nbytes, np.uint8), peer) if nbytes else np.empty(0, np.uint8)
-                if tag in (ANY_TAG, sent_tag):
+                if context == self._context and tag in (ANY_TAG, sent_tag):
                     break
-                waiting.append((sent_tag, data))
+                _unclaimed.setdefault((context, peer), []).append((sent_tag, data))
         if status is not None:
             status.source, status.tag, status.nbytes = source, sent_tag, data.size
         return data
@@ -347,7 +354,9 @@ class Comm:
         os._exit(errorcode if 0 < errorcode < 256 else 1)
 
     def Dup(self) -> Comm:
-        return Comm(self._members, self._name)
+        """The same ranks, with messages of their own (see ``_contexts``)."""
+        _contexts[0] += 1
+        return type(self)(self._members, self._name, _contexts[0])  # (COMM_SELF's stays one rank)
 
     Clone = Dup
 
