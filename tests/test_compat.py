@@ -217,8 +217,10 @@ def test_mpi4py_buffers_are_read_and_written_in_memory_order() -> None:
         assert out["op_create"][0] == "NotProvidedError" and "MPI.Op.Create is not provided" in out["op_create"][1]
     assert by_rank[1]["recv_larger"] == [[0.0, 1.0, 2.0, -1.0, -1.0], 3, 24, 0]
     assert by_rank[1]["recv_shaped"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
-    assert by_rank[1]["truncated"] == ("Recv: message truncated: rank 0 sent 40 bytes, the receive buffer holds 16 "
-                                       "(MPI_ERR_TRUNCATE)")
+    assert by_rank[1]["read_only"] == "Recv: the receive buffer is read-only"
+    assert by_rank[1]["truncated"] == ["Recv: message truncated: rank 0 sent 40 bytes, the receive buffer holds 16 "
+                                       "(MPI_ERR_TRUNCATE)", True]
+    assert by_rank[1]["bad_tag"] == ["send: tag -2 is not a tag: a message's tag is an int from 0 (MPI_ERR_TAG)", True]
     assert by_rank[2]["gather_in_place"] == [[0.0, 0.5], [1.0, 1.5], [2.0, 2.5]]
 
 

@@ -36,9 +36,17 @@ elif r == 1:
     comm.Recv(shaped, source=0, tag=2)
     out["recv_shaped"] = shaped.tolist()
     try:
+        comm.Recv(np.frombuffer(bytes(40)), source=0, tag=3)
+    except BufferError as exc:  # (read-only: refused before the message is taken)
+        out["read_only"] = str(exc)
+    try:
         comm.Recv(np.zeros(2), source=0, tag=3)
-    except ValueError as exc:
-        out["truncated"] = str(exc)
+    except MPI.Exception as exc:
+        out["truncated"] = [str(exc), exc.Get_error_code() == MPI.ERR_TRUNCATE]
+    try:
+        comm.send("x", dest=0, tag=-2)
+    except MPI.Exception as exc:
+        out["bad_tag"] = [str(exc), exc.Get_error_code() == MPI.ERR_TAG]
 
 gathered = np.full(n, -1.0)
 gathered[r] = 10.0 * r

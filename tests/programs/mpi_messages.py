@@ -32,6 +32,8 @@ elif r == 2:
     received = np.empty_like(large)
     comm.Recv(received, source=1, tag=9)
     out["large"] = bool(np.array_equal(received, large))
+if r == 0:
+    MPI.COMM_SELF.Dup()  # the sender alone: the world's next Dup must still agree on every rank
 library = comm.Dup()  # its messages are its own: a recv on COMM_WORLD does not take them
 if r == 0:
     library.send("on the copy", dest=1, tag=1)

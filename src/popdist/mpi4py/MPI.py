@@ -15,6 +15,8 @@ from popdist import core
 from popdist.mpi4py.comm import (
     ANY_SOURCE,
     ANY_TAG,
+    ERR_TAG,
+    ERR_TRUNCATE,
     IN_PLACE,
     MAX,
     MIN,
@@ -23,6 +25,7 @@ from popdist.mpi4py.comm import (
     SUM,
     Comm,
     Datatype,
+    MPIException,
     NotProvidedError,
     Op,
     Status,
@@ -30,14 +33,15 @@ from popdist.mpi4py.comm import (
 
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "BOOL", "BYTE", "CHAR", "COMM_SELF", "COMM_WORLD", "Comm", "DOUBLE", "Datatype",
-    "FLOAT", "IN_PLACE", "INT", "INT8_T", "INT16_T", "INT32_T", "INT64_T", "Intracomm", "LONG", "LONG_LONG",
-    "MAX", "MIN", "NotProvidedError", "Op", "PROD", "SHORT", "SUM", "Status", "UINT8_T", "UINT16_T", "UINT32_T",
-    "UINT64_T", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "Finalize", "Get_processor_name", "Get_version",
-    "Init", "Is_finalized", "Is_initialized", "Query_thread", "THREAD_MULTIPLE", "THREAD_SINGLE", "Wtick",
-    "Wtime",
+    "ERR_TAG", "ERR_TRUNCATE", "Exception", "FLOAT", "Finalize", "Get_processor_name", "Get_version", "INT",
+    "INT16_T", "INT32_T", "INT64_T", "INT8_T", "IN_PLACE", "Init", "Intracomm", "Is_finalized",
+    "Is_initialized", "LONG", "LONG_LONG", "MAX", "MIN", "NotProvidedError", "Op", "PROD", "Query_thread",
+    "SHORT", "SUM", "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T",
+    "UINT8_T", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "Wtick", "Wtime",
 ]
 
 Intracomm = Comm
+Exception = MPIException  # noqa: A001 - mpi4py's name: ``except MPI.Exception``
 COMM_WORLD = Comm(None, "MPI_COMM_WORLD")
 
 

@@ -20,6 +20,7 @@ message of at most its buffer's bytes, as MPI does.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -37,9 +38,27 @@ README_SECTION = "README \"Running Graphcore's programs\""
 #: instance), each (tag, bytes), in the order they came.
 _unclaimed: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
 os.register_at_fork(after_in_child=_unclaimed.clear)  # (a forked instance, ``launch()``'s, is not its parent)
-#: The last context given to a communicator: ``Dup`` gives the next, on every rank alike (it is collective in MPI,
-#: so every rank calls it in the same order), and a message goes only to a ``recv`` on its own communicator.
-_contexts = [1]  # (0: COMM_WORLD, 1: COMM_SELF)
+
+
+#: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
+ERR_TAG, ERR_TRUNCATE = 4, 15
+_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_TRUNCATE: "MPI_ERR_TRUNCATE"}
+
+
+class MPIException(RuntimeError):
+    """``MPI.Exception``: an error of an MPI call, with its error class (``error_code``), as mpi4py raises."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(f"{message} ({_ERROR_NAMES.get(error_code, error_code)})")
+        self.error_code = error_code
+
+    def Get_error_code(self) -> int:
+        return self.error_code
+
+    Get_error_class = Get_error_code
+
+    def Get_error_string(self) -> str:
+        return str(self)
 
 
 class NotProvidedError(AttributeError, NotImplementedError):
@@ -116,9 +135,10 @@ class Status:
     count = property(Get_count)
 
 
-def _buffer(spec: Any, what: str) -> np.ndarray:
+def _buffer(spec: Any, what: str, receives: bool = False) -> np.ndarray:
     """The memory of a buffer spec as a one-dimensional array, in memory order, sharing it: an array, or
-    ``[buffer, datatype]`` / ``[buffer, count, datatype]``, or any object with the buffer protocol."""
+    ``[buffer, datatype]`` / ``[buffer, count, datatype]``, or any object with the buffer protocol; one that
+    ``receives`` must be writable (checked before anything moves, as mpi4py does)."""
     datatype, count = None, None
     if isinstance(spec, (list, tuple)):
         if not spec:
@@ -130,7 +150,8 @@ def _buffer(spec: Any, what: str) -> np.ndarray:
         try:
             spec = np.from_dlpack(spec)
         except (BufferError, TypeError, RuntimeError) as exc:
-            raise BufferError(f"{what}: {type(spec).__name__} cannot be shared as host memory ({exc})") from None
+            raise BufferError(f"{what}: NumPy cannot share this {type(spec).__name__}'s memory ({exc}); a CPU "
+                              "tensor of a NumPy dtype can (convert a bfloat16 one first)") from None
     if isinstance(spec, np.ndarray):
         if not (spec.flags.c_contiguous or spec.flags.f_contiguous):
             raise BufferError(f"{what}: the array is not contiguous in memory; MPI reads and writes a buffer as it lies "
@@ -150,6 +171,8 @@ def _buffer(spec: Any, what: str) -> np.ndarray:
         if not 0 <= count <= flat.size:
             raise ValueError(f"{what}: count {count} is more than the buffer's {flat.size} items")
         flat = flat[:count]
+    if receives and not flat.flags.writeable:
+        raise BufferError(f"{what}: the receive buffer is read-only")
     return flat
 
 
@@ -166,7 +189,11 @@ class Comm:
     def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD", context: int = 0) -> None:
         self._members = None if members is None else tuple(members)
         self._name = name
+        #: Whose messages a ``recv`` here takes: 0 COMM_WORLD, 1 COMM_SELF, a ``Dup``'s derived from its parent's
+        #: and the parent's count of ``Dup`` calls (collective in MPI: its ranks call it alike, whatever a rank
+        #: does with other communicators, such as COMM_SELF, alone).
         self._context = context
+        self._dups = 0
 
     # -- who ----------------------------------------------------------------------------------------------
     def _group(self) -> tuple[int, ...] | None:
@@ -234,6 +261,8 @@ class Comm:
     def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
         """A message to ``dest``: a header (tag, size, context), then its bytes; to ourselves, straight into our
         queue."""
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: a message's tag is an int from 0")
         peer = self._instance(dest, what)
         if peer == core.getInstanceIndex():
             _unclaimed.setdefault((self._context, peer), []).append((tag, data.copy()))
@@ -270,42 +299,44 @@ class Comm:
 
     # -- buffers ------------------------------------------------------------------------------------------
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        array = _buffer(buf, "Bcast")
+        array = _buffer(buf, "Bcast", receives=self.Get_rank() != root)
         _into(array, current_fabric().broadcast(array, self._instance(root, "Bcast"), self._group()), "Bcast")
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
-        recv = _buffer(recvbuf, "Allreduce")
+        recv = _buffer(recvbuf, "Allreduce", receives=True)
         send = recv if sendbuf is IN_PLACE else _buffer(sendbuf, "Allreduce")
         _into(recv, current_fabric().allreduce(send, (op or SUM).fabric_op, self._group()), "Allreduce")
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> None:
         is_root = self.Get_rank() == root
+        recv = _buffer(recvbuf, "Reduce", receives=True) if is_root else None
         if sendbuf is IN_PLACE:
-            if not is_root:
+            if recv is None:
                 raise ValueError("Reduce: only the root may pass MPI.IN_PLACE")
-            send = _buffer(recvbuf, "Reduce")
+            send = recv
         else:
             send = _buffer(sendbuf, "Reduce")
         result = current_fabric().allreduce(send, (op or SUM).fabric_op, self._group())
-        if is_root:
-            _into(_buffer(recvbuf, "Reduce"), result, "Reduce")
+        if recv is not None:
+            _into(recv, result, "Reduce")
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        recv = _buffer(recvbuf, "Allgather")
+        recv = _buffer(recvbuf, "Allgather", receives=True)
         send = self._own_block(recv, "Allgather") if sendbuf is IN_PLACE else _buffer(sendbuf, "Allgather")
         _into(recv, current_fabric().allgather(send, self._group()), "Allgather")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         is_root = self.Get_rank() == self._rank_checked(root, "Gather")
+        recv = _buffer(recvbuf, "Gather", receives=True) if is_root else None
         if sendbuf is IN_PLACE:
-            if not is_root:
+            if recv is None:
                 raise ValueError("Gather: only the root may pass MPI.IN_PLACE")
-            send = self._own_block(_buffer(recvbuf, "Gather"), "Gather")
+            send = self._own_block(recv, "Gather")
         else:
             send = _buffer(sendbuf, "Gather")
         gathered = current_fabric().allgather(send, self._group())
-        if is_root:
-            _into(_buffer(recvbuf, "Gather"), gathered, "Gather")
+        if recv is not None:
+            _into(recv, gathered, "Gather")
 
     def _own_block(self, recv: np.ndarray, what: str) -> np.ndarray:
         """With ``MPI.IN_PLACE``: this rank's block of the receive buffer, where MPI takes its contribution from."""
@@ -316,7 +347,7 @@ class Comm:
         return recv[self.Get_rank() * block:(self.Get_rank() + 1) * block].copy()
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        recv = _buffer(recvbuf, "Scatter")
+        recv = _buffer(recvbuf, "Scatter", receives=True)
         shape = (self.Get_size(), *recv.shape)
         if self.Get_rank() == self._rank_checked(root, "Scatter"):
             send = _buffer(sendbuf, "Scatter")
@@ -335,11 +366,11 @@ class Comm:
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         """The message's bytes into the start of ``buf``, which must have room for them (MPI_ERR_TRUNCATE)."""
-        room = _buffer(buf, "Recv").view(np.uint8)
+        room = _buffer(buf, "Recv", receives=True).view(np.uint8)
         data = self._recv_bytes(source, tag, "Recv", status)
         if data.size > room.size:
-            raise ValueError(f"Recv: message truncated: rank {source} sent {data.size} bytes, the receive buffer "
-                             f"holds {room.size} (MPI_ERR_TRUNCATE)")
+            raise MPIException(ERR_TRUNCATE, f"Recv: message truncated: rank {source} sent {data.size} bytes, the "
+                               f"receive buffer holds {room.size}")
         room[:data.size] = data
 
     def _rank_checked(self, root: int, what: str) -> int:
@@ -354,9 +385,10 @@ class Comm:
         os._exit(errorcode if 0 < errorcode < 256 else 1)
 
     def Dup(self) -> Comm:
-        """The same ranks, with messages of their own (see ``_contexts``)."""
-        _contexts[0] += 1
-        return type(self)(self._members, self._name, _contexts[0])  # (COMM_SELF's stays one rank)
+        """The same ranks, with messages of their own (see ``_context``)."""
+        self._dups += 1
+        digest = hashlib.blake2b(f"{self._context}.{self._dups}".encode(), digest_size=7).digest()
+        return type(self)(self._members, self._name, int.from_bytes(digest, "little") + 2)  # (COMM_SELF's: one rank)
 
     Clone = Dup
 
