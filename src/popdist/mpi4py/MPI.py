@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from popdist import core
-from popdist.mpi4py.comm import (
+from popdist.mpi4py.comm import Comm
+from popdist.mpi4py.specs import (
     ANY_SOURCE,
     ANY_TAG,
     ERR_TAG,
@@ -23,7 +24,6 @@ from popdist.mpi4py.comm import (
     PROD,
     README_SECTION,
     SUM,
-    Comm,
     Datatype,
     MPIException,
     NotProvidedError,

@@ -1,14 +1,10 @@
 """``MPI.Comm`` over the fabric: the communicator of a set of instances (``COMM_WORLD``: all of them).
 
 As in mpi4py, lowercase methods take any picklable Python object (they travel pickled, as mpi4py's do,
-between this job's instances only: see ``popdist.ragged``), and uppercase methods take buffers: a NumPy
-array, or ``[array, MPI.FLOAT]``-style specs. Reductions run in rank order, so every rank gets the same
-bits. Rooted operations (``Gather``, ``Reduce``, ``Scatter``) run as their all-to-all forms and keep the
-root's part: simpler, and the same result.
-
-Buffers are read and written as they lie in memory, as MPI's are: a C- or Fortran-contiguous array (a
-non-contiguous one raises ``BufferError``, as in mpi4py), the first ``count`` items of a
-``[buffer, count, datatype]`` spec, any object with the buffer protocol or DLPack's (a CPU torch tensor).
+between this job's instances only: see ``popdist.ragged``), and uppercase methods take buffer specs
+(``specs.buffer_of``). Reductions run in rank order, so every rank gets the same bits. Rooted operations
+(``Gather``, ``Reduce``, ``Scatter``) run as their all-to-all forms and keep the root's part: simpler, and
+the same result.
 
 Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are MPI's standard mode: ``send`` returns once
 its message is on the way (the fabric's ``send``: eager while the link has room, so two ranks may both send
@@ -23,164 +19,33 @@ import functools
 import hashlib
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from popdist import core
 from popdist.backend import current_fabric
+from popdist.mpi4py.specs import (
+    ANY_SOURCE,
+    ANY_TAG,
+    ERR_TAG,
+    ERR_TRUNCATE,
+    IN_PLACE,
+    README_SECTION,
+    SUM,
+    MPIException,
+    NotProvidedError,
+    Op,
+    Status,
+    buffer_of,
+    fill,
+)
 from popdist.ragged import allgather_objects, broadcast_object
-
-README_SECTION = "README \"Running Graphcore's programs\""
-
 
 #: Messages received (or sent to ourselves) before a ``recv`` asked for them, by (communicator's context, source
 #: instance), each (tag, bytes), in the order they came.
 _unclaimed: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
 os.register_at_fork(after_in_child=_unclaimed.clear)  # (a forked instance, ``launch()``'s, is not its parent)
-
-
-#: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
-ERR_TAG, ERR_TRUNCATE = 4, 15
-_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_TRUNCATE: "MPI_ERR_TRUNCATE"}
-
-
-class MPIException(RuntimeError):
-    """``MPI.Exception``: an error of an MPI call, with its error class (``error_code``), as mpi4py raises."""
-
-    def __init__(self, error_code: int, message: str) -> None:
-        super().__init__(f"{message} ({_ERROR_NAMES.get(error_code, error_code)})")
-        self.error_code = error_code
-
-    def Get_error_code(self) -> int:
-        return self.error_code
-
-    Get_error_class = Get_error_code
-
-    def Get_error_string(self) -> str:
-        return str(self)
-
-
-class NotProvidedError(AttributeError, NotImplementedError):
-    """A part of mpi4py's API that poprun-py does not provide (an AttributeError, so ``hasattr`` is False)."""
-
-
-class Op:
-    """A reduction: ``MPI.SUM`` etc. Callable on two Python objects, as mpi4py's are."""
-
-    def __init__(self, name: str, fabric_op: str, combine: Callable[[Any, Any], Any]) -> None:
-        self.name, self.fabric_op, self._combine = name, fabric_op, combine
-
-    def __call__(self, x: Any, y: Any) -> Any:
-        return self._combine(x, y)
-
-    def __repr__(self) -> str:
-        return f"<mpi4py.MPI.Op {self.name}>"
-
-    @classmethod
-    def Create(cls, function: Any, commute: bool = False) -> Op:
-        raise NotProvidedError(f"MPI.Op.Create is not provided by poprun-py's mpi4py (user-defined reductions); "
-                               f"use the lowercase allreduce with a Python function, see {README_SECTION}")
-
-
-class Datatype:
-    """An MPI datatype, as the NumPy dtype of a buffer spec such as ``[array, MPI.FLOAT]``."""
-
-    def __init__(self, name: str, dtype: str) -> None:
-        self.name, self.dtype = name, np.dtype(dtype)
-
-    def Get_size(self) -> int:
-        return self.dtype.itemsize
-
-    size = property(Get_size)
-
-    def __repr__(self) -> str:
-        return f"<mpi4py.MPI.Datatype {self.name}>"
-
-
-class _InPlace:
-    def __repr__(self) -> str:
-        return "<mpi4py.MPI.IN_PLACE>"
-
-
-IN_PLACE = _InPlace()
-ANY_SOURCE = -1
-ANY_TAG = -1
-UNDEFINED = -32766  # (Open MPI's value)
-
-
-class Status:
-    """Filled by ``recv(status=...)``: the source, tag and size in bytes of the message received."""
-
-    def __init__(self) -> None:
-        self.source, self.tag, self.error, self.nbytes = ANY_SOURCE, ANY_TAG, 0, 0
-
-    def Get_source(self) -> int:
-        return self.source
-
-    def Get_tag(self) -> int:
-        return self.tag
-
-    def Get_error(self) -> int:
-        return self.error
-
-    def Get_count(self, datatype: Datatype | None = None) -> int:
-        """Items of ``datatype`` (bytes by default) in the message; ``UNDEFINED`` if they do not divide it."""
-        size = 1 if datatype is None else datatype.Get_size()
-        return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
-
-    Get_elements = Get_count
-
-    source_ = property(Get_source)
-    count = property(Get_count)
-
-
-def _buffer(spec: Any, what: str, receives: bool = False) -> np.ndarray:
-    """The memory of a buffer spec as a one-dimensional array, in memory order, sharing it: an array, or
-    ``[buffer, datatype]`` / ``[buffer, count, datatype]``, or any object with the buffer protocol; one that
-    ``receives`` must be writable (checked before anything moves, as mpi4py does)."""
-    datatype, count = None, None
-    if isinstance(spec, (list, tuple)):
-        if not spec:
-            raise TypeError(f"{what}: an empty buffer spec")
-        if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
-            count = int(spec[1])
-        spec, datatype = spec[0], spec[-1] if isinstance(spec[-1], Datatype) else None
-    if not isinstance(spec, np.ndarray) and hasattr(spec, "__dlpack__"):  # a torch tensor, as mpi4py 4 takes it
-        try:
-            spec = np.from_dlpack(spec)
-        except (BufferError, TypeError, RuntimeError) as exc:
-            raise BufferError(f"{what}: NumPy cannot share this {type(spec).__name__}'s memory ({exc}); a CPU "
-                              "tensor of a NumPy dtype can (convert a bfloat16 one first)") from None
-    if isinstance(spec, np.ndarray):
-        if not (spec.flags.c_contiguous or spec.flags.f_contiguous):
-            raise BufferError(f"{what}: the array is not contiguous in memory; MPI reads and writes a buffer as it lies "
-                              "in memory, so mpi4py refuses it and so does poprun-py: pass "
-                              "np.ascontiguousarray(...) and copy the result back")
-        flat = spec.ravel(order="K")  # (a view: in memory order, C or Fortran)
-        if datatype is not None and flat.dtype != datatype.dtype:
-            flat = flat.view(np.uint8).view(datatype.dtype)
-    else:
-        try:
-            view = memoryview(spec)
-        except TypeError:
-            raise TypeError(f"{what}: {type(spec).__name__} is not a buffer; pass a NumPy array (or use the "
-                            f"lowercase method for Python objects)") from None
-        flat = np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B")).reshape(-1)
-    if count is not None:
-        if not 0 <= count <= flat.size:
-            raise ValueError(f"{what}: count {count} is more than the buffer's {flat.size} items")
-        flat = flat[:count]
-    if receives and not flat.flags.writeable:
-        raise BufferError(f"{what}: the receive buffer is read-only")
-    return flat
-
-
-def _into(recvbuf: np.ndarray, values: np.ndarray, what: str) -> None:
-    """``values`` into ``recvbuf`` (``_buffer``'s view of the caller's memory), converting the dtype."""
-    if recvbuf.size != values.size:
-        raise ValueError(f"{what}: the receive buffer holds {recvbuf.size} elements, the result has {values.size}")
-    np.copyto(recvbuf, values.reshape(-1), casting="unsafe")
 
 
 class Comm:
@@ -299,44 +164,44 @@ class Comm:
 
     # -- buffers ------------------------------------------------------------------------------------------
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        array = _buffer(buf, "Bcast", receives=self.Get_rank() != root)
-        _into(array, current_fabric().broadcast(array, self._instance(root, "Bcast"), self._group()), "Bcast")
+        array = buffer_of(buf, "Bcast", receives=self.Get_rank() != root)
+        fill(array, current_fabric().broadcast(array, self._instance(root, "Bcast"), self._group()), "Bcast")
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
-        recv = _buffer(recvbuf, "Allreduce", receives=True)
-        send = recv if sendbuf is IN_PLACE else _buffer(sendbuf, "Allreduce")
-        _into(recv, current_fabric().allreduce(send, (op or SUM).fabric_op, self._group()), "Allreduce")
+        recv = buffer_of(recvbuf, "Allreduce", receives=True)
+        send = recv if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allreduce")
+        fill(recv, current_fabric().allreduce(send, (op or SUM).fabric_op, self._group()), "Allreduce")
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> None:
         is_root = self.Get_rank() == root
-        recv = _buffer(recvbuf, "Reduce", receives=True) if is_root else None
+        recv = buffer_of(recvbuf, "Reduce", receives=True) if is_root else None
         if sendbuf is IN_PLACE:
             if recv is None:
                 raise ValueError("Reduce: only the root may pass MPI.IN_PLACE")
             send = recv
         else:
-            send = _buffer(sendbuf, "Reduce")
+            send = buffer_of(sendbuf, "Reduce")
         result = current_fabric().allreduce(send, (op or SUM).fabric_op, self._group())
         if recv is not None:
-            _into(recv, result, "Reduce")
+            fill(recv, result, "Reduce")
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        recv = _buffer(recvbuf, "Allgather", receives=True)
-        send = self._own_block(recv, "Allgather") if sendbuf is IN_PLACE else _buffer(sendbuf, "Allgather")
-        _into(recv, current_fabric().allgather(send, self._group()), "Allgather")
+        recv = buffer_of(recvbuf, "Allgather", receives=True)
+        send = self._own_block(recv, "Allgather") if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allgather")
+        fill(recv, current_fabric().allgather(send, self._group()), "Allgather")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         is_root = self.Get_rank() == self._rank_checked(root, "Gather")
-        recv = _buffer(recvbuf, "Gather", receives=True) if is_root else None
+        recv = buffer_of(recvbuf, "Gather", receives=True) if is_root else None
         if sendbuf is IN_PLACE:
             if recv is None:
                 raise ValueError("Gather: only the root may pass MPI.IN_PLACE")
             send = self._own_block(recv, "Gather")
         else:
-            send = _buffer(sendbuf, "Gather")
+            send = buffer_of(sendbuf, "Gather")
         gathered = current_fabric().allgather(send, self._group())
         if recv is not None:
-            _into(recv, gathered, "Gather")
+            fill(recv, gathered, "Gather")
 
     def _own_block(self, recv: np.ndarray, what: str) -> np.ndarray:
         """With ``MPI.IN_PLACE``: this rank's block of the receive buffer, where MPI takes its contribution from."""
@@ -347,10 +212,10 @@ class Comm:
         return recv[self.Get_rank() * block:(self.Get_rank() + 1) * block].copy()
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        recv = _buffer(recvbuf, "Scatter", receives=True)
+        recv = buffer_of(recvbuf, "Scatter", receives=True)
         shape = (self.Get_size(), *recv.shape)
         if self.Get_rank() == self._rank_checked(root, "Scatter"):
-            send = _buffer(sendbuf, "Scatter")
+            send = buffer_of(sendbuf, "Scatter")
             if send.size != recv.size * self.Get_size():
                 raise ValueError(f"Scatter: the root's buffer holds {send.size} elements, "
                                  f"{self.Get_size()} ranks x {recv.size} are needed")
@@ -358,15 +223,15 @@ class Comm:
         else:
             send = np.empty(shape, recv.dtype)
         everything = current_fabric().broadcast(send, self._instance(root, "Scatter"), self._group())
-        _into(recv, everything[self.Get_rank()], "Scatter")
+        fill(recv, everything[self.Get_rank()], "Scatter")
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """``send``'s standard mode, of the buffer's bytes."""
-        self._send_bytes(_buffer(buf, "Send").view(np.uint8), dest, tag, "Send")
+        self._send_bytes(buffer_of(buf, "Send").view(np.uint8), dest, tag, "Send")
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         """The message's bytes into the start of ``buf``, which must have room for them (MPI_ERR_TRUNCATE)."""
-        room = _buffer(buf, "Recv", receives=True).view(np.uint8)
+        room = buffer_of(buf, "Recv", receives=True).view(np.uint8)
         data = self._recv_bytes(source, tag, "Recv", status)
         if data.size > room.size:
             raise MPIException(ERR_TRUNCATE, f"Recv: message truncated: rank {source} sent {data.size} bytes, the "
@@ -403,9 +268,3 @@ class Comm:
 
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Comm {self._name} (poprun-py)>"
-
-
-SUM = Op("SUM", "sum", lambda x, y: x + y)
-PROD = Op("PROD", "prod", lambda x, y: x * y)
-MAX = Op("MAX", "max", lambda x, y: np.maximum(x, y) if isinstance(x, np.ndarray) else max(x, y))
-MIN = Op("MIN", "min", lambda x, y: np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y))

@@ -1,0 +1,163 @@
+"""What mpi4py's calls take and give besides communicators: reductions, datatypes, buffer specs (read and
+written as they lie in memory, as MPI's are), ``IN_PLACE``, ``Status``, and the errors.
+
+A buffer spec is a C- or Fortran-contiguous array (a non-contiguous one raises ``BufferError``, as in
+mpi4py), ``[buffer, datatype]`` or ``[buffer, count, datatype]`` (its first ``count`` items), or any object
+with the buffer protocol or DLPack's (a CPU torch tensor); ``buffer_of`` makes it a one-dimensional view.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+README_SECTION = "README \"Running Graphcore's programs\""
+
+#: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
+ERR_TAG, ERR_TRUNCATE = 4, 15
+_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_TRUNCATE: "MPI_ERR_TRUNCATE"}
+
+
+class MPIException(RuntimeError):
+    """``MPI.Exception``: an error of an MPI call, with its error class (``error_code``), as mpi4py raises."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(f"{message} ({_ERROR_NAMES.get(error_code, error_code)})")
+        self.error_code = error_code
+
+    def Get_error_code(self) -> int:
+        return self.error_code
+
+    Get_error_class = Get_error_code
+
+    def Get_error_string(self) -> str:
+        return str(self)
+
+
+class NotProvidedError(AttributeError, NotImplementedError):
+    """A part of mpi4py's API that poprun-py does not provide (an AttributeError, so ``hasattr`` is False)."""
+
+
+class Op:
+    """A reduction: ``MPI.SUM`` etc. Callable on two Python objects, as mpi4py's are."""
+
+    def __init__(self, name: str, fabric_op: str, combine: Callable[[Any, Any], Any]) -> None:
+        self.name, self.fabric_op, self._combine = name, fabric_op, combine
+
+    def __call__(self, x: Any, y: Any) -> Any:
+        return self._combine(x, y)
+
+    def __repr__(self) -> str:
+        return f"<mpi4py.MPI.Op {self.name}>"
+
+    @classmethod
+    def Create(cls, function: Any, commute: bool = False) -> Op:
+        raise NotProvidedError(f"MPI.Op.Create is not provided by poprun-py's mpi4py (user-defined reductions); "
+                               f"use the lowercase allreduce with a Python function, see {README_SECTION}")
+
+
+SUM = Op("SUM", "sum", lambda x, y: x + y)
+PROD = Op("PROD", "prod", lambda x, y: x * y)
+MAX = Op("MAX", "max", lambda x, y: np.maximum(x, y) if isinstance(x, np.ndarray) else max(x, y))
+MIN = Op("MIN", "min", lambda x, y: np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y))
+
+
+class Datatype:
+    """An MPI datatype, as the NumPy dtype of a buffer spec such as ``[array, MPI.FLOAT]``."""
+
+    def __init__(self, name: str, dtype: str) -> None:
+        self.name, self.dtype = name, np.dtype(dtype)
+
+    def Get_size(self) -> int:
+        return self.dtype.itemsize
+
+    size = property(Get_size)
+
+    def __repr__(self) -> str:
+        return f"<mpi4py.MPI.Datatype {self.name}>"
+
+
+class _InPlace:
+    def __repr__(self) -> str:
+        return "<mpi4py.MPI.IN_PLACE>"
+
+
+IN_PLACE = _InPlace()
+ANY_SOURCE = -1
+ANY_TAG = -1
+UNDEFINED = -32766  # (Open MPI's value)
+
+
+class Status:
+    """Filled by ``recv(status=...)``: the source, tag and size in bytes of the message received."""
+
+    def __init__(self) -> None:
+        self.source, self.tag, self.error, self.nbytes = ANY_SOURCE, ANY_TAG, 0, 0
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_error(self) -> int:
+        return self.error
+
+    def Get_count(self, datatype: Datatype | None = None) -> int:
+        """Items of ``datatype`` (bytes by default) in the message; ``UNDEFINED`` if they do not divide it."""
+        size = 1 if datatype is None else datatype.Get_size()
+        return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
+
+    Get_elements = Get_count
+
+    source_ = property(Get_source)
+    count = property(Get_count)
+
+
+def buffer_of(spec: Any, what: str, receives: bool = False) -> np.ndarray:
+    """The memory of a buffer spec as a one-dimensional array, in memory order, sharing it: an array, or
+    ``[buffer, datatype]`` / ``[buffer, count, datatype]``, or any object with the buffer protocol; one that
+    ``receives`` must be writable (checked before anything moves, as mpi4py does)."""
+    datatype, count = None, None
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise TypeError(f"{what}: an empty buffer spec")
+        if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
+            count = int(spec[1])
+        spec, datatype = spec[0], spec[-1] if isinstance(spec[-1], Datatype) else None
+    if not isinstance(spec, np.ndarray) and hasattr(spec, "__dlpack__"):  # a torch tensor, as mpi4py 4 takes it
+        try:
+            spec = np.from_dlpack(spec)
+        except (BufferError, TypeError, RuntimeError) as exc:
+            raise BufferError(f"{what}: NumPy cannot share this {type(spec).__name__}'s memory ({exc}); a CPU "
+                              "tensor of a NumPy dtype can (convert a bfloat16 one first)") from None
+    if isinstance(spec, np.ndarray):
+        if not (spec.flags.c_contiguous or spec.flags.f_contiguous):
+            raise BufferError(f"{what}: the array is not contiguous in memory; MPI reads and writes a buffer as it lies "
+                              "in memory, so mpi4py refuses it and so does poprun-py: pass "
+                              "np.ascontiguousarray(...) and copy the result back")
+        flat = spec.ravel(order="K")  # (a view: in memory order, C or Fortran)
+        if datatype is not None and flat.dtype != datatype.dtype:
+            flat = flat.view(np.uint8).view(datatype.dtype)
+    else:
+        try:
+            view = memoryview(spec)
+        except TypeError:
+            raise TypeError(f"{what}: {type(spec).__name__} is not a buffer; pass a NumPy array (or use the "
+                            f"lowercase method for Python objects)") from None
+        flat = np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B")).reshape(-1)
+    if count is not None:
+        if not 0 <= count <= flat.size:
+            raise ValueError(f"{what}: count {count} is more than the buffer's {flat.size} items")
+        flat = flat[:count]
+    if receives and not flat.flags.writeable:
+        raise BufferError(f"{what}: the receive buffer is read-only")
+    return flat
+
+
+def fill(recvbuf: np.ndarray, values: np.ndarray, what: str) -> None:
+    """``values`` into ``recvbuf`` (``_buffer``'s view of the caller's memory), converting the dtype."""
+    if recvbuf.size != values.size:
+        raise ValueError(f"{what}: the receive buffer holds {recvbuf.size} elements, the result has {values.size}")
+    np.copyto(recvbuf, values.reshape(-1), casting="unsafe")
