@@ -277,6 +277,23 @@ def test_messages_sent_before_anyone_receives_arrive_in_order(jobs: list[Job], t
                                  f"instance {i}'s message from {peer}")
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_two_instances_that_each_send_more_than_the_link_holds_both_finish(jobs: list[Job], tmp_path: Path,
+                                                                          transport: str) -> None:
+    job = run_job(jobs, tmp_path, 2, "message-flood", transport=transport)
+    lines = job.finish()
+    for i in range(2):
+        assert lines[i] == [{"flood": i, "small": True, "large": True}, {"done": i}], lines
+
+
+def test_a_sender_waiting_for_room_hears_of_the_mismatch_its_message_caused(jobs: list[Job], tmp_path: Path) -> None:
+    job = run_job(jobs, tmp_path, 2, "blocked-send-mismatch")
+    lines = job.finish(deadline=time.monotonic() + LOSS_BOUND)
+    for i in range(2):
+        assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
+        assert "instance 1 called barrier but instance 0 called send/recv of a message" in lines[i][0]["message"]
+
+
 def test_a_message_unlike_the_one_expected_raises_on_both_ends(jobs: list[Job], tmp_path: Path) -> None:
     job = run_job(jobs, tmp_path, 2, "message-mismatch")
     lines = job.finish()

@@ -485,6 +485,29 @@ def run_messages(fabric, instance: int, n: int, out: Path) -> None:
     np.savez(out / f"{instance}.npz", **results)
 
 
+def run_message_flood(fabric, instance: int, n: int) -> None:
+    """Two instances each send the other far more than the link holds (4,000 small messages, then 16 of
+    1 MiB) before either receives: each takes the other's while its own wait for room. Reports whether every
+    message arrived whole and in order."""
+    peer = 1 - instance
+    for k in range(4000):
+        fabric.send(np.full(4, k + 10_000 * instance, np.int32), peer)
+    for k in range(16):
+        fabric.send(np.full(1 << 18, k + 100 * instance, np.float32), peer)
+    small = all((fabric.recv(np.empty(4, np.int32), peer) == k + 10_000 * peer).all() for k in range(4000))
+    large = all((fabric.recv(np.empty(1 << 18, np.float32), peer) == k + 100 * peer).all() for k in range(16))
+    fabric.barrier()
+    report(flood=instance, small=bool(small), large=bool(large))
+
+
+def run_blocked_send_mismatch(fabric, instance: int) -> None:
+    """Instance 0 sends 32 MiB, more than the link holds, while instance 1 enters a barrier: instance 1 finds the
+    message (a mismatch), and instance 0, waiting for room, hears of it at once."""
+    if instance == 0:
+        fabric.send(np.ones(1 << 22), 1)
+    fabric.barrier()
+
+
 def run_message_mismatch(fabric, instance: int) -> None:
     """Instance 0 sends float32[4]; instance 1 expects int64[4]: a mismatch, raised on both."""
     if instance == 0:
@@ -577,6 +600,10 @@ def main() -> int:
             run_group(fabric, instance, n, out)
         elif scenario == "messages":
             run_messages(fabric, instance, n, out)
+        elif scenario == "message-flood":
+            run_message_flood(fabric, instance, n)
+        elif scenario == "blocked-send-mismatch":
+            run_blocked_send_mismatch(fabric, instance)
         elif scenario == "message-mismatch":
             run_message_mismatch(fabric, instance)
         elif scenario == "recv-from-lost":

@@ -19,7 +19,8 @@ group and picks an algorithm (``algorithms/``, their phases named in
   broadcast, the allgather, the reduce_scatter and the barrier;
 * point to point (``send``/``recv``, for mpi4py's): one frame on the link
   between two instances, numbered per direction; the sender does not wait for
-  the receiver while the link has room.
+  the receiver, and while it waits for room it takes the receiver's messages
+  (frames/messages.py).
 
 Determinism: each reduction runs in a fixed order, so results are
 bit-identical across runs and members whatever the timing. Flat: by member
@@ -62,9 +63,20 @@ from .algorithms.outputs import out_problem, result_for
 from .algorithms.phases import Phase
 from .algorithms.shared import SHARED_BYTES, SharedArena, allreduce_shared
 from .algorithms.shared_copies import allgather_shared, broadcast_shared
-from .errors import FabricError
-from .frames.header import ALLGATHER, ALLREDUCE, BARRIER, BROADCAST, MESSAGE, REDUCE_SCATTER
-from .frames.link import Link
+from .errors import CollectiveMismatchError, FabricError
+from .frames.header import (
+    ALLGATHER,
+    ALLREDUCE,
+    BARRIER,
+    BROADCAST,
+    MESSAGE,
+    NBYTES,
+    REDUCE_SCATTER,
+    Signature,
+    mismatch_message,
+)
+from .frames.link import Link, LinkClosed, post
+from .frames.messages import Kept, send_taking
 from .planned import PlannedPaths
 
 
@@ -251,18 +263,45 @@ class Fabric(PlannedPaths):
     # -- point to point (mpi4py's send and recv: ``popdist.mpi4py``) ----------------------------------------
     def send(self, array: np.ndarray, dest: int) -> None:
         """``array`` to instance ``dest``, as one frame on our link, returning once it is written there (to the
-        link's mailbox or socket), not once it is received: MPI's standard send, eager for what the link holds
-        (a message larger than the socket's buffer waits for the receiver, as a large MPI send does).
-        ``dest`` takes it with ``recv``; messages between two instances arrive in the order they were sent."""
+        link's mailbox or socket), not once it is received: MPI's standard send. Without room on the link it
+        waits, taking ``dest``'s messages to us meanwhile (``frames.messages``), so that two instances that
+        both send first never wait on each other. ``dest`` takes it with ``recv``; messages between two
+        instances arrive in the order they were sent."""
         x = self._prepare(array, None)
         call, link = self._message(x, self.instance, dest)
-        self._exchange(call, Phase.FIRST, [(link, to_bytes(x), ())], [])
+        try:
+            pending = post(link, call.prefix(Phase.FIRST) + NBYTES.pack(x.nbytes), to_bytes(x))
+            if pending is not None:  # no room on the link: take the peer's messages while we wait (messages.py)
+                kept = self._kept.setdefault(dest, Kept())
+                g = call.group
+
+                def ours(theirs: Signature) -> bool:
+                    return (theirs.kind == MESSAGE and theirs.root == dest and theirs.group_key == g.key
+                            and theirs.seq == self._messages.get((dest, self.instance), 0) + len(kept.frames) + 1)
+                send_taking(pending, link, ours, kept, self._watch, self._mailboxes, call.scope)
+        except LinkClosed as closed:
+            lost = self._watch.explain(closed.peer, closed.reason, set(call.scope) - {self.instance})
+            self._broken_by(lost)
+            raise lost from None
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
 
     def recv(self, like: np.ndarray, source: int) -> np.ndarray:
         """The next message from instance ``source``, as a new array; it must have ``like``'s dtype and shape
         (a message of another raises ``CollectiveMismatchError``, as a mismatched collective does)."""
         result = np.empty_like(self._prepare(like, None))
         call, link = self._message(result, source, self.instance)
+        kept = self._kept.get(source)
+        if kept is not None and kept.frames:  # taken while a send of ours waited for room
+            theirs, payload = kept.frames.popleft()
+            mine = call.signature(Phase.FIRST)
+            if theirs != mine or len(payload) != result.nbytes:
+                error = CollectiveMismatchError(mismatch_message(self.instance, mine, source, theirs, call.scope))
+                self._broken_by(error)
+                raise error
+            to_bytes(result)[:] = payload
+            return result
         self._exchange(call, Phase.FIRST, [], [(link, to_bytes(result))])
         return result
 

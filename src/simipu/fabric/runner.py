@@ -24,6 +24,7 @@ from .frames.exchange import exchange, exchange_all
 from .frames.header import OP_CODES, abort_notice, mismatch_notice
 from .frames.link import Link
 from .frames.mailbox import MailboxSegment
+from .frames.messages import Kept
 from .frames.watch import Control, LossWatch
 from .join.membership import Membership
 
@@ -58,6 +59,8 @@ class PhaseRunner:
         self._world_seq = self._seq.setdefault(self._everyone, [0])
         #: Point-to-point messages numbered per (source, destination) (``engine.Fabric.send``).
         self._messages: dict[tuple[int, int], int] = {}
+        #: Per peer, its messages taken while a send of ours waited for room on the link (``frames.messages``).
+        self._kept: dict[int, Kept] = {}
         self._scratch = ScratchBuffers()
         #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.
         self.scratch_for = self._scratch.for_group
