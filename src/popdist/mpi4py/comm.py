@@ -8,8 +8,8 @@ the same result.
 
 Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are MPI's standard mode: ``send`` returns once
 its message is on the way (the fabric's ``send``, which takes the peer's messages while it waits for room:
-so two ranks may both send before they receive, and a ring of sends completes), and ``recv`` matches by tag, setting aside the
-messages that came first with other tags. The source must be named (no ``ANY_SOURCE``). ``Recv`` takes a
+so two ranks may both send before they receive, and a ring of sends completes), and ``recv`` matches by
+tag, setting aside the messages that came first with other tags. The source must be named (no ``ANY_SOURCE``). ``Recv`` takes a
 message of at most its buffer's bytes, as MPI does.
 """
 

@@ -52,6 +52,7 @@ member of a group.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Sequence
 
 import numpy as np
@@ -76,7 +77,7 @@ from .frames.header import (
     mismatch_message,
 )
 from .frames.link import Link, LinkClosed, post
-from .frames.messages import Kept, send_taking
+from .frames.messages import send_taking
 from .planned import PlannedPaths
 
 
@@ -272,12 +273,12 @@ class Fabric(PlannedPaths):
         try:
             pending = post(link, call.prefix(Phase.FIRST) + NBYTES.pack(x.nbytes), to_bytes(x))
             if pending is not None:  # no room on the link: take the peer's messages while we wait (messages.py)
-                kept = self._kept.setdefault(dest, Kept())
+                kept = self._kept.setdefault(dest, deque())
                 g = call.group
 
                 def ours(theirs: Signature) -> bool:
                     return (theirs.kind == MESSAGE and theirs.root == dest and theirs.group_key == g.key
-                            and theirs.seq == self._messages.get((dest, self.instance), 0) + len(kept.frames) + 1)
+                            and theirs.seq == self._messages.get((dest, self.instance), 0) + len(kept) + 1)
                 send_taking(pending, link, ours, kept, self._watch, self._mailboxes, call.scope)
         except LinkClosed as closed:
             lost = self._watch.explain(closed.peer, closed.reason, set(call.scope) - {self.instance})
@@ -293,8 +294,8 @@ class Fabric(PlannedPaths):
         result = np.empty_like(self._prepare(like, None))
         call, link = self._message(result, source, self.instance)
         kept = self._kept.get(source)
-        if kept is not None and kept.frames:  # taken while a send of ours waited for room
-            theirs, payload = kept.frames.popleft()
+        if kept:  # taken while a send of ours waited for room
+            theirs, payload = kept.popleft()
             mine = call.signature(Phase.FIRST)
             if theirs != mine or len(payload) != result.nbytes:
                 error = CollectiveMismatchError(mismatch_message(self.instance, mine, source, theirs, call.scope))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import select
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .header import ABORT, FIXED, MISMATCH, WAKE, Signature, decode_prefix, header_length, unexpected
@@ -25,11 +24,8 @@ from .watch import LossWatch
 _READ = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
 
 
-@dataclass
-class Kept:
-    """The peer's messages taken while a send of ours waited, in the order they came: (header, payload)."""
-
-    frames: deque[tuple[Signature, bytearray]] = field(default_factory=deque)
+#: The peer's messages taken while a send of ours waited, in the order they came: (header, payload).
+Kept = deque[tuple[Signature, bytearray]]
 
 
 def send_taking(send: Send, link: Link, ours: Callable[[Signature], bool], kept: Kept, watch: LossWatch,
@@ -92,7 +88,7 @@ def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept, step
                 raise unexpected(link.peer, frame, start, nbytes)
             if not ours(theirs):
                 return True
-            kept.frames.append((theirs, bytearray(frame[start:start + nbytes])))
+            kept.append((theirs, bytearray(frame[start:start + nbytes])))
             box.consume()
             link.took()
             return None
@@ -115,7 +111,7 @@ def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept, step
     payload[:got] = link.staged(got)
     link.consume(got)
     _read_rest(link, memoryview(payload), got, step)
-    kept.frames.append((theirs, payload))
+    kept.append((theirs, payload))
     return None
 
 
