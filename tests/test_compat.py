@@ -199,7 +199,7 @@ def test_mpi4py_semantics_over_three_instances() -> None:
         assert out["allreduce_max"] == 2 and out["Allreduce"] == [6.0, 60.0]
         assert out["Reduce"] == ([1.0, 10.0] if r == 1 else [0.0, 0.0]) and out["Scatter"] == [2 * r, 2 * r + 1]
         assert out["self"] == [1, r + 5] and out["hasattr_Win"] is False
-        assert out["missing"].startswith("MPI.Comm.Isend is not provided by poprun-py's mpi4py")
+        assert out["missing"].startswith("MPI.Comm.Ibarrier is not provided by poprun-py's mpi4py")
         assert "Running Graphcore's programs" in out["missing"]
     assert by_rank[2]["recv"] == {"hello": "from 0"} and by_rank[0]["recv"] == [1, 2, 3]
     assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
@@ -240,6 +240,30 @@ def test_a_message_met_by_a_collective_is_a_mismatch_on_both_ranks() -> None:
     for line in lines:
         assert "CollectiveMismatchError: instance 1 called allgather on int64[1] but instance 0 called send/recv " \
                "of a message from instance 0 on int64[3]" in line
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_mpi4py_nonblocking_and_any_source_match_as_mpi_does(transport: str) -> None:
+    by_rank = records(run_poprun(*job(3), f"--fabric-transport={transport}", *python_program("mpi_nonblocking.py")))
+    assert sorted(by_rank) == [0, 1, 2]
+    assert by_rank[0]["master"] == {"1": 1, "2": 4}  # (ANY_SOURCE, the source from the status)
+    assert [by_rank[r]["halo"] for r in range(3)] == [[2.0, 1.0], [0.0, 2.0], [1.0, 0.0]]
+    assert by_rank[1]["posted_order"] == ["second", "first"]  # the receive posted first took the first message
+    assert by_rank[2]["test_before"] == [False, None] and by_rank[2]["test_after"] == {"late": True}
+    assert by_rank[2]["test_again"] == [True, None]
+    assert by_rank[2]["probe"] == [0, 6, False] and by_rank[2]["probed"] == list(range(6))
+    assert [by_rank[r]["sendrecv"] for r in range(3)] == [2, 0, 1]
+    index, value, other = by_rank[0]["waitany"]
+    assert [value, other] == (["from one", "from two"] if index == 0 else ["from two", "from one"])
+    assert by_rank[0]["after_waitany"] == "from two, second" and by_rank[0]["truncated"] is True
+
+
+def test_a_receive_from_any_source_that_no_rank_can_meet_raises_on_every_rank() -> None:
+    lines = lines_of(run_poprun(*job(3), *python_program("mpi_any_source_vs_collective.py")))
+    assert len(lines) == 3, lines
+    for line in lines:
+        assert "CollectiveMismatchError: instance 0 waits for a message from instance(s) 1, 2 but instance 1 " \
+               "called barrier and instance 2 called barrier first" in line, lines
 
 
 # -- how programs find them, and the off switch -----------------------------------------------------------

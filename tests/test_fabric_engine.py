@@ -313,6 +313,23 @@ def test_a_receiver_waiting_for_a_killed_sender_is_told(jobs: list[Job], tmp_pat
     assert job.workers[0].proc.returncode == -signal.SIGKILL
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_wait_for_a_message_from_any_of_several_is_told_of_a_killed_one(jobs: list[Job], tmp_path: Path,
+                                                                         transport: str) -> None:
+    """``Fabric.message_waiting`` (mpi4py's ANY_SOURCE and ``test``): None while nothing has come; a wait on
+    instances 0 and 2 raises PeerLostError when 0 is killed, though 2 lives (its wait on stdin ends after)."""
+    job = run_job(jobs, tmp_path, 3, "any-from-lost", transport=transport)
+    for worker in job.workers:
+        assert worker.read_line(job.deadline) == {"ready": worker.instance, "pid": worker.proc.pid}
+    assert job.workers[1].read_line(job.deadline) == {"looked": None}
+    os.kill(job.workers[0].proc.pid, signal.SIGKILL)
+    lines = job.finish([job.workers[1]], deadline=time.monotonic() + LOSS_BOUND)
+    assert len(lines[1]) == 1 and lines[1][0]["error"] == PeerLostError.__name__ and lines[1][0]["instance"] == 0
+    job.workers[2].proc.stdin.write(b"go\n")  # type: ignore[union-attr]
+    job.workers[2].proc.stdin.flush()  # type: ignore[union-attr]
+    job.finish([job.workers[2]])
+
+
 def test_a_small_broadcast_root_runs_ahead_of_late_readers(jobs: list[Job], tmp_path: Path) -> None:
     """Among three members the small broadcast's root waits for no reader (``board_copies.RootBroadcast``):
     it finishes six broadcasts before the others call any; they then take all six, two from the mailboxes

@@ -38,6 +38,7 @@ class Collectives(Protocol):
     def barrier(self, group: Sequence[int] | None = None) -> None: ...
     def send(self, array: np.ndarray, dest: int) -> None: ...
     def recv(self, like: np.ndarray, source: int) -> np.ndarray: ...
+    def message_waiting(self, sources: Sequence[int], block: bool = False) -> int | None: ...
     def close(self) -> None: ...
 
 
@@ -77,6 +78,9 @@ class LoneFabric:
         raise ValueError(f"instance {dest} does not exist: there is 1 instance")
 
     recv = send
+
+    def message_waiting(self, sources, block=False):
+        raise ValueError(f"instance {sources[0]} does not exist: there is 1 instance")
 
     def close(self):
         return None

@@ -11,6 +11,7 @@ Results go to OUT_DIR/<instance>.npz; errors are printed as one JSON line
 Scenarios:
   suite     print how each link travels ({"links": {peer: "tcp" | "unix" | "unix+mailbox"}}), then
             run every case of fabric_cases.suite(n), in order
+  any-from-lost  instance 1 waits for a message from 0 or 2 (message_waiting), and 0 is killed
   mismatch  allreduce with a dtype (instance 1) or shape (instance 2) unlike the others'
   mismatch-last  allreduce where only the last instance's dtype differs
   loop      allreduce 4 MiB arrays until an error; prints "ready" after the first
@@ -526,6 +527,17 @@ def run_recv_from_lost(fabric, instance: int) -> None:
         fabric.recv(np.empty(2, np.int64), 0)
 
 
+def run_any_from_lost(fabric, instance: int) -> None:
+    """Instance 1 waits for a message from instance 0 or 2, which never send: 0 is killed, 2 waits on stdin. First
+    it looks without waiting: {"looked": None}."""
+    report(ready=instance, pid=os.getpid())
+    if instance != 1:
+        sys.stdin.readline()
+    else:
+        report(looked=fabric.message_waiting([0, 2]))
+        fabric.message_waiting([0, 2], block=True)
+
+
 def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     host, port = os.environ["FABRIC_ADDRESS"].rsplit(":", 1)
@@ -608,6 +620,8 @@ def main() -> int:
             run_message_mismatch(fabric, instance)
         elif scenario == "recv-from-lost":
             run_recv_from_lost(fabric, instance)
+        elif scenario == "any-from-lost":
+            run_any_from_lost(fabric, instance)
         elif scenario == "barrier":
             report(ready=instance, pid=os.getpid())
             fabric.barrier()

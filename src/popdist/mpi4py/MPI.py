@@ -13,6 +13,7 @@ from typing import Any
 
 from popdist import core
 from popdist.mpi4py.comm import Comm
+from popdist.mpi4py.requests import Request
 from popdist.mpi4py.specs import (
     ANY_SOURCE,
     ANY_TAG,
@@ -24,6 +25,7 @@ from popdist.mpi4py.specs import (
     PROD,
     README_SECTION,
     SUM,
+    UNDEFINED,
     Datatype,
     MPIException,
     NotProvidedError,
@@ -36,8 +38,8 @@ __all__ = [
     "ERR_TAG", "ERR_TRUNCATE", "Exception", "FLOAT", "Finalize", "Get_processor_name", "Get_version", "INT",
     "INT16_T", "INT32_T", "INT64_T", "INT8_T", "IN_PLACE", "Init", "Intracomm", "Is_finalized",
     "Is_initialized", "LONG", "LONG_LONG", "MAX", "MIN", "NotProvidedError", "Op", "PROD", "Query_thread",
-    "SHORT", "SUM", "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T",
-    "UINT8_T", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "Wtick", "Wtime",
+    "Request", "SHORT", "SUM", "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T",
+    "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "Wtick", "Wtime",
 ]
 
 Intracomm = Comm

@@ -8,9 +8,10 @@ the same result.
 
 Point to point: ``send``/``recv`` (and ``Send``/``Recv``) are MPI's standard mode: ``send`` returns once
 its message is on the way (the fabric's ``send``, which takes the peer's messages while it waits for room:
-so two ranks may both send before they receive, and a ring of sends completes), and ``recv`` matches by
-tag, setting aside the messages that came first with other tags. The source must be named (no ``ANY_SOURCE``). ``Recv`` takes a
-message of at most its buffer's bytes, as MPI does.
+so two ranks may both send before they receive, and a ring of sends completes), and a receive (blocking,
+or posted by ``irecv``) is matched as MPI matches it, by source (or ``ANY_SOURCE``) and tag, in the order
+receives were posted (``matching``). ``isend``'s request is complete at once (``requests``). ``Recv``
+takes a message of at most its buffer's bytes, as MPI does.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import functools
 import hashlib
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from popdist import core
 from popdist.backend import current_fabric
+from popdist.mpi4py import matching
+from popdist.mpi4py.requests import Request, completed
 from popdist.mpi4py.specs import (
     ANY_SOURCE,
     ANY_TAG,
@@ -42,10 +45,25 @@ from popdist.mpi4py.specs import (
 )
 from popdist.ragged import allgather_objects, broadcast_object
 
-#: Messages received (or sent to ourselves) before a ``recv`` asked for them, by (communicator's context, source
-#: instance), each (tag, bytes), in the order they came.
-_unclaimed: dict[tuple[int, int], list[tuple[int, np.ndarray]]] = {}
-os.register_at_fork(after_in_child=_unclaimed.clear)  # (a forked instance, ``launch()``'s, is not its parent)
+
+def _pickled(obj: Any) -> np.ndarray:
+    import pickle
+
+    return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def _unpickled(message: matching.Message) -> Any:
+    import pickle
+
+    return pickle.loads(message.data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
+
+
+def _into(room: np.ndarray, data: np.ndarray, what: str, sender: int) -> None:
+    """A message's bytes into the start of a receive buffer's, which must have room (MPI_ERR_TRUNCATE)."""
+    if data.size > room.size:
+        raise MPIException(ERR_TRUNCATE, f"{what}: message truncated: rank {sender} sent {data.size} bytes, the "
+                           f"receive buffer holds {room.size}")
+    room[:data.size] = data
 
 
 class Comm:
@@ -113,54 +131,76 @@ class Comm:
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """MPI's standard send: returns once the message is on its way (see the module docstring)."""
-        import pickle
-
-        self._send_bytes(np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8), dest, tag, "send")
+        self._send_bytes(_pickled(obj), dest, tag, "send")
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
-        import pickle
+        return _unpickled(self._received(source, tag, "recv", status))
 
-        data = self._recv_bytes(source, tag, "recv", status)
-        return pickle.loads(data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """``send``, returning its request: complete already, as the message is on its way."""
+        self.send(obj, dest, tag)
+        return completed("isend")
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """A receive posted now; its request's ``wait`` returns the object."""
+        return self._posted(source, tag, "irecv", _unpickled)
+
+    def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
+        self.send(sendobj, dest, sendtag)
+        return self.recv(recvbuf, source, recvtag, status)
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Wait until a message that ``recv(source, tag)`` would take has come (it stays for the receive)."""
+        self._probed(source, tag, True, "probe", status)
+        return True
+
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Whether a message that ``recv(source, tag)`` would take has come (it stays for the receive)."""
+        return self._probed(source, tag, False, "iprobe", status)
+
+    Probe, Iprobe = probe, iprobe
 
     def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
-        """A message to ``dest``: a header (tag, size, context), then its bytes; to ourselves, straight into our
-        queue."""
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
             raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: a message's tag is an int from 0")
-        peer = self._instance(dest, what)
-        if peer == core.getInstanceIndex():
-            _unclaimed.setdefault((self._context, peer), []).append((tag, data.copy()))
-            return
-        fabric = current_fabric()
-        fabric.send(np.array([tag, data.size, self._context], np.int64), peer)
-        if data.size:
-            fabric.send(data, peer)
+        matching.send(data, self._context, int(tag), self._instance(dest, what))
 
-    def _recv_bytes(self, source: int, tag: int, what: str, status: Status | None) -> np.ndarray:
-        """The first message from ``source`` with ``tag`` (any, for ``ANY_TAG``): one that came earlier and was
-        set aside, or the next ones to arrive, setting aside those with other tags (as MPI matches by tag)."""
+    def _sources(self, source: int, tag: int, what: str) -> list[int]:
+        """The instances a receive from ``source`` (a rank, or ``ANY_SOURCE``) takes messages from."""
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or (tag < 0 and tag != ANY_TAG):
+            raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: an int from 0, or MPI.ANY_TAG")
         if source == ANY_SOURCE:
-            raise NotProvidedError(f"{what}(source=ANY_SOURCE) is not provided by poprun-py's mpi4py: name the "
-                                   f"source rank (see {README_SECTION})")
-        peer = self._instance(source, what)
-        waiting = _unclaimed.setdefault((self._context, peer), [])
-        found = next((k for k, (sent_tag, _) in enumerate(waiting) if tag in (ANY_TAG, sent_tag)), None)
-        if found is not None:
-            sent_tag, data = waiting.pop(found)
-        elif peer == core.getInstanceIndex():
-            raise ValueError(f"{what}: no message with tag {tag} was sent to this rank by itself, and none can come")
-        else:
-            fabric = current_fabric()
-            while True:
-                sent_tag, nbytes, context = (int(v) for v in fabric.recv(np.empty(3, np.int64), peer))
-                data = fabric.recv(np.empty(nbytes, np.uint8), peer) if nbytes else np.empty(0, np.uint8)
-                if context == self._context and tag in (ANY_TAG, sent_tag):
-                    break
-                _unclaimed.setdefault((context, peer), []).append((sent_tag, data))
+            return [self._instance(rank, what) for rank in range(self.Get_size())]
+        return [self._instance(source, what)]
+
+    def _received(self, source: int, tag: int, what: str, status: Status | None) -> matching.Message:
+        """The first message from ``source`` (or any rank) with ``tag`` (or any): one that came earlier and is
+        unclaimed, or the next that comes, receives posted before this one matched first (``matching``)."""
+        receive = matching.post(self._context, self._sources(source, tag, what), int(tag))
+        try:
+            matching.progress([receive], True, what)
+        except BaseException:
+            matching.withdraw(receive)
+            raise
+        message = receive.message
+        assert message is not None
         if status is not None:
-            status.source, status.tag, status.nbytes = source, sent_tag, data.size
-        return data
+            status.source, status.tag, status.nbytes = self._rank_of(message.source), message.tag, message.data.size
+        return message
+
+    def _posted(self, source: int, tag: int, what: str, finish: Callable[[matching.Message], Any]) -> Request:
+        receive = matching.post(self._context, self._sources(source, tag, what), int(tag))
+        return Request(receive, finish, self._rank_of, what)
+
+    def _probed(self, source: int, tag: int, block: bool, what: str, status: Status | None) -> bool:
+        message = matching.probe(self._context, self._sources(source, tag, what), int(tag), block, what)
+        if message is not None and status is not None:
+            status.source, status.tag, status.nbytes = self._rank_of(message.source), message.tag, message.data.size
+        return message is not None
+
+    def _rank_of(self, instance: int) -> int:
+        return instance if self._members is None else self._members.index(instance)
 
     # -- buffers ------------------------------------------------------------------------------------------
     def Bcast(self, buf: Any, root: int = 0) -> None:
@@ -232,11 +272,24 @@ class Comm:
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         """The message's bytes into the start of ``buf``, which must have room for them (MPI_ERR_TRUNCATE)."""
         room = buffer_of(buf, "Recv", receives=True).view(np.uint8)
-        data = self._recv_bytes(source, tag, "Recv", status)
-        if data.size > room.size:
-            raise MPIException(ERR_TRUNCATE, f"Recv: message truncated: rank {source} sent {data.size} bytes, the "
-                               f"receive buffer holds {room.size}")
-        room[:data.size] = data
+        message = self._received(source, tag, "Recv", status)
+        _into(room, message.data, "Recv", self._rank_of(message.source))
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        """``Send``, returning its request: complete already (the buffer's bytes are on their way)."""
+        self.Send(buf, dest, tag)
+        return completed("Isend")
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """A receive posted now into ``buf``, filled when its request completes."""
+        room = buffer_of(buf, "Irecv", receives=True).view(np.uint8)
+        return self._posted(source, tag, "Irecv",
+                            lambda message: _into(room, message.data, "Irecv", self._rank_of(message.source)))
+
+    def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
+                 recvtag: int = ANY_TAG, status: Status | None = None) -> None:
+        self.Send(sendbuf, dest, sendtag)
+        self.Recv(recvbuf, source, recvtag, status)
 
     def _rank_checked(self, root: int, what: str) -> int:
         self._instance(root, what)

@@ -77,7 +77,7 @@ from .frames.header import (
     mismatch_message,
 )
 from .frames.link import Link, LinkClosed, post
-from .frames.messages import send_taking
+from .frames.messages import NoMessageCanCome, send_taking, take_first
 from .planned import PlannedPaths
 
 
@@ -274,12 +274,8 @@ class Fabric(PlannedPaths):
             pending = post(link, call.prefix(Phase.FIRST) + NBYTES.pack(x.nbytes), to_bytes(x))
             if pending is not None:  # no room on the link: take the peer's messages while we wait (messages.py)
                 kept = self._kept.setdefault(dest, deque())
-                g = call.group
-
-                def ours(theirs: Signature) -> bool:
-                    return (theirs.kind == MESSAGE and theirs.root == dest and theirs.group_key == g.key
-                            and theirs.seq == self._messages.get((dest, self.instance), 0) + len(kept) + 1)
-                send_taking(pending, link, ours, kept, self._watch, self._mailboxes, call.scope)
+                send_taking(pending, link, self._next_message_from(dest, kept), kept, self._watch, self._mailboxes,
+                            call.scope)
         except LinkClosed as closed:
             lost = self._watch.explain(closed.peer, closed.reason, set(call.scope) - {self.instance})
             self._broken_by(lost)
@@ -305,6 +301,48 @@ class Fabric(PlannedPaths):
             return result
         self._exchange(call, Phase.FIRST, [], [(link, to_bytes(result))])
         return result
+
+    def message_waiting(self, sources: Sequence[int], block: bool = False) -> int | None:
+        """The first of ``sources`` whose next message to us has come (so that ``recv`` from it returns without
+        waiting for that message's first frame), or None if none has; with ``block``, waits for one (as long as
+        it takes, as ``recv``). When every source has called a collective first, none can send before we join
+        it: ``CollectiveMismatchError``, here and (by notice) on them, rather than a wait that never ends."""
+        self._check_usable()
+        watched = []
+        for source in sources:
+            if source == self.instance:
+                raise ValueError(f"a message needs two instances; instance {source} waits for one from itself")
+            g = self._group(tuple(sorted((self.instance, source))))
+            kept = self._kept.setdefault(source, deque())
+            watched.append((g.links[g.members.index(source)], self._next_message_from(source, kept), kept))
+        scope = sorted({self.instance, *sources})
+        try:
+            found = take_first(watched, self._watch, self._mailboxes, scope, block)  # type: ignore[arg-type]
+        except NoMessageCanCome as stuck:
+            called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
+                                  for k, theirs in sorted(stuck.calls.items()))
+            error = CollectiveMismatchError(
+                f"instance {self.instance} waits for a message from instance(s) {', '.join(map(str, sources))} but "
+                f"{called} first: no message can come before this instance joins it")
+            self._broken_by(error)
+            raise error from None
+        except LinkClosed as closed:
+            lost = self._watch.explain(closed.peer, closed.reason, set(scope) - {self.instance})
+            self._broken_by(lost)
+            raise lost from None
+        except BaseException as exc:
+            self._broken_by(exc)
+            raise
+        return None if found is None else sources[found]
+
+    def _next_message_from(self, peer: int, kept: deque) -> Callable[[Signature], bool]:
+        """Whether a frame's header is ``peer``'s next message to us that ``kept`` does not hold yet."""
+        key = self._group(tuple(sorted((self.instance, peer)))).key
+
+        def ours(theirs: Signature) -> bool:
+            return (theirs.kind == MESSAGE and theirs.root == peer and theirs.group_key == key
+                    and theirs.seq == self._messages.get((peer, self.instance), 0) + len(kept) + 1)
+        return ours
 
     def _message(self, x: np.ndarray, source: int, dest: int) -> tuple[Call, Link]:
         """The call of the next message from ``source`` to ``dest`` (numbered per direction, so that two

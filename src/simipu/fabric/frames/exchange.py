@@ -26,9 +26,7 @@ from ..errors import CollectiveMismatchError
 from .header import NBYTES, Mismatch, Signature, mismatch_message
 from .link import NOSIGNAL, Link, LinkClosed, Receive, Send, claim_each, post, take, take_boxed
 from .mailbox import EMPTY, Mailbox, MailboxSegment, Peeked, full_fence
-from .watch import LossWatch
-
-_READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+from .watch import READ_EVENTS, FdPoll, LossWatch
 
 
 def exchange(prefix: bytes, payloads: Sequence[tuple[Link, memoryview, Sequence[int]]],
@@ -204,8 +202,7 @@ def _sleep(unsent: list[Send], unreceived: list[Receive], watch: LossWatch, slee
     """Block in poll until every frame has moved (see the module docstring for what wakes it)."""
     pending_sends = {s.link.fd: s for s in unsent}
     pending_receives = {r.link.fd: r for r in unreceived}
-    poller = select.poll()
-    registered: dict[int, int] = {}
+    waits = FdPoll(watch)
     while pending_sends or pending_receives:
         watch.check(members)  # (drains the wake fd: a loss from now on wakes this poll)
         boxed = sleeper is not None and any(r.link.mailbox is not None for r in pending_receives.values())
@@ -220,24 +217,15 @@ def _sleep(unsent: list[Send], unreceived: list[Receive], watch: LossWatch, slee
                     return
             wanted = {fd: select.POLLOUT for fd in pending_sends}
             for fd in pending_receives:
-                wanted[fd] = wanted.get(fd, 0) | _READ_EVENTS
-            if watch.fd is not None:
-                wanted[watch.fd] = select.POLLIN
-            for fd in [fd for fd in registered if fd not in wanted]:
-                poller.unregister(fd)
-                del registered[fd]
-            for fd, mask in wanted.items():
-                if registered.get(fd) != mask:
-                    poller.register(fd, mask)
-                    registered[fd] = mask
-            events = poller.poll()
+                wanted[fd] = wanted.get(fd, 0) | READ_EVENTS
+            events = waits.poll(wanted)
         finally:
             if boxed:
                 sleeper.set_sleeping(False)  # type: ignore[union-attr]
         for fd, mask in events:
             if fd == watch.fd:
                 continue  # the loss table is read at the top of the loop
-            if mask & _READ_EVENTS and fd in pending_receives and pending_receives[fd].step():
+            if mask & READ_EVENTS and fd in pending_receives and pending_receives[fd].step():
                 del pending_receives[fd]
             if fd in pending_sends and mask & (select.POLLOUT | select.POLLHUP | select.POLLERR):
                 if pending_sends[fd].step():  # raises for a failed connection

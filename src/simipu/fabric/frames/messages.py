@@ -19,10 +19,7 @@ from typing import Callable, Sequence
 from .header import ABORT, FIXED, MISMATCH, WAKE, Signature, decode_prefix, header_length, unexpected
 from .link import _EOF, Link, LinkClosed, Send
 from .mailbox import EMPTY, MailboxSegment
-from .watch import LossWatch
-
-_READ = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
-
+from .watch import READ_EVENTS, FdPoll, LossWatch
 
 #: The peer's messages taken while a send of ours waited, in the order they came: (header, payload).
 Kept = deque[tuple[Signature, bytearray]]
@@ -32,8 +29,7 @@ def send_taking(send: Send, link: Link, ours: Callable[[Signature], bool], kept:
                 sleeper: MailboxSegment | None, members: Sequence[int]) -> None:
     """Step ``send`` until its frame is out; meanwhile take the peer's frames that ``ours`` accepts into
     ``kept``. Raises ``LinkClosed`` (the caller names the instance) and what a notice says."""
-    poller = select.poll()
-    registered: dict[int, int] = {}
+    waits = FdPoll(watch)
     done = False
 
     def step() -> bool:
@@ -58,22 +54,16 @@ def send_taking(send: Send, link: Link, ours: Callable[[Signature], bool], kept:
             # (read more only while the stage has room: a frame not ours stays there, and its bytes would wake
             # the poll again and again)
             reading = not other or link.end < len(link.stage)
-            wanted = {link.fd: select.POLLOUT | (_READ if reading else 0)}
-            if watch.fd is not None:
-                wanted[watch.fd] = select.POLLIN
-            for fd, mask in wanted.items():
-                if registered.get(fd) != mask:
-                    poller.register(fd, mask)
-                    registered[fd] = mask
-            poller.poll()
+            waits.poll({link.fd: select.POLLOUT | (READ_EVENTS if reading else 0)})
         finally:
             if boxed:
                 sleeper.set_sleeping(False)  # type: ignore[union-attr]
 
 
-def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept, step: Callable[[], bool]) -> bool | None:
-    """The link's next frame into ``kept`` if it has come and ``ours`` accepts its header (None); else True if
-    a frame is there that is not ours (it stays), False if none is there yet. ``step``: our frame's, which waits
+def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept,
+                 step: Callable[[], bool]) -> Signature | bool | None:
+    """The link's next frame into ``kept`` if it has come and ``ours`` accepts its header (None); else the header
+    of a frame that is there and not ours (it stays), False if none is there yet. ``step``: our frame's, which waits
     for room, called while a payload is read (the peer may be waiting for room for it, reading ours)."""
     box = link.mailbox
     if box is not None:
@@ -87,7 +77,7 @@ def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept, step
             if theirs.kind in (ABORT, MISMATCH):
                 raise unexpected(link.peer, frame, start, nbytes)
             if not ours(theirs):
-                return True
+                return theirs
             kept.append((theirs, bytearray(frame[start:start + nbytes])))
             box.consume()
             link.took()
@@ -103,7 +93,7 @@ def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept, step
             return False
         raise unexpected(link.peer, link.staged(hlen + nbytes), hlen, nbytes)
     if not ours(theirs):
-        return True
+        return theirs
     link.consume(hlen)
     link.took()
     payload = bytearray(nbytes)
@@ -172,7 +162,7 @@ def _read_rest(link: Link, payload: memoryview, got: int, step: Callable[[], boo
         try:
             n = link.sock.recv_into(payload[got:])
         except (BlockingIOError, InterruptedError):
-            poller.register(link.fd, _READ | (0 if step() else select.POLLOUT))
+            poller.register(link.fd, READ_EVENTS | (0 if step() else select.POLLOUT))
             poller.poll()
             continue
         except OSError as exc:
@@ -180,3 +170,69 @@ def _read_rest(link: Link, payload: memoryview, got: int, step: Callable[[], boo
         if n == 0:
             raise LinkClosed(link.peer, _EOF)
         got += n
+
+
+class NoMessageCanCome(Exception):
+    """Every link waited on has a frame first that is not a message (each peer waits in a collective with us):
+    ``calls`` by position in the sources, the header of that frame."""
+
+    def __init__(self, calls: dict[int, Signature]) -> None:
+        super().__init__(calls)
+        self.calls = calls
+
+
+def take_first(sources: Sequence[tuple[Link, Callable[[Signature], bool], Kept]], watch: LossWatch,
+               sleeper: MailboxSegment | None, members: Sequence[int], block: bool) -> int | None:
+    """The position in ``sources`` of the first whose next message has come: already kept, or taken now into its
+    ``kept`` if ``ours`` accepts its header. None if none has and not ``block``; with ``block``, waits for one.
+    Raises ``NoMessageCanCome`` when each link has a frame first that is not a message (its peer waits in a
+    collective, which waits on us), ``LinkClosed`` and what a notice says."""
+    waits = FdPoll(watch)
+    while True:
+        found, quiet, calls = _first_taken(sources)
+        if found is not None:
+            return found
+        if not block:
+            return None
+        if sources and not quiet:
+            raise NoMessageCanCome(calls)
+        watch.check(members)
+        boxed = sleeper is not None and any(link.mailbox is not None for link, _, _ in sources)
+        if boxed:  # a frame a peer puts in our mailbox from now on comes with a WAKE byte
+            sleeper.set_sleeping(True)  # type: ignore[union-attr]
+        try:
+            found, quiet, calls = _first_taken(sources)  # (again: what came before the flag was raised)
+            if found is not None:
+                return found
+            if sources and not quiet:
+                raise NoMessageCanCome(calls)
+            # (links with a frame not ours first stay out: their unread bytes would wake the poll again and again)
+            waits.poll({link.fd: READ_EVENTS for link in quiet})
+        finally:
+            if boxed:
+                sleeper.set_sleeping(False)  # type: ignore[union-attr]
+
+
+def _first_taken(sources: Sequence[tuple[Link, Callable[[Signature], bool], Kept]]
+                 ) -> tuple[int | None, list[Link], dict[int, Signature]]:
+    """``take_first``'s look at every link once: (the position of one with a message, or None; the links with
+    nothing yet; by position, the header of a frame first that is not a message)."""
+    quiet: list[Link] = []
+    calls: dict[int, Signature] = {}
+    for position, (link, ours, kept) in enumerate(sources):
+        if kept:
+            return position, quiet, calls
+        other = take_message(link, ours, kept, _nothing_to_send)
+        if other is None:
+            return position, quiet, calls
+        if isinstance(other, Signature):
+            raise_notice_ahead(link)  # (the peer may have said why it stopped: a mismatch it found)
+            calls[position] = other
+        else:
+            quiet.append(link)
+    return None, quiet, calls
+
+
+def _nothing_to_send() -> bool:
+    """``take_message``'s ``step`` when no frame of ours waits for room."""
+    return True

@@ -66,3 +66,30 @@ class LossWatch:
             poller = select.poll()  # not select(): the fd may be above FD_SETSIZE (1024)
             poller.register(self.fd, select.POLLIN)
             poller.poll(left * 1000)
+
+
+#: What a wait to read a socket polls for (a peer's close and errors included).
+READ_EVENTS = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+
+
+class FdPoll:
+    """A wait's poll over file descriptors that change from one round to the next, with the loss watch's wake fd
+    always among them (not select(): an fd may be above FD_SETSIZE, 1024)."""
+
+    def __init__(self, watch: LossWatch) -> None:
+        self._poller = select.poll()
+        self._registered: dict[int, int] = {}
+        self._watch_fd = watch.fd
+
+    def poll(self, wanted: dict[int, int]) -> list[tuple[int, int]]:
+        """Block until one of ``wanted`` (fd: events) or the watch's fd is ready: (fd, events) of each."""
+        if self._watch_fd is not None:
+            wanted[self._watch_fd] = select.POLLIN
+        for fd in [fd for fd in self._registered if fd not in wanted]:
+            self._poller.unregister(fd)
+            del self._registered[fd]
+        for fd, mask in wanted.items():
+            if self._registered.get(fd) != mask:
+                self._poller.register(fd, mask)
+                self._registered[fd] = mask
+        return self._poller.poll()

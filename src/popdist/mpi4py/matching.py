@@ -1,0 +1,158 @@
+"""Messages matched to receives as MPI matches them, for ``Comm``'s point to point and its requests.
+
+A message travels as two fabric messages (``simipu.fabric.engine.Fabric.send``): its envelope (tag, bytes,
+communicator's context), then its bytes. A message that has come before a receive wants it waits here,
+in arrival order. Receives (a blocking ``recv`` while it waits, an ``irecv`` until it completes) are
+matched in the order they were posted, each to the earliest message that has come that it accepts (its
+source or any of its communicator's, its tag or any, its communicator): MPI's rule that messages from one
+sender do not overtake each other, and that a receive posted first is matched first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+
+from popdist import core
+from popdist.backend import current_fabric
+from popdist.mpi4py.specs import ANY_TAG
+
+#: The envelope sent before a message's bytes: tag, byte count, communicator's context.
+ENVELOPE = np.dtype(np.int64)
+ENVELOPE_ITEMS = 3
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message that has come: from which instance, in which communicator, with which tag, its bytes."""
+
+    context: int
+    source: int
+    tag: int
+    data: np.ndarray
+
+
+@dataclass(eq=False)
+class Receive:
+    """A receive posted on a communicator (``context``) from any of ``sources`` (instances) with ``tag`` (or
+    ``ANY_TAG``); ``message`` once it is matched."""
+
+    context: int
+    sources: frozenset[int]
+    tag: int
+    message: Message | None = None
+
+    def accepts(self, message: Message) -> bool:
+        return (message.context == self.context and message.source in self.sources
+                and self.tag in (ANY_TAG, message.tag))
+
+
+@dataclass
+class _Matching:
+    """This process's messages not yet received (in arrival order) and receives not yet matched (in post order)."""
+
+    arrived: list[Message] = field(default_factory=list)
+    posted: list[Receive] = field(default_factory=list)
+
+
+_state = _Matching()
+
+
+def _forget_all() -> None:
+    """A forked instance (``launch()``'s) is not its parent: it starts with nothing arrived or posted."""
+    _state.arrived.clear()
+    _state.posted.clear()
+
+
+os.register_at_fork(after_in_child=_forget_all)
+
+
+def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
+    """``data`` (bytes) to instance ``peer`` (ourselves: straight to our own arrivals, copied)."""
+    if peer == core.getInstanceIndex():
+        _arrive(Message(context, peer, tag, data.copy()))
+        return
+    fabric = current_fabric()
+    fabric.send(np.array([tag, data.size, context], ENVELOPE), peer)
+    if data.size:
+        fabric.send(data, peer)
+
+
+def post(context: int, sources: Iterable[int], tag: int) -> Receive:
+    """A receive, matched at once if a message it accepts has come."""
+    receive = Receive(context, frozenset(sources), tag)
+    _state.posted.append(receive)
+    _match()
+    return receive
+
+
+def withdraw(receive: Receive) -> None:
+    """Forget a receive that will not be waited for (its blocking wait was interrupted): it takes nothing more."""
+    if receive in _state.posted:
+        _state.posted.remove(receive)
+
+
+def progress(receives: Iterable[Receive], block: bool, what: str) -> bool:
+    """Whether any of ``receives`` has its message, after taking the messages that have come from their sources
+    (with ``block``, waiting until one of them has). A wait for a message that no instance can send (only we
+    could, and we wait) raises ValueError; one that every source's collective blocks, the fabric's
+    ``CollectiveMismatchError``."""
+    receives = list(receives)
+    return _taking_until(lambda: any(r.message is not None for r in receives),
+                         set().union(*(r.sources for r in receives)), block, what)
+
+
+def probe(context: int, sources: Iterable[int], tag: int, block: bool, what: str) -> Message | None:
+    """The first message that has come that a receive (``context``, ``sources``, ``tag``) would take, left for
+    the receive; None if there is none (with ``block``, waits for one)."""
+    wanted = Receive(context, frozenset(sources), tag)
+
+    def first() -> Message | None:
+        return next((m for m in _state.arrived if wanted.accepts(m)), None)
+    return first() if _taking_until(lambda: first() is not None, wanted.sources, block, what) else None
+
+
+def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], block: bool, what: str) -> bool:
+    """Take the messages that come from ``sources`` until ``done()`` (True), or none has come (False; with
+    ``block``, wait)."""
+    peers = sorted(sources - {core.getInstanceIndex()})
+    while not done():
+        if not peers:
+            if block:
+                raise ValueError(f"{what}: no message this rank sent itself matches, and no other rank can send one")
+            return False
+        source = current_fabric().message_waiting(peers, block)
+        if source is None:
+            return False
+        _take(source)
+    return True
+
+
+def _take(source: int) -> None:
+    """Instance ``source``'s next message (its first fabric message has come), then the matching."""
+    fabric = current_fabric()
+    tag, nbytes, context = (int(v) for v in fabric.recv(np.empty(ENVELOPE_ITEMS, ENVELOPE), source))
+    data = fabric.recv(np.empty(nbytes, np.uint8), source) if nbytes else np.empty(0, np.uint8)
+    _arrive(Message(context, source, tag, data))
+
+
+def _arrive(message: Message) -> None:
+    _state.arrived.append(message)
+    _match()
+
+
+def _match() -> None:
+    """Each unmatched receive, in post order, takes the earliest message it accepts."""
+    arrived, posted = _state.arrived, _state.posted
+    if not arrived or not posted:
+        return
+    for receive in list(posted):
+        found = next((k for k, m in enumerate(arrived) if receive.accepts(m)), None)
+        if found is not None:
+            receive.message = arrived.pop(found)
+            posted.remove(receive)
+            if not arrived:
+                return

@@ -1,0 +1,96 @@
+"""mpi4py's nonblocking point to point and ANY_SOURCE, as MPI programs use them, each result printed as JSON
+for the test to check (3 instances): a master gathering results from any worker, a halo exchange with
+``Isend``/``Irecv`` and ``Waitall``, receives matched in the order they were posted, ``test`` before the
+message has come, ``probe``/``iprobe``, ``sendrecv``, ``waitany`` and a truncating ``Irecv``."""
+
+import json
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+out = {"rank": r, "size": n}
+
+# a master takes each worker's result as it comes, from whichever worker
+if r == 0:
+    status, results = MPI.Status(), {}
+    for _ in range(n - 1):
+        value = comm.recv(source=MPI.ANY_SOURCE, tag=1, status=status)
+        results[status.Get_source()] = value
+    out["master"] = {str(k): v for k, v in sorted(results.items())}
+else:
+    comm.send(r * r, dest=0, tag=1)
+
+# a halo exchange: receives posted first, then the sends, then one wait for all
+left, right = (r - 1) % n, (r + 1) % n
+halo = np.full(2, -1.0)
+requests = [comm.Irecv(halo[0:1], source=left, tag=2), comm.Irecv(halo[1:2], source=right, tag=2),
+            comm.Isend(np.array([float(r)]), dest=right, tag=2), comm.Isend(np.array([float(r)]), dest=left, tag=2)]
+MPI.Request.Waitall(requests)
+out["halo"] = halo.tolist()
+
+# two receives from the same source: the first posted takes the first message, whichever is waited first
+if r == 1:
+    first, second = comm.irecv(source=0, tag=MPI.ANY_TAG), comm.irecv(source=0, tag=MPI.ANY_TAG)
+    out["posted_order"] = [second.wait(), first.wait()]
+elif r == 0:
+    comm.send("first", dest=1, tag=3)
+    comm.send("second", dest=1, tag=4)
+
+# test() before the message can have come (it is sent after the barrier), then until it has
+if r == 2:
+    request = comm.irecv(source=0, tag=5)
+    out["test_before"] = list(request.test())
+comm.Barrier()
+if r == 0:
+    comm.send({"late": True}, dest=2, tag=5)
+elif r == 2:
+    done, value = request.test()
+    while not done:
+        done, value = request.test()
+    out["test_after"] = value
+    out["test_again"] = list(request.test())  # (a completed request is null: nothing more)
+
+# probe, then the receive it saw
+if r == 0:
+    comm.Send(np.arange(6, dtype=np.int32), dest=2, tag=6)
+elif r == 2:
+    status = MPI.Status()
+    comm.Probe(source=MPI.ANY_SOURCE, tag=6, status=status)
+    buffer = np.zeros(status.Get_count(MPI.INT), np.int32)
+    out["probe"] = [status.Get_source(), status.Get_count(MPI.INT), comm.iprobe(source=0, tag=7)]
+    comm.Recv(buffer, source=status.Get_source(), tag=6)
+    out["probed"] = buffer.tolist()
+
+# sendrecv around the ring
+out["sendrecv"] = comm.sendrecv(r, dest=right, sendtag=8, source=left, recvtag=8)
+
+# waitany: the one that has come is the one returned
+if r == 0:
+    requests = [comm.irecv(source=1, tag=9), comm.irecv(source=2, tag=9)]
+    comm.send("go", dest=2, tag=10)
+    index, value = MPI.Request.waitany(requests)
+    out["waitany"] = [index, value, requests[1 - index].wait()]
+elif r == 2:
+    comm.recv(source=0, tag=10)
+    comm.send("from two", dest=0, tag=9)
+    comm.recv(source=1, tag=11)
+    comm.send("from two, second", dest=0, tag=9)  # (unmatched by rank 0: received below)
+elif r == 1:
+    comm.send("from one", dest=0, tag=9)  # (may come before or after rank 2's: waitany takes the first matched)
+    comm.send("unblock", dest=2, tag=11)
+if r == 0:
+    out["after_waitany"] = comm.recv(source=2, tag=9)
+
+# an Irecv whose buffer is too small: the error comes at its Wait, and is MPI's
+if r == 1:
+    comm.Send(np.arange(4, dtype=np.float64), dest=0, tag=12)
+elif r == 0:
+    request = comm.Irecv(np.zeros(2), source=1, tag=12)
+    try:
+        request.Wait()
+    except MPI.Exception as exc:
+        out["truncated"] = exc.Get_error_class() == MPI.ERR_TRUNCATE
+comm.Barrier()
+print(json.dumps(out), flush=True)
