@@ -70,6 +70,8 @@ def test_horovod_semantics_over_three_instances() -> None:
         assert out["bfloat16"] == ["torch.bfloat16", [6.0, 6.0]] and out["int_average"] == [2]
         assert out["fp16_compression"] == ["torch.float32"]  # compressed on the way, the input's dtype back
         assert out["inplace"] == [True, [6.0, 6.0]] and out["scaled"] == [6.0, 6.0]
+        assert out["inplace_seen"] is True  # (``allreduce_`` writes the tensor's memory, and tells autograd so)
+        assert out["broadcast_parameter"] == [[1.0, 2.0], True, True]
         assert out["grad"] == [6.0]  # the gradient of a Sum allreduce is the Sum allreduce of the gradients
         assert out["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
         assert out["broadcast"] == [10.0] and out["broadcast_"] == [20.0]

@@ -26,6 +26,14 @@ out["fp16_compression"] = [str(v) for v in (hvd.allreduce(t, compression=hvd.Com
 inplace = t.clone()
 same = hvd.allreduce_(inplace, op=hvd.Sum)
 out["inplace"] = [same is inplace, inplace.tolist()]
+weight, saved = torch.tensor([2.0], requires_grad=True), torch.tensor([3.0])
+product = weight * saved  # autograd keeps ``saved`` for the gradient; changing it in place must be seen
+hvd.allreduce_(saved)
+try:
+    product.backward()
+    out["inplace_seen"] = "not seen"
+except RuntimeError as exc:
+    out["inplace_seen"] = "modified by an inplace operation" in str(exc)
 out["scaled"] = hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5).tolist()
 
 w = torch.tensor([1.0 + r], requires_grad=True)
@@ -43,6 +51,9 @@ b = torch.tensor([10.0 * r])
 out["broadcast"] = hvd.broadcast(b, root_rank=1).tolist()
 hvd.broadcast_(b, root_rank=2)
 out["broadcast_"] = b.tolist()
+parameter = torch.nn.Parameter(torch.tensor([r, 2.0 * r]))
+hvd.broadcast_(parameter, root_rank=1)
+out["broadcast_parameter"] = [parameter.tolist(), parameter.requires_grad, parameter._version > 0]
 out["object"] = hvd.broadcast_object({"from": r, "list": [r] * 2}, root_rank=1)
 out["objects"] = hvd.allgather_object(("rank", r))
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from popdist.backend import _backend, current_fabric, current_group
 from popdist.horovod.common import ReduceOp, allreduce_array, rank, resolve_op, size
@@ -117,11 +118,31 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: object = None) -> torch.Tensor:
     """``allreduce`` into ``tensor`` itself; returns ``tensor``."""
+    fabric = _backend.fabric
+    if (fabric is not None and average is None and process_set is None and prescale_factor == 1.0
+            and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp)):
+        fabric_op = _FAST_OPS.get(op)
+        array = _own_array(tensor) if fabric_op is not None else None
+        if array is not None:  # (the fabric reduces into the tensor's memory: no result to copy back)
+            fabric.allreduce(array, fabric_op, _backend.groups.members, array)  # type: ignore[arg-type]
+            increment_version(tensor)
+            return tensor
     _no_process_set(process_set)
     result = _allreduce(tensor, resolve_op(op, average), float(prescale_factor), float(postscale_factor))
     with torch.no_grad():
         tensor.copy_(result)
     return tensor
+
+
+def _own_array(tensor: torch.Tensor) -> np.ndarray | None:
+    """The memory of ``tensor`` as an array the fabric may write in place (then ``increment_version``, as an
+    in-place torch op does, so that autograd still sees the change), if it is a C-contiguous floating-point CPU
+    tensor with no gradient to track; else None (the general path, with a copy back)."""
+    try:  # (``Tensor.numpy()`` refuses another device, bfloat16, a lazy negation bit, a gradient to track)
+        array = tensor.numpy()
+    except (AttributeError, RuntimeError, TypeError):  # (AttributeError: a NumPy array)
+        return None
+    return array if array.dtype.char in _FAST_DTYPES and array.flags.c_contiguous and array.flags.writeable else None
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -206,6 +227,12 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: object = None) -> torch.Tensor:
     """``broadcast`` into ``tensor`` itself (a parameter too); returns ``tensor``."""
     _no_process_set(process_set)
+    fabric = _backend.fabric
+    array = _own_array(tensor.detach()) if fabric is not None else None
+    if array is not None:  # (into the tensor's memory, as ``allreduce_``; a parameter's too: its data, as copy_)
+        fabric.broadcast(array, _root(root_rank), _backend.groups.members, array)  # type: ignore[union-attr]
+        increment_version(tensor)
+        return tensor
     result = _broadcast(tensor, root_rank)
     with torch.no_grad():
         tensor.copy_(result)
