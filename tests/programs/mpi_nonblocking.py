@@ -1,7 +1,8 @@
 """mpi4py's nonblocking point to point and ANY_SOURCE, as MPI programs use them, each result printed as JSON
 for the test to check (3 instances): a master gathering results from any worker, a halo exchange with
 ``Isend``/``Irecv`` and ``Waitall``, receives matched in the order they were posted, ``test`` before the
-message has come, ``probe``/``iprobe``, ``sendrecv``, ``waitany`` and a truncating ``Irecv``."""
+message has come, ``probe``/``iprobe``, ``sendrecv``, ``waitany``, a truncating ``Irecv``, and rings of 8 MiB messages
+(``Sendrecv``; ``Irecv``, ``Isend`` and ``Waitall``)."""
 
 import json
 
@@ -92,5 +93,14 @@ elif r == 0:
         request.Wait()
     except MPI.Exception as exc:
         out["truncated"] = exc.Get_error_class() == MPI.ERR_TRUNCATE
+# rings of messages larger than a link holds: each rank's send waits for room while the rank after it waits
+# for room too; each takes every peer's messages meanwhile, so the ring turns
+big = np.full(1 << 20, float(r))  # 8 MiB
+ring = np.empty_like(big)
+comm.Sendrecv(big, dest=right, recvbuf=ring, source=left)
+out["big_sendrecv"] = [float(ring[0]), float(ring[-1])]
+ring[:] = -1
+MPI.Request.Waitall([comm.Irecv(ring, source=left, tag=13), comm.Isend(big, dest=right, tag=13)])
+out["big_isend"] = [float(ring[0]), float(ring[-1])]
 comm.Barrier()
 print(json.dumps(out), flush=True)

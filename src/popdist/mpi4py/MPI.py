@@ -12,16 +12,21 @@ import time
 from typing import Any
 
 from popdist import core
+from popdist.backend import current_fabric
+from popdist.mpi4py import rc
 from popdist.mpi4py.comm import Comm
-from popdist.mpi4py.requests import Request
+from popdist.mpi4py.requests import REQUEST_NULL, Request
 from popdist.mpi4py.specs import (
     ANY_SOURCE,
     ANY_TAG,
+    ERR_IN_STATUS,
+    ERR_RANK,
     ERR_TAG,
     ERR_TRUNCATE,
     IN_PLACE,
     MAX,
     MIN,
+    PROC_NULL,
     PROD,
     README_SECTION,
     SUM,
@@ -30,16 +35,18 @@ from popdist.mpi4py.specs import (
     MPIException,
     NotProvidedError,
     Op,
+    RankError,
     Status,
 )
 
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "BOOL", "BYTE", "CHAR", "COMM_SELF", "COMM_WORLD", "Comm", "DOUBLE", "Datatype",
-    "ERR_TAG", "ERR_TRUNCATE", "Exception", "FLOAT", "Finalize", "Get_processor_name", "Get_version", "INT",
-    "INT16_T", "INT32_T", "INT64_T", "INT8_T", "IN_PLACE", "Init", "Intracomm", "Is_finalized",
-    "Is_initialized", "LONG", "LONG_LONG", "MAX", "MIN", "NotProvidedError", "Op", "PROD", "Query_thread",
-    "Request", "SHORT", "SUM", "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T",
-    "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "Wtick", "Wtime",
+    "ERR_IN_STATUS", "ERR_RANK", "ERR_TAG", "ERR_TRUNCATE", "Exception", "FLOAT", "Finalize",
+    "Get_processor_name", "Get_version", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "IN_PLACE", "Init",
+    "Intracomm", "Is_finalized", "Is_initialized", "LONG", "LONG_LONG", "MAX", "MIN", "NotProvidedError", "Op",
+    "PROC_NULL", "PROD", "Query_thread", "REQUEST_NULL", "Request", "SHORT", "SUM", "Status", "THREAD_MULTIPLE",
+    "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR",
+    "UNSIGNED_LONG", "Wtick", "Wtime",
 ]
 
 Intracomm = Comm
@@ -64,8 +71,11 @@ class _SelfComm(Comm):
 
     def _instance(self, rank: int, what: str) -> int:
         if rank != 0:
-            raise ValueError(f"{what}: rank {rank!r} is not in MPI_COMM_SELF (only 0)")
+            raise RankError(f"{what}: rank {rank!r} is not in MPI_COMM_SELF (only 0)")
         return core.getInstanceIndex()
+
+    def _rank_of(self, instance: int) -> int:
+        return 0
 
 
 COMM_SELF = _SelfComm(None, "MPI_COMM_SELF", 1)
@@ -86,6 +96,7 @@ BOOL = Datatype("BOOL", "?")
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 _finalized = [False]
+_initialized = [False]
 
 
 def Wtime() -> float:
@@ -110,14 +121,21 @@ def Get_library_version() -> str:
 
 
 def Init() -> None:
-    """Nothing to do: the fabric connects at the first collective."""
+    """Connect this instance to the job's fabric now (PopDist's initialisation, if nothing did it first), as
+    ``MPI_Init`` connects the ranks: so that a message sent before a rank's first call has come when that call
+    (a ``test``, an ``iprobe``) looks. ``import mpi4py.MPI`` calls it unless ``mpi4py.rc.initialize`` is False,
+    as mpi4py's import does."""
+    current_fabric()
+    _initialized[0] = True
 
 
-Init_thread = Init
+def Init_thread(required: int = THREAD_MULTIPLE) -> int:
+    Init()
+    return Query_thread()
 
 
 def Is_initialized() -> bool:
-    return True
+    return _initialized[0]
 
 
 def Finalize() -> None:
@@ -136,3 +154,7 @@ def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
     raise NotProvidedError(f"MPI.{name} is not provided by poprun-py's mpi4py; see {README_SECTION} for what is")
+
+
+if rc.initialize:
+    Init()

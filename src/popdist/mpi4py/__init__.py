@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 __version__ = "4.0.0+poprun.py"  # the mpi4py release whose API this follows
 
-#: mpi4py's run-time configuration; accepted and ignored (there is no MPI library to configure).
+#: mpi4py's run-time configuration: ``initialize`` (False: ``import mpi4py.MPI`` does not connect the instances;
+#: ``MPI.Init()`` or the first call does) is followed; the rest are accepted and ignored (there is no MPI library
+#: to configure).
 rc = SimpleNamespace(initialize=True, threads=True, thread_level="multiple", finalize=None,
                      fast_reduce=True, recv_mprobe=True, errors="exception")

@@ -34,11 +34,13 @@ from popdist.mpi4py.specs import (
     ERR_TAG,
     ERR_TRUNCATE,
     IN_PLACE,
+    PROC_NULL,
     README_SECTION,
     SUM,
     MPIException,
     NotProvidedError,
     Op,
+    RankError,
     Status,
     buffer_of,
     fill,
@@ -56,6 +58,12 @@ def _unpickled(message: matching.Message) -> Any:
     import pickle
 
     return pickle.loads(message.data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
+
+
+def _from_nowhere(status: Status | None) -> None:
+    """A receive from ``PROC_NULL``'s status: no source, no tag, nothing."""
+    if status is not None:
+        status.source, status.tag, status.nbytes, status.error = PROC_NULL, ANY_TAG, 0, 0
 
 
 def _into(room: np.ndarray, data: np.ndarray, what: str, sender: int) -> None:
@@ -97,7 +105,7 @@ class Comm:
 
     def _instance(self, rank: int, what: str) -> int:
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.Get_size():
-            raise ValueError(f"{what}: rank {rank!r} is not in {self._name} (0 to {self.Get_size() - 1})")
+            raise RankError(f"{what}: rank {rank!r} is not in {self._name} (0 to {self.Get_size() - 1})")
         return int(rank) if self._members is None else self._members[int(rank)]
 
     # -- synchronisation ----------------------------------------------------------------------------------
@@ -134,7 +142,8 @@ class Comm:
         self._send_bytes(_pickled(obj), dest, tag, "send")
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
-        return _unpickled(self._received(source, tag, "recv", status))
+        message = self._received(source, tag, "recv", status)
+        return None if message is None else _unpickled(message)
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """``send``, returning its request: complete already, as the message is on its way."""
@@ -162,22 +171,30 @@ class Comm:
     Probe, Iprobe = probe, iprobe
 
     def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
+        """A message to ``dest`` (``PROC_NULL``: nowhere, as MPI's)."""
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
             raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: a message's tag is an int from 0")
-        matching.send(data, self._context, int(tag), self._instance(dest, what))
+        if dest != PROC_NULL:
+            matching.send(data, self._context, int(tag), self._instance(dest, what))
 
     def _sources(self, source: int, tag: int, what: str) -> list[int]:
-        """The instances a receive from ``source`` (a rank, or ``ANY_SOURCE``) takes messages from."""
+        """The instances a receive from ``source`` (a rank, ``ANY_SOURCE``, or ``PROC_NULL``: none) takes messages
+        from."""
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or (tag < 0 and tag != ANY_TAG):
             raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: an int from 0, or MPI.ANY_TAG")
         if source == ANY_SOURCE:
             return [self._instance(rank, what) for rank in range(self.Get_size())]
-        return [self._instance(source, what)]
+        return [] if source == PROC_NULL else [self._instance(source, what)]
 
-    def _received(self, source: int, tag: int, what: str, status: Status | None) -> matching.Message:
+    def _received(self, source: int, tag: int, what: str, status: Status | None) -> matching.Message | None:
         """The first message from ``source`` (or any rank) with ``tag`` (or any): one that came earlier and is
-        unclaimed, or the next that comes, receives posted before this one matched first (``matching``)."""
-        receive = matching.post(self._context, self._sources(source, tag, what), int(tag))
+        unclaimed, or the next that comes, receives posted before this one matched first (``matching``). None
+        from ``PROC_NULL``, at once."""
+        sources = self._sources(source, tag, what)
+        if not sources:
+            _from_nowhere(status)
+            return None
+        receive = matching.post(self._context, sources, int(tag))
         try:
             matching.progress([receive], True, what)
         except BaseException:
@@ -190,11 +207,17 @@ class Comm:
         return message
 
     def _posted(self, source: int, tag: int, what: str, finish: Callable[[matching.Message], Any]) -> Request:
-        receive = matching.post(self._context, self._sources(source, tag, what), int(tag))
-        return Request(receive, finish, self._rank_of, what)
+        sources = self._sources(source, tag, what)
+        if not sources:
+            return completed(what, (PROC_NULL, ANY_TAG, 0))
+        return Request(matching.post(self._context, sources, int(tag)), finish, self._rank_of, what)
 
     def _probed(self, source: int, tag: int, block: bool, what: str, status: Status | None) -> bool:
-        message = matching.probe(self._context, self._sources(source, tag, what), int(tag), block, what)
+        sources = self._sources(source, tag, what)
+        if not sources:
+            _from_nowhere(status)
+            return True
+        message = matching.probe(self._context, sources, int(tag), block, what)
         if message is not None and status is not None:
             status.source, status.tag, status.nbytes = self._rank_of(message.source), message.tag, message.data.size
         return message is not None
@@ -273,7 +296,8 @@ class Comm:
         """The message's bytes into the start of ``buf``, which must have room for them (MPI_ERR_TRUNCATE)."""
         room = buffer_of(buf, "Recv", receives=True).view(np.uint8)
         message = self._received(source, tag, "Recv", status)
-        _into(room, message.data, "Recv", self._rank_of(message.source))
+        if message is not None:
+            _into(room, message.data, "Recv", self._rank_of(message.source))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """``Send``, returning its request: complete already (the buffer's bytes are on their way)."""

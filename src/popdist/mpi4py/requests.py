@@ -1,10 +1,10 @@
 """``MPI.Request``: what ``isend``/``irecv`` (and ``Isend``/``Irecv``) return.
 
-A send is on its way when ``isend`` returns (the fabric's standard send, which never waits for the
-receiver: ``comm.py``), so its request is complete at once. A receive is posted when ``irecv`` returns and
-matched, in post order, to the messages as they come (``matching``); ``Wait`` waits for its message,
-``Test`` takes what has come without waiting. A completed request is then MPI's null request: waiting on it
-again returns at once, with nothing.
+A send is on its way when ``isend`` returns (the fabric's standard send: ``comm.py``), so its request is
+complete at once. A receive is posted when ``irecv`` returns and matched, in post order, to the messages
+as they come (``matching``); ``Wait`` waits for its message, ``Test`` takes what has come without waiting.
+A request that has completed (or whose completion raised) is then MPI's null request: false, equal to
+``REQUEST_NULL``, and waiting on it again returns at once with an empty status.
 """
 
 from __future__ import annotations
@@ -12,28 +12,56 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from popdist.mpi4py import matching
-from popdist.mpi4py.specs import ANY_SOURCE, ANY_TAG, README_SECTION, UNDEFINED, NotProvidedError, Status
+from popdist.mpi4py.specs import (
+    ANY_SOURCE,
+    ANY_TAG,
+    ERR_IN_STATUS,
+    README_SECTION,
+    UNDEFINED,
+    MPIException,
+    NotProvidedError,
+    Status,
+)
+
+#: A status's source, tag and byte count when it says nothing (MPI's empty status).
+EMPTY = (ANY_SOURCE, ANY_TAG, 0)
 
 
-class Request:
+class _NotProvided(type):
+    """Names a missing class attribute (``MPI.Request.Testany``) as a missing instance one is named."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotProvidedError(f"MPI.Request.{name} is not provided by poprun-py's mpi4py; see {README_SECTION} for "
+                               "the methods that are")
+
+
+class Request(metaclass=_NotProvided):
     """One nonblocking operation. ``finish`` turns a receive's message into what ``wait`` returns (and fills
-    an ``Irecv``'s buffer); ``rank_of`` names its source as a rank of the communicator."""
+    an ``Irecv``'s buffer); ``rank_of`` names its source as a rank of the communicator; ``status`` is a
+    completed request's (a send's, or a receive from ``PROC_NULL``)."""
 
     def __init__(self, receive: matching.Receive | None = None,
                  finish: Callable[[matching.Message], Any] | None = None,
-                 rank_of: Callable[[int], int] | None = None, what: str = "request") -> None:
+                 rank_of: Callable[[int], int] | None = None, what: str = "request",
+                 status: tuple[int, int, int] = EMPTY, active: bool = True) -> None:
         self._receive = receive
         self._finish = finish
         self._rank_of = rank_of
         self._what = what
-        self._status = (ANY_SOURCE, ANY_TAG, 0)
-        self._active = True  # (until waited for, or tested complete: then MPI's null request)
+        self._status = status
+        self._active = active  # (until waited for, or tested complete: then MPI's null request)
 
     def _done(self) -> bool:
         return self._receive is None or self._receive.message is not None
 
     def _completed(self, block: bool, status: Status | None) -> tuple[bool, Any]:
-        """(done, the receive's value) once done, waiting for it with ``block``; fills ``status``."""
+        """(done, the receive's value) once done, waiting for it with ``block``; fills ``status``. An inactive
+        (null) request is done, with nothing."""
+        if not self._active:
+            _fill(status, EMPTY)
+            return True, None
         value = None
         receive = self._receive
         if receive is not None:
@@ -41,12 +69,12 @@ class Request:
                 return False, None
             message = receive.message
             assert message is not None and self._rank_of is not None and self._finish is not None
-            self._receive = None  # (null from now on: its message is handed over once)
+            self._receive, self._active = None, False  # (null from now on, even if ``finish`` raises)
             self._status = (self._rank_of(message.source), message.tag, message.data.size)
-            value = self._finish(message)
+            _fill(status, self._status)
+            return True, self._finish(message)
         self._active = False
-        if status is not None:
-            status.source, status.tag, status.nbytes = self._status
+        _fill(status, self._status)
         return True, value
 
     def Wait(self, status: Status | None = None) -> bool:
@@ -63,16 +91,37 @@ class Request:
         return self._completed(False, status)
 
     def Get_status(self, status: Status | None = None) -> bool:
-        """Whether the request is complete, without completing it."""
-        done = self._done()
-        if done and status is not None and self._receive is None:
-            status.source, status.tag, status.nbytes = self._status
-        return done
+        """Whether the request is complete (taking the messages that have come), without completing it; if it
+        is, ``status`` says what came."""
+        if not self._active:
+            _fill(status, EMPTY)
+            return True
+        receive = self._receive
+        if receive is not None and receive.message is None and not matching.progress([receive], False, self._what):
+            return False
+        message = None if receive is None else receive.message
+        assert message is None or self._rank_of is not None
+        _fill(status, self._status if message is None
+              else (self._rank_of(message.source), message.tag, message.data.size))  # type: ignore[misc]
+        return True
+
+    get_status = Get_status
 
     def Free(self) -> None:
         if self._receive is not None:
             raise NotProvidedError(f"Request.Free of {self._what} that has not completed is not provided by poprun-py's "
                                    f"mpi4py (its message would be taken and dropped): Wait for it first ({README_SECTION})")
+        self._active = False
+
+    def __bool__(self) -> bool:
+        return self._active
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Request):
+            return NotImplemented
+        return self is other or not (self._active or other._active)
+
+    __hash__ = None  # type: ignore[assignment]  # (as mpi4py's: equality follows the handle, which changes)
 
     @classmethod
     def Waitall(cls, requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:
@@ -81,7 +130,25 @@ class Request:
 
     @classmethod
     def waitall(cls, requests: Sequence[Request], statuses: list[Status] | None = None) -> list[Any]:
-        return [r.wait(None if statuses is None else statuses[k]) for k, r in enumerate(requests)]
+        """Every request completed, in order, with their values. If any failed (a receive's message was larger
+        than its buffer), the rest still complete, and then ``MPI.Exception`` with ``ERR_IN_STATUS`` says which,
+        each failed request's status having its error class (as MPI's Waitall)."""
+        values: list[Any] = []
+        failed: list[tuple[int, MPIException]] = []
+        for k, request in enumerate(requests):
+            status = None if statuses is None else statuses[k]
+            try:
+                values.append(request.wait(status))
+            except MPIException as exc:
+                values.append(None)
+                failed.append((k, exc))
+                if status is not None:
+                    status.error = exc.error_code
+        if failed:
+            first, error = failed[0]
+            raise MPIException(ERR_IN_STATUS, f"Waitall: {len(failed)} of {len(requests)} requests failed; request "
+                               f"{first}: {error}") from error
+        return values
 
     @classmethod
     def Testall(cls, requests: Sequence[Request], statuses: list[Status] | None = None) -> bool:
@@ -104,9 +171,11 @@ class Request:
 
     @classmethod
     def waitany(cls, requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
-        """(the position of a request that completes, its value); (``UNDEFINED``, None) if all are null."""
+        """(the position of a request that completes, its value); (``UNDEFINED``, None) with an empty status if
+        all are null."""
         active = [r for r in requests if r._active]
         if not active:
+            _fill(status, EMPTY)
             return UNDEFINED, None
         if not any(r._done() for r in active):
             matching.progress([r._receive for r in active if r._receive is not None], True, "waitany")
@@ -114,16 +183,23 @@ class Request:
         return index, requests[index].wait(status)
 
     def __repr__(self) -> str:
-        state = "complete" if self._receive is None else "pending"
+        state = "null" if not self._active else "complete" if self._done() else "pending"
         return f"<mpi4py.MPI.Request {self._what} {state} (poprun-py)>"
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise NotProvidedError(f"MPI.Request.{name} is not provided by poprun-py's mpi4py; see {README_SECTION} for "
-                               "the methods that are")
+        return getattr(type(self), name)  # (``_NotProvided``: the error that names it)
 
 
-def completed(what: str) -> Request:
-    """A request that is complete already (a send's)."""
-    return Request(what=what)
+def _fill(status: Status | None, fields: tuple[int, int, int]) -> None:
+    if status is not None:
+        status.source, status.tag, status.nbytes = fields
+        status.error = 0
+
+
+def completed(what: str, status: tuple[int, int, int] = EMPTY) -> Request:
+    """A request that is complete already (a send's, a receive's from ``PROC_NULL``)."""
+    return Request(what=what, status=status)
+
+
+#: MPI's null request: what a completed request becomes (``MPI.REQUEST_NULL``).
+REQUEST_NULL = Request(what="REQUEST_NULL", active=False)

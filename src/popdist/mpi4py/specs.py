@@ -15,8 +15,9 @@ import numpy as np
 README_SECTION = "README \"Running Graphcore's programs\""
 
 #: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
-ERR_TAG, ERR_TRUNCATE = 4, 15
-_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_TRUNCATE: "MPI_ERR_TRUNCATE"}
+ERR_TAG, ERR_RANK, ERR_TRUNCATE, ERR_IN_STATUS = 4, 6, 15, 17
+_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_RANK: "MPI_ERR_RANK", ERR_TRUNCATE: "MPI_ERR_TRUNCATE",
+                ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
 
 
 class MPIException(RuntimeError):
@@ -33,6 +34,14 @@ class MPIException(RuntimeError):
 
     def Get_error_string(self) -> str:
         return str(self)
+
+
+class RankError(MPIException, ValueError):
+    """A rank that is not in the communicator: ``MPI.Exception`` with ``ERR_RANK``, as mpi4py raises (and a
+    ValueError, as poprun-py raised before it had the class)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ERR_RANK, message)
 
 
 class NotProvidedError(AttributeError, NotImplementedError):
@@ -86,14 +95,18 @@ class _InPlace:
 IN_PLACE = _InPlace()
 ANY_SOURCE = -1
 ANY_TAG = -1
+PROC_NULL = -2  # (Open MPI's values: a send to it does nothing, a receive from it gets nothing at once)
 UNDEFINED = -32766  # (Open MPI's value)
 
 
 class Status:
     """Filled by ``recv(status=...)``: the source, tag and size in bytes of the message received."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: Status | None = None) -> None:
+        """An empty status, or a copy of ``status`` (as mpi4py's ``Status(status)``)."""
         self.source, self.tag, self.error, self.nbytes = ANY_SOURCE, ANY_TAG, 0, 0
+        if status is not None:
+            self.source, self.tag, self.error, self.nbytes = status.source, status.tag, status.error, status.nbytes
 
     def Get_source(self) -> int:
         return self.source

@@ -77,7 +77,7 @@ from .frames.header import (
     mismatch_message,
 )
 from .frames.link import Link, LinkClosed, post
-from .frames.messages import NoMessageCanCome, send_taking, take_first
+from .frames.messages import NoMessageCanCome, Source, send_taking, take_first
 from .planned import PlannedPaths
 
 
@@ -272,10 +272,9 @@ class Fabric(PlannedPaths):
         call, link = self._message(x, self.instance, dest)
         try:
             pending = post(link, call.prefix(Phase.FIRST) + NBYTES.pack(x.nbytes), to_bytes(x))
-            if pending is not None:  # no room on the link: take the peer's messages while we wait (messages.py)
-                kept = self._kept.setdefault(dest, deque())
-                send_taking(pending, link, self._next_message_from(dest, kept), kept, self._watch, self._mailboxes,
-                            call.scope)
+            if pending is not None:  # no room on the link: take the peers' messages while we wait (messages.py)
+                peers = [dest, *(peer for peer in self._links if peer != dest)]
+                send_taking(pending, link, self._sources(peers), self._watch, self._mailboxes, call.scope)
         except LinkClosed as closed:
             lost = self._watch.explain(closed.peer, closed.reason, set(call.scope) - {self.instance})
             self._broken_by(lost)
@@ -308,16 +307,12 @@ class Fabric(PlannedPaths):
         it takes, as ``recv``). When every source has called a collective first, none can send before we join
         it: ``CollectiveMismatchError``, here and (by notice) on them, rather than a wait that never ends."""
         self._check_usable()
-        watched = []
-        for source in sources:
-            if source == self.instance:
-                raise ValueError(f"a message needs two instances; instance {source} waits for one from itself")
-            g = self._group(tuple(sorted((self.instance, source))))
-            kept = self._kept.setdefault(source, deque())
-            watched.append((g.links[g.members.index(source)], self._next_message_from(source, kept), kept))
+        if self.instance in sources:
+            raise ValueError(f"a message needs two instances; instance {self.instance} waits for one from itself")
+        watched = self._sources(sources)
         scope = sorted({self.instance, *sources})
         try:
-            found = take_first(watched, self._watch, self._mailboxes, scope, block)  # type: ignore[arg-type]
+            found = take_first(watched, self._watch, self._mailboxes, scope, block)
         except NoMessageCanCome as stuck:
             called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
                                   for k, theirs in sorted(stuck.calls.items()))
@@ -334,6 +329,15 @@ class Fabric(PlannedPaths):
             self._broken_by(exc)
             raise
         return None if found is None else sources[found]
+
+    def _sources(self, peers: Sequence[int]) -> list[Source]:
+        """Each peer's link as a wait for its messages sees it (``frames.messages.Source``)."""
+        sources = []
+        for peer in peers:
+            g = self._group(tuple(sorted((self.instance, peer))))
+            kept = self._kept.setdefault(peer, deque())
+            sources.append((g.links[g.members.index(peer)], self._next_message_from(peer, kept), kept))
+        return sources  # type: ignore[return-value]  # (a peer's link is never our None)
 
     def _next_message_from(self, peer: int, kept: deque) -> Callable[[Signature], bool]:
         """Whether a frame's header is ``peer``'s next message to us that ``kept`` does not hold yet."""

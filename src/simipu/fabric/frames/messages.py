@@ -2,18 +2,21 @@
 
 A message is one frame on the link between two instances. It goes at once
 when the link has room (a mailbox slot, the socket's buffer). When it has
-not, the sender waits for room, and meanwhile takes the peer's messages to it
-that arrive and keeps them (``Kept``) for its own later ``recv``: so two
+not, the sender waits for room, and meanwhile takes every peer's messages to
+it that arrive and keeps them (``Kept``) for its own later ``recv``: so two
 instances that each send the other more than the link holds, before either
-receives, both finish, as MPI's progress engine lets them. Anything else the
-peer sends (a collective's frame) stays where it is, for whoever expects it;
-a notice (the peer's mismatch or a loss it saw) raises here.
+receives, both finish, and so does a ring of such sends, as MPI's progress
+engine lets them. Anything else a peer sends (a collective's frame) stays
+where it is, for whoever expects it; a notice (the peer's mismatch or a loss
+it saw) raises here. A wait for the first message of several peers
+(``take_first``: mpi4py's ``ANY_SOURCE``) looks at their links the same way.
 """
 
 from __future__ import annotations
 
 import select
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .header import ABORT, FIXED, MISMATCH, WAKE, Signature, decode_prefix, header_length, unexpected
@@ -25,46 +28,106 @@ from .watch import READ_EVENTS, FdPoll, LossWatch
 Kept = deque[tuple[Signature, bytearray]]
 
 
-def send_taking(send: Send, link: Link, ours: Callable[[Signature], bool], kept: Kept, watch: LossWatch,
+#: A peer's link as a wait for messages sees it: the link, whether a header is that peer's next message to us
+#: (``engine.Fabric._next_message_from``), and where its messages taken early go.
+Source = tuple[Link, Callable[[Signature], bool], Kept]
+
+
+@dataclass
+class Look:
+    """One look at every source's link (``look``): the position of one with a message (kept, or taken now), or
+    None; the links to poll for reading; by position, the header of a frame first that is not a message (its
+    peer waits in a collective with us) and how a closed link closed (nothing more can come on it)."""
+
+    found: int | None = None
+    reading: list[Link] = field(default_factory=list)
+    calls: dict[int, Signature] = field(default_factory=dict)
+    closed: dict[int, LinkClosed] = field(default_factory=dict)
+
+
+def look(sources: Sequence[Source], mine: OurFrame, kept_count: bool = True) -> Look:
+    """Each source's link once, in order, until one has a message (see ``Look``): one kept already counts if
+    ``kept_count``, else only one taken now does. ``mine``: our frame that waits for room, if one does
+    (``take_message``). A notice behind a frame that is not ours raises what it says."""
+    seen = Look()
+    for position, (link, ours, kept) in enumerate(sources):
+        if kept and kept_count:
+            seen.found = position
+            return seen
+        try:
+            other = take_message(link, ours, kept, mine)
+            if other is None:
+                seen.found = position
+                return seen
+            if other:  # a frame not ours comes first: a notice may follow it (the peer saw a mismatch)
+                raise_notice_ahead(link)
+        except LinkClosed as closed:
+            seen.closed[position] = closed
+            continue
+        if isinstance(other, Signature):
+            seen.calls[position] = other
+        # (read more only while the stage has room: a frame not ours stays there, and its bytes would wake the
+        # poll again and again)
+        if not other or link.end < len(link.stage):
+            seen.reading.append(link)
+    return seen
+
+
+class OurFrame:
+    """Our frame waiting for room on its link (``send_taking``), stepped while we take the peers' frames, so that
+    a peer waiting for room for its own, and reading ours meanwhile, is never left waiting on us. ``None``'s:
+    no frame of ours waits."""
+
+    def __init__(self, send: Send | None = None, link: Link | None = None) -> None:
+        self._send, self._link = send, link
+        self.done = send is None
+
+    def step(self) -> bool:
+        """``send.step()`` until the frame is out, never after (a mailbox frame would go twice): whether it is."""
+        if not self.done:
+            self.done = _stepped(self._send, self._link)  # type: ignore[arg-type]
+        return self.done
+
+    def wanted(self) -> dict[int, int]:
+        """What to poll for while it waits: room on its link."""
+        return {} if self.done else {self._link.fd: select.POLLOUT}  # type: ignore[union-attr]
+
+
+def send_taking(send: Send, link: Link, sources: Sequence[Source], watch: LossWatch,
                 sleeper: MailboxSegment | None, members: Sequence[int]) -> None:
-    """Step ``send`` until its frame is out; meanwhile take the peer's frames that ``ours`` accepts into
-    ``kept``. Raises ``LinkClosed`` (the caller names the instance) and what a notice says."""
+    """Step ``send`` (on ``link``) until its frame is out; meanwhile take every source's messages (each peer's
+    link: the one we send on, and the others, so that a ring of sends each waiting for room turns) into its
+    kept queue. Raises ``LinkClosed`` for ``link`` (the caller names the instance) and what a notice says."""
     waits = FdPoll(watch)
-    done = False
-
-    def step() -> bool:
-        """``send.step()`` until it is out, never after (a mailbox frame would go twice)."""
-        nonlocal done
-        done = done or _stepped(send, link)
-        return done
-
-    while not step():
-        if take_message(link, ours, kept, step) is None:
+    mine = OurFrame(send, link)
+    position = next(k for k, (source, _, _) in enumerate(sources) if source is link)
+    while not mine.step():
+        seen = look(sources, mine, kept_count=False)
+        if seen.found is not None:
             continue  # (took one: look for the next at once)
+        if position in seen.closed:
+            raise seen.closed[position]
         watch.check(members)
-        boxed = sleeper is not None and link.mailbox is not None
-        if boxed:  # a frame the peer puts in our mailbox from now on comes with a WAKE byte
+        boxed = sleeper is not None and any(source.mailbox is not None for source, _, _ in sources)
+        if boxed:  # a frame a peer puts in our mailbox from now on comes with a WAKE byte
             sleeper.set_sleeping(True)  # type: ignore[union-attr]
         try:
-            other = take_message(link, ours, kept, step)  # (again: what came before the flag was raised)
-            if other is None:
+            seen = look(sources, mine, kept_count=False)  # (again: what came before the flag was raised)
+            if seen.found is not None:
                 continue
-            if other:  # a frame not ours comes first: a notice may follow it (the peer saw the mismatch)
-                raise_notice_ahead(link)
-            # (read more only while the stage has room: a frame not ours stays there, and its bytes would wake
-            # the poll again and again)
-            reading = not other or link.end < len(link.stage)
-            waits.poll({link.fd: select.POLLOUT | (READ_EVENTS if reading else 0)})
+            wanted = {source.fd: READ_EVENTS for source in seen.reading}
+            wanted[link.fd] = wanted.get(link.fd, 0) | select.POLLOUT
+            waits.poll(wanted)
         finally:
             if boxed:
                 sleeper.set_sleeping(False)  # type: ignore[union-attr]
 
 
 def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept,
-                 step: Callable[[], bool]) -> Signature | bool | None:
+                 mine: OurFrame) -> Signature | bool | None:
     """The link's next frame into ``kept`` if it has come and ``ours`` accepts its header (None); else the header
-    of a frame that is there and not ours (it stays), False if none is there yet. ``step``: our frame's, which waits
-    for room, called while a payload is read (the peer may be waiting for room for it, reading ours)."""
+    of a frame that is there and not ours (it stays), False if none is there yet. ``mine``: our frame that waits
+    for room, stepped while a payload is read (the peer may be waiting for room for it, reading ours)."""
     box = link.mailbox
     if box is not None:
         frame = box.peek(link.received)
@@ -100,7 +163,7 @@ def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept,
     got = min(link.available(), nbytes)
     payload[:got] = link.staged(got)
     link.consume(got)
-    _read_rest(link, memoryview(payload), got, step)
+    _read_rest(link, memoryview(payload), got, mine)
     kept.append((theirs, payload))
     return None
 
@@ -154,15 +217,24 @@ def raise_notice_ahead(link: Link) -> None:
         at += hlen + nbytes
 
 
-def _read_rest(link: Link, payload: memoryview, got: int, step: Callable[[], bool]) -> None:
+def _read_rest(link: Link, payload: memoryview, got: int, mine: OurFrame) -> None:
     """The rest of a payload the peer is writing now. It may be waiting, as we were, for room for it, taking
-    our frame meanwhile: so ours is stepped too, or the two would each wait to read the other's."""
+    our frame meanwhile: so ours is stepped too, or the two would each wait to read the other's (and so may a
+    ring of peers, each reading the one before while the next reads it)."""
     poller = select.poll()
+    registered: set[int] = set()
     while got < len(payload):
         try:
             n = link.sock.recv_into(payload[got:])
         except (BlockingIOError, InterruptedError):
-            poller.register(link.fd, READ_EVENTS | (0 if step() else select.POLLOUT))
+            mine.step()
+            wanted = mine.wanted()
+            wanted[link.fd] = wanted.get(link.fd, 0) | READ_EVENTS
+            for fd in registered - set(wanted):
+                poller.unregister(fd)
+            for fd, mask in wanted.items():
+                poller.register(fd, mask)  # (again: the same fd's mask replaced)
+            registered = set(wanted)
             poller.poll()
             continue
         except OSError as exc:
@@ -172,67 +244,53 @@ def _read_rest(link: Link, payload: memoryview, got: int, step: Callable[[], boo
         got += n
 
 
+#: ``take_first``'s: no frame of ours waits for room.
+NOTHING_WAITS = OurFrame()
+
+
 class NoMessageCanCome(Exception):
-    """Every link waited on has a frame first that is not a message (each peer waits in a collective with us):
-    ``calls`` by position in the sources, the header of that frame."""
+    """Every link waited on has a frame first that is not a message (its peer waits in a collective with us), or
+    has closed: ``calls`` by position in the sources, the header of that frame."""
 
     def __init__(self, calls: dict[int, Signature]) -> None:
         super().__init__(calls)
         self.calls = calls
 
 
-def take_first(sources: Sequence[tuple[Link, Callable[[Signature], bool], Kept]], watch: LossWatch,
-               sleeper: MailboxSegment | None, members: Sequence[int], block: bool) -> int | None:
+def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegment | None, members: Sequence[int],
+               block: bool) -> int | None:
     """The position in ``sources`` of the first whose next message has come: already kept, or taken now into its
-    ``kept`` if ``ours`` accepts its header. None if none has and not ``block``; with ``block``, waits for one.
-    Raises ``NoMessageCanCome`` when each link has a frame first that is not a message (its peer waits in a
-    collective, which waits on us), ``LinkClosed`` and what a notice says."""
+    ``kept``. None if none has and not ``block``; with ``block``, waits for one. A link that has closed is passed
+    over (its peer has finished: what it sent first was taken). Raises ``NoMessageCanCome`` when no link can
+    bring one (every link has a collective's frame first, or has closed, and one at least a collective's), the
+    first link's ``LinkClosed`` when all have closed, and what a notice says."""
     waits = FdPoll(watch)
     while True:
-        found, quiet, calls = _first_taken(sources)
-        if found is not None:
-            return found
+        seen = look(sources, NOTHING_WAITS)
+        if seen.found is not None:
+            return seen.found
         if not block:
             return None
-        if sources and not quiet:
-            raise NoMessageCanCome(calls)
+        _raise_if_none_can_come(seen, len(sources))
         watch.check(members)
         boxed = sleeper is not None and any(link.mailbox is not None for link, _, _ in sources)
         if boxed:  # a frame a peer puts in our mailbox from now on comes with a WAKE byte
             sleeper.set_sleeping(True)  # type: ignore[union-attr]
         try:
-            found, quiet, calls = _first_taken(sources)  # (again: what came before the flag was raised)
-            if found is not None:
-                return found
-            if sources and not quiet:
-                raise NoMessageCanCome(calls)
-            # (links with a frame not ours first stay out: their unread bytes would wake the poll again and again)
-            waits.poll({link.fd: READ_EVENTS for link in quiet})
+            seen = look(sources, NOTHING_WAITS)  # (again: what came before the flag was raised)
+            if seen.found is not None:
+                return seen.found
+            _raise_if_none_can_come(seen, len(sources))
+            waits.poll({link.fd: READ_EVENTS for link in seen.reading})
         finally:
             if boxed:
                 sleeper.set_sleeping(False)  # type: ignore[union-attr]
 
 
-def _first_taken(sources: Sequence[tuple[Link, Callable[[Signature], bool], Kept]]
-                 ) -> tuple[int | None, list[Link], dict[int, Signature]]:
-    """``take_first``'s look at every link once: (the position of one with a message, or None; the links with
-    nothing yet; by position, the header of a frame first that is not a message)."""
-    quiet: list[Link] = []
-    calls: dict[int, Signature] = {}
-    for position, (link, ours, kept) in enumerate(sources):
-        if kept:
-            return position, quiet, calls
-        other = take_message(link, ours, kept, _nothing_to_send)
-        if other is None:
-            return position, quiet, calls
-        if isinstance(other, Signature):
-            raise_notice_ahead(link)  # (the peer may have said why it stopped: a mismatch it found)
-            calls[position] = other
-        else:
-            quiet.append(link)
-    return None, quiet, calls
-
-
-def _nothing_to_send() -> bool:
-    """``take_message``'s ``step`` when no frame of ours waits for room."""
-    return True
+def _raise_if_none_can_come(seen: Look, sources: int) -> None:
+    """``take_first``'s end when no source can send: each waits in a collective with us, or has closed."""
+    if len(seen.calls) + len(seen.closed) < sources:
+        return
+    if seen.calls:
+        raise NoMessageCanCome(seen.calls)
+    raise seen.closed[min(seen.closed)]
