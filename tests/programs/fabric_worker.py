@@ -11,6 +11,8 @@ Results go to OUT_DIR/<instance>.npz; errors are printed as one JSON line
 Scenarios:
   suite     print how each link travels ({"links": {peer: "tcp" | "unix" | "unix+mailbox"}}), then
             run every case of fabric_cases.suite(n), in order
+  send-across-barrier  instance 0 sends 32 MiB and a small message, then a barrier and an allreduce;
+            instance 1 receives both after them: {"received": True}
   any-from-lost  instance 1 waits for a message from 0 or 2 (message_waiting), and 0 is killed
   mismatch  allreduce with a dtype (instance 1) or shape (instance 2) unlike the others'
   mismatch-last  allreduce where only the last instance's dtype differs
@@ -502,11 +504,28 @@ def run_message_flood(fabric, instance: int, n: int) -> None:
 
 
 def run_blocked_send_mismatch(fabric, instance: int) -> None:
-    """Instance 0 sends 32 MiB, more than the link holds, while instance 1 enters a barrier: instance 1 finds the
-    message (a mismatch), and instance 0, waiting for room, hears of it at once."""
+    """Instance 0 sends 32 MiB, more than the link holds, while instance 1 waits for a message of another shape:
+    instance 1 finds the mismatch, and instance 0, waiting for room, hears of it at once."""
     if instance == 0:
         fabric.send(np.ones(1 << 22), 1)
+    else:
+        fabric.recv(np.empty(4), 0)
     fabric.barrier()
+
+
+def run_send_across_barrier(fabric, instance: int) -> None:
+    """Instance 0 sends 32 MiB, more than the link holds, then a small message, while instance 1 enters a barrier
+    and an allreduce: its collectives set both messages aside (as MPI buffers them), and instance 1 receives them
+    after: {"received": whole and in order}."""
+    big = np.arange(1 << 22, dtype=np.float64)
+    if instance == 0:
+        fabric.send(big, 1)
+        fabric.send(np.array([7], np.int64), 1)
+    fabric.barrier()
+    total = fabric.allreduce(np.full(4, instance + 1, np.int64))
+    if instance == 1:
+        whole = np.array_equal(fabric.recv(np.empty_like(big), 0), big)
+        report(received=bool(whole and fabric.recv(np.empty(1, np.int64), 0)[0] == 7 and total[0] == 3))
 
 
 def run_message_mismatch(fabric, instance: int) -> None:
@@ -616,6 +635,8 @@ def main() -> int:
             run_message_flood(fabric, instance, n)
         elif scenario == "blocked-send-mismatch":
             run_blocked_send_mismatch(fabric, instance)
+        elif scenario == "send-across-barrier":
+            run_send_across_barrier(fabric, instance)
         elif scenario == "message-mismatch":
             run_message_mismatch(fabric, instance)
         elif scenario == "recv-from-lost":

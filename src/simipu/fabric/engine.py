@@ -19,8 +19,10 @@ group and picks an algorithm (``algorithms/``, their phases named in
   broadcast, the allgather, the reduce_scatter and the barrier;
 * point to point (``send``/``recv``, for mpi4py's): one frame on the link
   between two instances, numbered per direction; the sender does not wait for
-  the receiver, and while it waits for room it takes the receiver's messages
-  (frames/messages.py).
+  the receiver, and while it waits for room it takes every peer's messages
+  (frames/messages.py); a collective's receive that meets the peer's next
+  message sets it aside for the later ``recv`` (``Link.divert``), as MPI
+  buffers a message sent before a collective and received after it.
 
 Determinism: each reduction runs in a fixed order, so results are
 bit-identical across runs and members whatever the timing. Flat: by member
@@ -77,7 +79,7 @@ from .frames.header import (
     mismatch_message,
 )
 from .frames.link import Link, LinkClosed, post
-from .frames.messages import NoMessageCanCome, Source, send_taking, take_first
+from .frames.messages import NOTHING_WAITS, NoMessageCanCome, Source, send_taking, take_first, take_message
 from .planned import PlannedPaths
 
 
@@ -329,6 +331,14 @@ class Fabric(PlannedPaths):
             self._broken_by(exc)
             raise
         return None if found is None else sources[found]
+
+    def _set_aside(self, link: Link) -> bool:
+        """A collective's receive met a frame it did not expect on ``link``: if it is the peer's next message to
+        us, take it into the peer's kept queue for our later ``recv`` (True), as MPI buffers a message that
+        comes before its receive; the collective then takes the frame after it."""
+        peer = link.peer
+        kept = self._kept.setdefault(peer, deque())
+        return take_message(link, self._next_message_from(peer, kept), kept, NOTHING_WAITS) is None
 
     def _sources(self, peers: Sequence[int]) -> list[Source]:
         """Each peer's link as a wait for its messages sees it (``frames.messages.Source``)."""

@@ -69,6 +69,13 @@ class PhaseRunner:
         self._cross: dict[tuple[int, tuple[int, ...]], CrossMemory] = {}
         self._broken: BaseException | None = None
         self._closed = False
+        for link in links.values():
+            link.divert = self._set_aside
+
+    def _set_aside(self, link: Link) -> bool:
+        """``Link.divert``: a subclass's (``engine.Fabric``) sets the peer's message at the head of ``link`` aside
+        for a later ``recv``; here there are no messages."""
+        return False
 
     def transports(self) -> dict[int, str]:
         """How each peer is reached: "tcp", "unix", or "unix+mailbox" (shared-memory mailboxes beside it)."""
@@ -81,6 +88,7 @@ class PhaseRunner:
             return
         self._closed = True
         for link in self._links.values():
+            link.divert = None
             link.close()
         self._links.clear()
         self._scratch.clear()

@@ -97,9 +97,9 @@ def exchange_all(prefix: bytes, payload: memoryview, links: Sequence[Link], dest
                                 dest[:] = frame[hlen:]  # type: ignore[index]
                             box.consume()
                             link.took()
-                        else:
-                            take_boxed(link, frame, prefix, nbytes, dest)
-                        continue
+                            continue
+                        if take_boxed(link, frame, prefix, nbytes, dest):
+                            continue  # (else a message was set aside: the frame is still to come)
                 receive = Receive(link, prefix, nbytes, dest)
                 if not receive.step(False):
                     receives.append(receive)

@@ -176,10 +176,11 @@ def is_notice(frame: bytes | memoryview) -> bool:
 
 def mismatch_message(me: int, mine: Signature, peer: int, theirs: Signature, members: Sequence[int]) -> str:
     """'instance 0 called allreduce(sum) on float32[4] but instance 1 called ...', with the position if that differs.
-    A point-to-point message (mpi4py's) that meets a collective is named as one, with the rule it broke."""
-    if theirs.kind == MESSAGE and mine.kind != MESSAGE:
-        return (f"instance {me} called {mine.describe()} before receiving a message that instance {peer} had sent it "
-                f"(mpi4py's send): a rank receives its messages from another rank before its next collective with it")
+    A receive of a message that meets a collective, and a collective that meets a message it cannot set aside, are
+    named as such."""
+    if theirs.kind == MESSAGE and mine.kind != MESSAGE:  # (the peer's next message is set aside: not this one)
+        return (f"instance {me} called {mine.describe()} but met a message from instance {peer} out of its order "
+                f"(#{theirs.seq}): the fabric's streams are out of step")
     if mine.kind == MESSAGE and theirs.kind != MESSAGE:
         return (f"instance {me} waits to receive a message from instance {peer} but instance {peer} called "
                 f"{theirs.describe()} first: no message can come before instance {me} joins it")

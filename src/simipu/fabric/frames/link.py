@@ -24,7 +24,7 @@ import array
 import os
 import socket
 from collections import deque
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import FabricError
 from .header import FIXED, NBYTES, WAKE, header_length, is_notice, unexpected
@@ -62,6 +62,10 @@ class Link:
         #: docstring). Plain attributes, not properties: the small collectives read them on every call.
         self.sent = 0
         self.received = 0
+        #: Set by the engine: takes the peer's point-to-point message at the head of the link aside, for a later
+        #: ``recv`` (True), when a collective's receive meets it; None, or False for a frame that is no message of
+        #: ours, and the collective's receive raises the mismatch.
+        self.divert: Callable[[Link], bool] | None = None
 
     def claim(self) -> int:
         """Number a frame this end starts sending now, whichever way it goes: its index on the link."""
@@ -253,7 +257,15 @@ class Receive:
         return self.header_done and self.got == self.nbytes
 
     def _next_header(self, read_socket: bool) -> bool:
-        """Take the link's next frame header from whichever of the mailbox or the socket holds it."""
+        """Take the link's next frame header from whichever of the mailbox or the socket holds it (looking again
+        after a message is set aside: the next frame may be in the other)."""
+        while True:
+            taken = self._next_header_once(read_socket)
+            if taken is not None:
+                return taken
+
+    def _next_header_once(self, read_socket: bool) -> bool | None:
+        """``_next_header``'s one look; None if a message was set aside (``Link.divert``)."""
         link, box = self.link, self.link.mailbox
         if box is not None:
             frame = box.peek(link.received)
@@ -266,20 +278,22 @@ class Receive:
                 frame = box.peek(link.received)  # the socket's bytes were sent after any earlier mailbox frame
                 if frame:
                     return self._take(frame)
-        if self._parse_header():
-            return True
+        parsed = self._parse_header()
+        if parsed is not False:  # (taken, or a message set aside)
+            return parsed
         if not read_socket:
             return False
         link.fill()
         return self._parse_header()
 
-    def _take(self, frame: memoryview) -> bool:
-        take_boxed(self.link, frame, self.expected, self.nbytes, self.dest)
+    def _take(self, frame: memoryview) -> bool | None:
+        if not take_boxed(self.link, frame, self.expected, self.nbytes, self.dest):
+            return None  # (a message set aside: the frame looked for is the next one)
         self.header_done = True
         self.got = self.nbytes
         return True
 
-    def _parse_header(self) -> bool:
+    def _parse_header(self) -> bool | None:
         link = self.link
         link.skip_wakes()
         have = link.available()
@@ -298,6 +312,8 @@ class Receive:
         notice = is_notice(link.staged(3))
         if notice and have < hlen + nbytes:
             return False
+        if not notice and link.divert is not None and link.divert(link):
+            return None  # (a message set aside: the frame looked for may be next, here or in the mailbox)
         raise unexpected(link.peer, link.staged(hlen + nbytes if notice else hlen), hlen, nbytes)
 
 
@@ -308,10 +324,13 @@ def _check_length(link: Link, nbytes: int, expected: int) -> None:
                           "for the same collective: the fabric's streams are out of step")
 
 
-def take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest: memoryview | None) -> None:
-    """The link's next frame, whole, in the peer's mailbox slot: check it, copy its payload, free the slot."""
+def take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest: memoryview | None) -> bool:
+    """The link's next frame, whole, in the peer's mailbox slot: check it, copy its payload, free the slot. False
+    if it was a point-to-point message, set aside (``Link.divert``): the frame expected is not taken yet."""
     size = len(expected)
     if frame[:size] != expected:
+        if not is_notice(frame[:3]) and link.divert is not None and link.divert(link):
+            return False
         hlen = header_length(frame, link.peer) or 0
         raise unexpected(link.peer, frame, hlen, NBYTES.unpack_from(frame, hlen - NBYTES.size)[0])
     _check_length(link, NBYTES.unpack_from(frame, size)[0], nbytes)
@@ -319,6 +338,7 @@ def take_boxed(link: Link, frame: memoryview, expected: bytes, nbytes: int, dest
         dest[:] = frame[size + NBYTES.size:size + NBYTES.size + nbytes]  # type: ignore[index]
     link.mailbox.consume()  # type: ignore[union-attr]
     link.took()
+    return True
 
 
 def claim_each(links: Sequence[Link]) -> list[int]:
@@ -361,8 +381,7 @@ def take(link: Link, expected: bytes, nbytes: int, dest: memoryview | None) -> R
     box = link.mailbox
     if box is not None:
         frame = box.peek(link.received)
-        if frame:
-            take_boxed(link, frame, expected, nbytes, dest)
+        if frame and take_boxed(link, frame, expected, nbytes, dest):
             return None
     receive = Receive(link, expected, nbytes, dest)
     return None if receive.step(False) else receive
