@@ -219,6 +219,16 @@ def current_fabric() -> Collectives:
     return fabric
 
 
+def fabric_place() -> tuple[int, int]:
+    """(this instance's index, the job's instance count): the fabric's once there is one, else the environment's
+    (read and checked whole on each call: 30 us, which a caller asking once a message, as mpi4py's, cannot pay)."""
+    fabric = _backend.fabric
+    if fabric is not None:
+        return fabric.instance, fabric.num_instances
+    launch = InstanceEnv.from_environ(os.environ)  # (``core.getInstanceIndex`` and ``getNumInstances``' reading)
+    return (0, 1) if launch is None else (launch.instance_index, launch.num_instances)
+
+
 def current_group() -> tuple[int, ...] | None:
     return _backend.groups.members
 

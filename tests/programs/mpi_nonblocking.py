@@ -93,6 +93,20 @@ elif r == 0:
         request.Wait()
     except MPI.Exception as exc:
         out["truncated"] = exc.Get_error_class() == MPI.ERR_TRUNCATE
+# ANY_SOURCE takes the sources in turn: rank 1's five messages do not keep rank 2's one waiting to the end
+if r == 1:
+    for k in range(5):
+        comm.send(k, dest=0, tag=30)
+elif r == 2:
+    comm.send("two", dest=0, tag=30)
+comm.Barrier()  # (rank 0's barrier sets all six aside: every one has come before the first receive)
+if r == 0:
+    status, order = MPI.Status(), []
+    for _ in range(6):
+        comm.recv(source=MPI.ANY_SOURCE, tag=30, status=status)
+        order.append(status.Get_source())
+    out["in_turn"] = order
+
 # rings of messages larger than a link holds: each rank's send waits for room while the rank after it waits
 # for room too; each takes every peer's messages meanwhile, so the ring turns
 big = np.full(1 << 20, float(r))  # 8 MiB

@@ -11,8 +11,7 @@ import socket
 import time
 from typing import Any
 
-from popdist import core
-from popdist.backend import current_fabric
+from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import rc
 from popdist.mpi4py.comm import Comm
 from popdist.mpi4py.requests import REQUEST_NULL, Request
@@ -58,7 +57,7 @@ class _SelfComm(Comm):
     """This instance alone (its members are known only once the process knows its instance index)."""
 
     def _group(self) -> tuple[int, ...]:
-        return (core.getInstanceIndex(),)
+        return (fabric_place()[0],)
 
     def Get_size(self) -> int:
         return 1
@@ -72,7 +71,7 @@ class _SelfComm(Comm):
     def _instance(self, rank: int, what: str) -> int:
         if rank != 0:
             raise RankError(f"{what}: rank {rank!r} is not in MPI_COMM_SELF (only 0)")
-        return core.getInstanceIndex()
+        return fabric_place()[0]
 
     def _rank_of(self, instance: int) -> int:
         return 0

@@ -24,8 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from popdist import core
-from popdist.backend import current_fabric
+from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import matching
 from popdist.mpi4py.requests import Request, completed
 from popdist.mpi4py.specs import (
@@ -91,10 +90,10 @@ class Comm:
         return self._members
 
     def Get_size(self) -> int:
-        return core.getNumInstances() if self._members is None else len(self._members)
+        return fabric_place()[1] if self._members is None else len(self._members)
 
     def Get_rank(self) -> int:
-        me = core.getInstanceIndex()
+        me = fabric_place()[0]
         return me if self._members is None else self._members.index(me)
 
     size = property(Get_size)

@@ -10,14 +10,14 @@ sender do not overtake each other, and that a receive posted first is matched fi
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
 
-from popdist import core
-from popdist.backend import current_fabric
+from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py.specs import ANY_TAG
 
 #: The envelope sent before a message's bytes: tag, byte count, communicator's context.
@@ -56,6 +56,9 @@ class _Matching:
 
     arrived: list[Message] = field(default_factory=list)
     posted: list[Receive] = field(default_factory=list)
+    #: The source a wait on several last took a message from: the next such wait looks at the ones after it
+    #: first, so that a rank sending without pause cannot keep a higher rank's message waiting.
+    turn: int = -1
 
 
 _state = _Matching()
@@ -65,6 +68,7 @@ def _forget_all() -> None:
     """A forked instance (``launch()``'s) is not its parent: it starts with nothing arrived or posted."""
     _state.arrived.clear()
     _state.posted.clear()
+    _state.turn = -1
 
 
 os.register_at_fork(after_in_child=_forget_all)
@@ -72,7 +76,7 @@ os.register_at_fork(after_in_child=_forget_all)
 
 def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
     """``data`` (bytes) to instance ``peer`` (ourselves: straight to our own arrivals, copied)."""
-    if peer == core.getInstanceIndex():
+    if peer == fabric_place()[0]:
         _arrive(Message(context, peer, tag, data.copy()))
         return
     fabric = current_fabric()
@@ -118,16 +122,19 @@ def probe(context: int, sources: Iterable[int], tag: int, block: bool, what: str
 def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], block: bool, what: str) -> bool:
     """Take the messages that come from ``sources`` until ``done()`` (True), or none has come (False; with
     ``block``, wait)."""
-    peers = sorted(sources - {core.getInstanceIndex()})
+    peers = sorted(sources - {fabric_place()[0]})
     while not done():
         if not peers:
             if block:
                 raise ValueError(f"{what}: no message this rank sent itself matches, and no other rank can send one")
             return False
-        source = current_fabric().message_waiting(peers, block)
+        after = bisect.bisect_right(peers, _state.turn)  # (in turn: see ``_Matching.turn``)
+        source = current_fabric().message_waiting(peers[after:] + peers[:after], block)
         if source is None:
             return False
         _take(source)
+        if len(peers) > 1:
+            _state.turn = source
     return True
 
 
