@@ -39,6 +39,7 @@ class Collectives(Protocol):
     def send(self, array: np.ndarray, dest: int) -> None: ...
     def recv(self, like: np.ndarray, source: int) -> np.ndarray: ...
     def message_waiting(self, sources: Sequence[int], block: bool = False) -> int | None: ...
+    def take_waiting(self, source: int) -> bytearray: ...
     def close(self) -> None: ...
 
 
@@ -81,6 +82,9 @@ class LoneFabric:
 
     def message_waiting(self, sources, block=False):
         raise ValueError(f"instance {sources[0]} does not exist: there is 1 instance")
+
+    def take_waiting(self, source):
+        raise ValueError(f"instance {source} does not exist: there is 1 instance")
 
     def close(self):
         return None

@@ -93,6 +93,18 @@ elif r == 0:
         request.Wait()
     except MPI.Exception as exc:
         out["truncated"] = exc.Get_error_class() == MPI.ERR_TRUNCATE
+# messages of no bytes, and at the edge of travelling in one fabric message with their envelope (64 KiB)
+if r == 0:
+    for nbytes in (0, 65536, 65537):
+        comm.Send(np.arange(nbytes, dtype=np.uint8), dest=1, tag=31)
+elif r == 1:
+    edges, status = [], MPI.Status()
+    for nbytes in (0, 65536, 65537):
+        got = np.zeros(65537, np.uint8)
+        comm.Recv(got, source=0, tag=31, status=status)
+        edges.append(status.Get_count() == nbytes and bool(np.array_equal(got[:nbytes], np.arange(nbytes, dtype=np.uint8))))
+    out["edges"] = edges
+
 # ANY_SOURCE takes the sources in turn: rank 1's five messages do not keep rank 2's one waiting to the end
 if r == 1:
     for k in range(5):

@@ -1,11 +1,12 @@
 """Messages matched to receives as MPI matches them, for ``Comm``'s point to point and its requests.
 
-A message travels as two fabric messages (``simipu.fabric.engine.Fabric.send``): its envelope (tag, bytes,
-communicator's context), then its bytes. A message that has come before a receive wants it waits here,
-in arrival order. Receives (a blocking ``recv`` while it waits, an ``irecv`` until it completes) are
-matched in the order they were posted, each to the earliest message that has come that it accepts (its
-source or any of its communicator's, its tag or any, its communicator): MPI's rule that messages from one
-sender do not overtake each other, and that a receive posted first is matched first.
+A message travels as one fabric message (``simipu.fabric.engine.Fabric.send``): its envelope (tag, bytes,
+communicator's context) and its bytes; above ``INLINE_BYTES``, its bytes follow in a second one. A message
+that has come before a receive wants it waits here, in arrival order. Receives (a blocking ``recv`` while it
+waits, an ``irecv`` until it completes) are matched in the order they were posted, each to the earliest
+message that has come that it accepts (its source or any of its communicator's, its tag or any, its
+communicator): MPI's rule that messages from one sender do not overtake each other, and that a receive posted
+first is matched first.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ import numpy as np
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py.specs import ANY_TAG
 
-#: The envelope sent before a message's bytes: tag, byte count, communicator's context.
+#: The envelope at the front of a message's first fabric message: tag, byte count, communicator's context.
 ENVELOPE = np.dtype(np.int64)
 ENVELOPE_ITEMS = 3
+ENVELOPE_BYTES = ENVELOPE_ITEMS * ENVELOPE.itemsize
+#: A message of up to this many bytes travels in its envelope's fabric message (one copy of it, one frame);
+#: a larger one in a fabric message of its own after the envelope (no copy).
+INLINE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,12 @@ def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
         _arrive(Message(context, peer, tag, data.copy()))
         return
     fabric = current_fabric()
-    fabric.send(np.array([tag, data.size, context], ENVELOPE), peer)
-    if data.size:
-        fabric.send(data, peer)
+    envelope = np.array([tag, data.size, context], ENVELOPE).view(np.uint8)
+    if data.size <= INLINE_BYTES:  # (one frame: half the work a message for both ends)
+        fabric.send(np.concatenate([envelope, data]), peer)
+        return
+    fabric.send(envelope, peer)
+    fabric.send(data, peer)
 
 
 def post(context: int, sources: Iterable[int], tag: int) -> Receive:
@@ -141,8 +149,12 @@ def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], 
 def _take(source: int) -> None:
     """Instance ``source``'s next message (its first fabric message has come), then the matching."""
     fabric = current_fabric()
-    tag, nbytes, context = (int(v) for v in fabric.recv(np.empty(ENVELOPE_ITEMS, ENVELOPE), source))
-    data = fabric.recv(np.empty(nbytes, np.uint8), source) if nbytes else np.empty(0, np.uint8)
+    first = fabric.take_waiting(source)
+    tag, nbytes, context = (int(v) for v in np.frombuffer(first, ENVELOPE, ENVELOPE_ITEMS))
+    if len(first) > ENVELOPE_BYTES or not nbytes:
+        data = np.frombuffer(first, np.uint8, offset=ENVELOPE_BYTES)
+    else:
+        data = fabric.recv(np.empty(nbytes, np.uint8), source)
     _arrive(Message(context, source, tag, data))
 
 

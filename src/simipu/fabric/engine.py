@@ -285,6 +285,16 @@ class Fabric(PlannedPaths):
             self._broken_by(exc)
             raise
 
+    def take_waiting(self, source: int) -> bytearray:
+        """The payload of ``source``'s next message, which has come (``message_waiting`` said so), whatever its
+        dtype and shape: for a receiver that learns a message's size from the message itself."""
+        kept = self._kept.get(source)
+        if not kept:
+            raise RuntimeError(f"no message from instance {source} has come: ask message_waiting first")
+        key = (source, self.instance)
+        self._messages[key] = self._messages.get(key, 0) + 1
+        return kept.popleft()[1]
+
     def recv(self, like: np.ndarray, source: int) -> np.ndarray:
         """The next message from instance ``source``, as a new array; it must have ``like``'s dtype and shape
         (a message of another raises ``CollectiveMismatchError``, as a mismatched collective does)."""
