@@ -43,6 +43,7 @@ from popdist.mpi4py.specs import (
     Status,
     buffer_of,
     fill,
+    fill_status,
 )
 from popdist.ragged import allgather_objects, broadcast_object
 
@@ -59,10 +60,8 @@ def _unpickled(message: matching.Message) -> Any:
     return pickle.loads(message.data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
 
 
-def _from_nowhere(status: Status | None) -> None:
-    """A receive from ``PROC_NULL``'s status: no source, no tag, nothing."""
-    if status is not None:
-        status.source, status.tag, status.nbytes, status.error = PROC_NULL, ANY_TAG, 0, 0
+#: What a receive from ``PROC_NULL`` says in its status: no source, no tag, nothing.
+FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
 def _into(room: np.ndarray, data: np.ndarray, what: str, sender: int) -> None:
@@ -191,7 +190,7 @@ class Comm:
         from ``PROC_NULL``, at once."""
         sources = self._sources(source, tag, what)
         if not sources:
-            _from_nowhere(status)
+            fill_status(status, FROM_NOWHERE)
             return None
         receive = matching.post(self._context, sources, int(tag))
         try:
@@ -201,24 +200,23 @@ class Comm:
             raise
         message = receive.message
         assert message is not None
-        if status is not None:
-            status.source, status.tag, status.nbytes = self._rank_of(message.source), message.tag, message.data.size
+        fill_status(status, (self._rank_of(message.source), message.tag, message.data.size))
         return message
 
     def _posted(self, source: int, tag: int, what: str, finish: Callable[[matching.Message], Any]) -> Request:
         sources = self._sources(source, tag, what)
         if not sources:
-            return completed(what, (PROC_NULL, ANY_TAG, 0))
+            return completed(what, FROM_NOWHERE)
         return Request(matching.post(self._context, sources, int(tag)), finish, self._rank_of, what)
 
     def _probed(self, source: int, tag: int, block: bool, what: str, status: Status | None) -> bool:
         sources = self._sources(source, tag, what)
         if not sources:
-            _from_nowhere(status)
+            fill_status(status, FROM_NOWHERE)
             return True
         message = matching.probe(self._context, sources, int(tag), block, what)
-        if message is not None and status is not None:
-            status.source, status.tag, status.nbytes = self._rank_of(message.source), message.tag, message.data.size
+        if message is not None:
+            fill_status(status, (self._rank_of(message.source), message.tag, message.data.size))
         return message is not None
 
     def _rank_of(self, instance: int) -> int:

@@ -13,18 +13,15 @@ from typing import Any, Callable, Sequence
 
 from popdist.mpi4py import matching
 from popdist.mpi4py.specs import (
-    ANY_SOURCE,
-    ANY_TAG,
+    EMPTY_STATUS,
     ERR_IN_STATUS,
     README_SECTION,
     UNDEFINED,
     MPIException,
     NotProvidedError,
     Status,
+    fill_status,
 )
-
-#: A status's source, tag and byte count when it says nothing (MPI's empty status).
-EMPTY = (ANY_SOURCE, ANY_TAG, 0)
 
 
 class _NotProvided(type):
@@ -45,7 +42,7 @@ class Request(metaclass=_NotProvided):
     def __init__(self, receive: matching.Receive | None = None,
                  finish: Callable[[matching.Message], Any] | None = None,
                  rank_of: Callable[[int], int] | None = None, what: str = "request",
-                 status: tuple[int, int, int] = EMPTY, active: bool = True) -> None:
+                 status: tuple[int, int, int] = EMPTY_STATUS, active: bool = True) -> None:
         self._receive = receive
         self._finish = finish
         self._rank_of = rank_of
@@ -60,22 +57,21 @@ class Request(metaclass=_NotProvided):
         """(done, the receive's value) once done, waiting for it with ``block``; fills ``status``. An inactive
         (null) request is done, with nothing."""
         if not self._active:
-            _fill(status, EMPTY)
+            fill_status(status, EMPTY_STATUS)
             return True, None
-        value = None
         receive = self._receive
         if receive is not None:
             if receive.message is None and not matching.progress([receive], block, self._what):
                 return False, None
             message = receive.message
-            assert message is not None and self._rank_of is not None and self._finish is not None
+            assert message is not None and self._finish is not None
             self._receive, self._active = None, False  # (null from now on, even if ``finish`` raises)
-            self._status = (self._rank_of(message.source), message.tag, message.data.size)
-            _fill(status, self._status)
+            self._status = self._fields_of(message)
+            fill_status(status, self._status)
             return True, self._finish(message)
         self._active = False
-        _fill(status, self._status)
-        return True, value
+        fill_status(status, self._status)
+        return True, None
 
     def Wait(self, status: Status | None = None) -> bool:
         self._completed(True, status)
@@ -94,16 +90,20 @@ class Request(metaclass=_NotProvided):
         """Whether the request is complete (taking the messages that have come), without completing it; if it
         is, ``status`` says what came."""
         if not self._active:
-            _fill(status, EMPTY)
+            fill_status(status, EMPTY_STATUS)
             return True
         receive = self._receive
         if receive is not None and receive.message is None and not matching.progress([receive], False, self._what):
             return False
         message = None if receive is None else receive.message
         assert message is None or self._rank_of is not None
-        _fill(status, self._status if message is None
-              else (self._rank_of(message.source), message.tag, message.data.size))  # type: ignore[misc]
+        fill_status(status, self._status if message is None else self._fields_of(message))
         return True
+
+    def _fields_of(self, message: matching.Message) -> tuple[int, int, int]:
+        """What a status says of ``message``: its source as a rank of the communicator, its tag, its bytes."""
+        assert self._rank_of is not None, "a receive's request"
+        return self._rank_of(message.source), message.tag, message.data.size
 
     get_status = Get_status
 
@@ -175,7 +175,7 @@ class Request(metaclass=_NotProvided):
         all are null."""
         active = [r for r in requests if r._active]
         if not active:
-            _fill(status, EMPTY)
+            fill_status(status, EMPTY_STATUS)
             return UNDEFINED, None
         if not any(r._done() for r in active):
             matching.progress([r._receive for r in active if r._receive is not None], True, "waitany")
@@ -190,13 +190,7 @@ class Request(metaclass=_NotProvided):
         return getattr(type(self), name)  # (``_NotProvided``: the error that names it)
 
 
-def _fill(status: Status | None, fields: tuple[int, int, int]) -> None:
-    if status is not None:
-        status.source, status.tag, status.nbytes = fields
-        status.error = 0
-
-
-def completed(what: str, status: tuple[int, int, int] = EMPTY) -> Request:
+def completed(what: str, status: tuple[int, int, int] = EMPTY_STATUS) -> Request:
     """A request that is complete already (a send's, a receive's from ``PROC_NULL``)."""
     return Request(what=what, status=status)
 

@@ -128,6 +128,17 @@ class Status:
     count = property(Get_count)
 
 
+#: A status's source, tag and byte count when it says nothing (MPI's empty status).
+EMPTY_STATUS = (ANY_SOURCE, ANY_TAG, 0)
+
+
+def fill_status(status: Status | None, fields: tuple[int, int, int]) -> None:
+    """Say in ``status``, if one is given, what a receive took: (source rank, tag, bytes); no error."""
+    if status is not None:
+        status.source, status.tag, status.nbytes = fields
+        status.error = 0
+
+
 def buffer_of(spec: Any, what: str, receives: bool = False) -> np.ndarray:
     """The memory of a buffer spec as a one-dimensional array, in memory order, sharing it: an array, or
     ``[buffer, datatype]`` / ``[buffer, count, datatype]``, or any object with the buffer protocol; one that

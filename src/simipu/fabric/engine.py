@@ -267,23 +267,19 @@ class Fabric(PlannedPaths):
     def send(self, array: np.ndarray, dest: int) -> None:
         """``array`` to instance ``dest``, as one frame on our link, returning once it is written there (to the
         link's mailbox or socket), not once it is received: MPI's standard send. Without room on the link it
-        waits, taking ``dest``'s messages to us meanwhile (``frames.messages``), so that two instances that
-        both send first never wait on each other. ``dest`` takes it with ``recv``; messages between two
-        instances arrive in the order they were sent."""
+        waits, taking every peer's messages to us meanwhile (``frames.messages``), so that instances that all
+        send first never wait on each other. ``dest`` takes it with ``recv``; messages between two instances
+        arrive in the order they were sent."""
         x = self._prepare(array, None)
         call, link = self._message(x, self.instance, dest)
         try:
             pending = post(link, call.prefix(Phase.FIRST) + NBYTES.pack(x.nbytes), to_bytes(x))
             if pending is not None:  # no room on the link: take the peers' messages while we wait (messages.py)
                 peers = [dest, *(peer for peer in self._links if peer != dest)]
-                send_taking(pending, link, self._sources(peers), self._watch, self._mailboxes, call.scope)
-        except LinkClosed as closed:
-            lost = self._watch.explain(closed.peer, closed.reason, set(call.scope) - {self.instance})
-            self._broken_by(lost)
-            raise lost from None
+                send_taking(pending, link, [self._source(peer) for peer in peers], self._watch, self._mailboxes,
+                            call.scope)
         except BaseException as exc:
-            self._broken_by(exc)
-            raise
+            raise self._broken_by_message(exc, call.scope) from None
 
     def take_waiting(self, source: int) -> bytearray:
         """The payload of ``source``'s next message, which has come (``message_waiting`` said so), whatever its
@@ -301,7 +297,7 @@ class Fabric(PlannedPaths):
         result = np.empty_like(self._prepare(like, None))
         call, link = self._message(result, source, self.instance)
         kept = self._kept.get(source)
-        if kept:  # taken while a send of ours waited for room
+        if kept:  # taken early: while a send of ours waited for room, by ``message_waiting``, or set aside
             theirs, payload = kept.popleft()
             mine = call.signature(Phase.FIRST)
             if theirs != mine or len(payload) != result.nbytes:
@@ -321,52 +317,46 @@ class Fabric(PlannedPaths):
         self._check_usable()
         if self.instance in sources:
             raise ValueError(f"a message needs two instances; instance {self.instance} waits for one from itself")
-        watched = self._sources(sources)
         scope = sorted({self.instance, *sources})
         try:
-            found = take_first(watched, self._watch, self._mailboxes, scope, block)
+            found = take_first([self._source(peer) for peer in sources], self._watch, self._mailboxes, scope, block)
         except NoMessageCanCome as stuck:
             called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
                                   for k, theirs in sorted(stuck.calls.items()))
-            error = CollectiveMismatchError(
-                f"instance {self.instance} waits for a message from instance(s) {', '.join(map(str, sources))} but "
-                f"{called} first: no message can come before this instance joins it")
-            self._broken_by(error)
-            raise error from None
-        except LinkClosed as closed:
-            lost = self._watch.explain(closed.peer, closed.reason, set(scope) - {self.instance})
-            self._broken_by(lost)
-            raise lost from None
+            raise self._broken_by_message(CollectiveMismatchError(
+                f"instance {self.instance} waits for a message from instance(s) {', '.join(map(str, sources))} "
+                f"but {called} first: no message can come before this instance joins it"), scope) from None
         except BaseException as exc:
-            self._broken_by(exc)
-            raise
+            raise self._broken_by_message(exc, scope) from None
         return None if found is None else sources[found]
+
+    def _broken_by_message(self, exc: BaseException, scope: Sequence[int]) -> BaseException:
+        """What stopped a point-to-point wait among ``scope`` (``send``, ``message_waiting``) breaks the fabric,
+        as a collective's would; the error to raise: a closed link's as the loss of the instance the rendezvous
+        names. (An ``except`` at the call, not a context manager: a send is a few microseconds.)"""
+        if isinstance(exc, LinkClosed):
+            exc = self._watch.explain(exc.peer, exc.reason, set(scope) - {self.instance})
+        self._broken_by(exc)
+        return exc
 
     def _set_aside(self, link: Link) -> bool:
         """A collective's receive met a frame it did not expect on ``link``: if it is the peer's next message to
         us, take it into the peer's kept queue for our later ``recv`` (True), as MPI buffers a message that
         comes before its receive; the collective then takes the frame after it."""
-        peer = link.peer
+        _, ours, kept = self._source(link.peer)
+        return take_message(link, ours, kept, NOTHING_WAITS) is None
+
+    def _source(self, peer: int) -> Source:
+        """``peer``'s link as a wait for its messages sees it (``frames.messages.Source``): the link, whether a
+        frame's header is its next message to us that its kept queue does not hold yet, and that queue."""
+        g = self._group(tuple(sorted((self.instance, peer))))
         kept = self._kept.setdefault(peer, deque())
-        return take_message(link, self._next_message_from(peer, kept), kept, NOTHING_WAITS) is None
-
-    def _sources(self, peers: Sequence[int]) -> list[Source]:
-        """Each peer's link as a wait for its messages sees it (``frames.messages.Source``)."""
-        sources = []
-        for peer in peers:
-            g = self._group(tuple(sorted((self.instance, peer))))
-            kept = self._kept.setdefault(peer, deque())
-            sources.append((g.links[g.members.index(peer)], self._next_message_from(peer, kept), kept))
-        return sources  # type: ignore[return-value]  # (a peer's link is never our None)
-
-    def _next_message_from(self, peer: int, kept: deque) -> Callable[[Signature], bool]:
-        """Whether a frame's header is ``peer``'s next message to us that ``kept`` does not hold yet."""
-        key = self._group(tuple(sorted((self.instance, peer)))).key
+        key = g.key
 
         def ours(theirs: Signature) -> bool:
             return (theirs.kind == MESSAGE and theirs.root == peer and theirs.group_key == key
                     and theirs.seq == self._messages.get((peer, self.instance), 0) + len(kept) + 1)
-        return ours
+        return g.links[g.members.index(peer)], ours, kept  # type: ignore[return-value]  # (a peer's: never None)
 
     def _message(self, x: np.ndarray, source: int, dest: int) -> tuple[Call, Link]:
         """The call of the next message from ``source`` to ``dest`` (numbered per direction, so that two

@@ -59,7 +59,8 @@ class PhaseRunner:
         self._world_seq = self._seq.setdefault(self._everyone, [0])
         #: Point-to-point messages numbered per (source, destination) (``engine.Fabric.send``).
         self._messages: dict[tuple[int, int], int] = {}
-        #: Per peer, its messages taken while a send of ours waited for room on the link (``frames.messages``).
+        #: Per peer, its messages taken before a ``recv`` asked: while a send of ours waited for room, by
+        #: ``message_waiting``, or set aside by a collective (``frames.messages``, ``Link.divert``).
         self._kept: dict[int, Kept] = {}
         self._scratch = ScratchBuffers()
         #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.

@@ -107,20 +107,33 @@ def send_taking(send: Send, link: Link, sources: Sequence[Source], watch: LossWa
             continue  # (took one: look for the next at once)
         if position in seen.closed:
             raise seen.closed[position]
-        watch.check(members)
-        boxed = sleeper is not None and any(source.mailbox is not None for source, _, _ in sources)
-        if boxed:  # a frame a peer puts in our mailbox from now on comes with a WAKE byte
-            sleeper.set_sleeping(True)  # type: ignore[union-attr]
-        try:
-            seen = look(sources, mine, kept_count=False)  # (again: what came before the flag was raised)
-            if seen.found is not None:
-                continue
-            wanted = {source.fd: READ_EVENTS for source in seen.reading}
-            wanted[link.fd] = wanted.get(link.fd, 0) | select.POLLOUT
-            waits.poll(wanted)
-        finally:
-            if boxed:
-                sleeper.set_sleeping(False)  # type: ignore[union-attr]
+        _sleep(sources, mine, False, waits, watch, sleeper, members)
+
+
+def _sleep(sources: Sequence[Source], mine: OurFrame, kept_count: bool, waits: FdPoll, watch: LossWatch,
+           sleeper: MailboxSegment | None, members: Sequence[int],
+           check: Callable[[Look], None] | None = None) -> int | None:
+    """Block in poll until a source's link may bring a frame (or ``mine`` may have room), with our sleeping
+    flag raised so that a peer writing our mailbox wakes us; first, one more ``look`` for what came before the
+    flag was raised: the position of a source with a message if it found one (``check`` sees it if not)."""
+    watch.check(members)
+    boxed = sleeper is not None and any(link.mailbox is not None for link, _, _ in sources)
+    if boxed:  # a frame a peer puts in our mailbox from now on comes with a WAKE byte
+        sleeper.set_sleeping(True)  # type: ignore[union-attr]
+    try:
+        seen = look(sources, mine, kept_count)
+        if seen.found is not None:
+            return seen.found
+        if check is not None:
+            check(seen)
+        wanted = {link.fd: READ_EVENTS for link in seen.reading}
+        for fd, mask in mine.wanted().items():
+            wanted[fd] = wanted.get(fd, 0) | mask
+        waits.poll(wanted)
+        return None
+    finally:
+        if boxed:
+            sleeper.set_sleeping(False)  # type: ignore[union-attr]
 
 
 def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept,
@@ -265,26 +278,19 @@ def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegm
     bring one (every link has a collective's frame first, or has closed, and one at least a collective's), the
     first link's ``LinkClosed`` when all have closed, and what a notice says."""
     waits = FdPoll(watch)
+
+    def check(seen: Look) -> None:
+        _raise_if_none_can_come(seen, len(sources))
     while True:
         seen = look(sources, NOTHING_WAITS)
         if seen.found is not None:
             return seen.found
         if not block:
             return None
-        _raise_if_none_can_come(seen, len(sources))
-        watch.check(members)
-        boxed = sleeper is not None and any(link.mailbox is not None for link, _, _ in sources)
-        if boxed:  # a frame a peer puts in our mailbox from now on comes with a WAKE byte
-            sleeper.set_sleeping(True)  # type: ignore[union-attr]
-        try:
-            seen = look(sources, NOTHING_WAITS)  # (again: what came before the flag was raised)
-            if seen.found is not None:
-                return seen.found
-            _raise_if_none_can_come(seen, len(sources))
-            waits.poll({link.fd: READ_EVENTS for link in seen.reading})
-        finally:
-            if boxed:
-                sleeper.set_sleeping(False)  # type: ignore[union-attr]
+        check(seen)
+        found = _sleep(sources, NOTHING_WAITS, True, waits, watch, sleeper, members, check)
+        if found is not None:
+            return found
 
 
 def _raise_if_none_can_come(seen: Look, sources: int) -> None:
