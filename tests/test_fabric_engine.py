@@ -241,9 +241,12 @@ def test_small_copies_on_the_boards_that_differ_raise_everywhere(jobs: list[Job]
     lines = job.finish()
     for i in range(5):
         assert len(lines[i]) == 1 and lines[i][0]["error"] == CollectiveMismatchError.__name__, lines
-    assert lines[0][0]["message"].startswith("instance 0 called allgather on float32[16] but instance ")
-    assert lines[2][0]["message"].startswith("instance 2 called allreduce(sum) on float32[16] but instance ")
-    assert lines[4][0]["message"].startswith("instance 4 called broadcast(root=1) on float32[16] but instance ")
+    for i, call in ((0, "allgather"), (2, "allreduce(sum)"), (4, "broadcast(root=1)")):
+        # found by this instance, or passed on by the one that found it first: its notice may come before the
+        # frame that shows this instance the mismatch (CI saw instance 3's reach instance 0 first)
+        message = lines[i][0]["message"]
+        assert message.startswith(f"instance {i} called {call} on float32[16] but instance ") \
+            or message.endswith(")") and "(reported by instance " in message, message
 
 
 @pytest.mark.parametrize("scenario,transport", [("loop", "auto"), ("loop", "tcp"), ("loop-gather", "auto"),
