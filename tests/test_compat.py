@@ -288,6 +288,18 @@ def test_mpi4py_requests_and_statuses_in_their_corners(tmp_path: Path) -> None:
         assert out["missing"] == ["NotProvidedError", "MPI.Request.Testany is not provided by poprun-py's mpi4py"]
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_large_isend_returns_while_its_receiver_waits_for_another_rank(transport: str) -> None:
+    """Rank 1 waits for rank 2, which waits for word from rank 0, sent after its 8 MiB Isend to rank 1: the
+    wait on rank 2 took rank 0's message meanwhile (the job hung forever before)."""
+    by_rank = records(run_poprun(*job(3), f"--fabric-transport={transport}",
+                                 *python_program("mpi_isend_then_wait_elsewhere.py")))
+    assert sorted(by_rank) == [0, 1, 2]
+    assert by_rank[1]["heard"] == "go on" and by_rank[2]["heard"] == "go" and by_rank[1]["chain"] is True
+    assert [by_rank[r]["ring"] for r in range(3)] == [2.0, 0.0, 1.0]
+    assert [by_rank[r]["allreduce"] for r in range(3)] == [3, 3, 3]
+
+
 def test_a_master_receives_from_any_source_after_its_workers_have_exited() -> None:
     result = run_poprun(*job(3), *python_program("mpi_workers_finish_first.py"))
     assert lines_of(result) == ["[(1, 100), (2, 200)]"]  # (PeerLostError for the first worker gone, before)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -40,6 +41,7 @@ from simipu.fabric.frames.header import ALLGATHER, NBYTES, Signature, encode_pre
 from simipu.fabric.frames.link import Link, Receive, Send  # noqa: E402
 from simipu.fabric.frames.mailbox import MailboxSegment  # noqa: E402
 from simipu.fabric.frames.mailbox import supported as mailboxes_supported
+from simipu.fabric.frames.messages import NOTHING_WAITS, Kept, take_message  # noqa: E402
 from simipu.fabric.frames.watch import LossWatch  # noqa: E402
 from simipu.fabric.join.rendezvous import RendezvousServer, join  # noqa: E402
 
@@ -691,6 +693,39 @@ def test_a_sleeping_receiver_gets_a_wake_byte_that_is_then_skipped(link_pair) ->
     send_ints(link0, 7)  # the mailbox is full: this one takes the socket, after the wake byte
     assert [receive_ints(link1)[0] for _ in range(3)] == [5, 6, 7]
     assert link1.available() == 0
+
+
+class _PeerWritesAfterFirstLook:
+    """Our end's mailbox, whose peer writes a frame (``write()``) just after our first look finds it empty."""
+
+    def __init__(self, mailbox: object, write) -> None:
+        self._mailbox, self._write, self.looks = mailbox, write, 0
+
+    def peek(self, index: int):
+        frame = self._mailbox.peek(index)
+        self.looks += 1
+        if self.looks == 1:
+            self._write()
+        return frame
+
+    def __getattr__(self, name: str):
+        return getattr(self._mailbox, name)
+
+
+def test_a_message_wait_looks_at_the_mailbox_again_after_reading_a_wake_byte(link_pair) -> None:
+    """A point-to-point wait (mpi4py's recv) found the mailbox empty; the peer then wrote its message there,
+    saw us asleep and sent a WAKE byte. An earlier wake byte was still staged: the wait read the new one without
+    looking again, returned nothing, and slept in poll with nothing left to wake it (a ping-pong hung in about
+    one run of three). Now it looks again and takes the message."""
+    link0, _, link1, seg1 = link_pair
+    link0.nudge()
+    assert link1.fill() == 1, "an earlier wake byte, read with an earlier frame and still staged"
+    seg1.set_sleeping(True)
+    link1.mailbox = _PeerWritesAfterFirstLook(link1.mailbox, lambda: send_ints(link0, 9))
+    kept: Kept = deque()
+    assert take_message(link1, lambda theirs: True, kept, NOTHING_WAITS) is None, "the message was not taken"
+    assert link1.mailbox.looks == 2
+    assert [np.frombuffer(payload, np.int32).tolist() for _, payload in kept] == [[9, 9, 9]]
 
 
 def test_mismatches_and_notices_arrive_through_the_mailbox(link_pair) -> None:

@@ -312,14 +312,20 @@ class Fabric(PlannedPaths):
     def message_waiting(self, sources: Sequence[int], block: bool = False) -> int | None:
         """The first of ``sources`` whose next message to us has come (so that ``recv`` from it returns without
         waiting for that message's first frame), or None if none has; with ``block``, waits for one (as long as
-        it takes, as ``recv``). When every source has called a collective first, none can send before we join
-        it: ``CollectiveMismatchError``, here and (by notice) on them, rather than a wait that never ends."""
+        it takes, as ``recv``, taking meanwhile every other peer's messages into its kept queue: a peer waiting
+        for room for a message to us is not left waiting on this wait). When every source has called a
+        collective first, none can send before we join it: ``CollectiveMismatchError``, here and (by notice) on
+        them, rather than a wait that never ends."""
         self._check_usable()
         if self.instance in sources:
             raise ValueError(f"a message needs two instances; instance {self.instance} waits for one from itself")
         scope = sorted({self.instance, *sources})
         try:
-            found = take_first([self._source(peer) for peer in sources], self._watch, self._mailboxes, scope, block)
+            wanted = [self._source(peer) for peer in sources]
+            found = take_first(wanted, self._watch, self._mailboxes, scope, False)
+            if found is None and block:  # (the others' sources made only for a wait: a message there is the rule)
+                others = [self._source(peer) for peer in self._links if peer not in sources]
+                found = take_first(wanted, self._watch, self._mailboxes, scope, True, others)
         except NoMessageCanCome as stuck:
             called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
                                   for k, theirs in sorted(stuck.calls.items()))

@@ -9,7 +9,9 @@ receives, both finish, and so does a ring of such sends, as MPI's progress
 engine lets them. Anything else a peer sends (a collective's frame) stays
 where it is, for whoever expects it; a notice (the peer's mismatch or a loss
 it saw) raises here. A wait for the first message of several peers
-(``take_first``: mpi4py's ``ANY_SOURCE``) looks at their links the same way.
+(``take_first``: mpi4py's ``ANY_SOURCE``) looks at their links the same way,
+and meanwhile takes the other peers' messages too: a receive from one peer
+never leaves another waiting for room for a message to us.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Callable, Sequence
 
 from .header import ABORT, FIXED, MISMATCH, WAKE, Signature, decode_prefix, header_length, unexpected
 from .link import _EOF, Link, LinkClosed, Send
-from .mailbox import EMPTY, MailboxSegment
+from .mailbox import ELSEWHERE, EMPTY, Mailbox, MailboxSegment, Peeked
 from .watch import READ_EVENTS, FdPoll, LossWatch
 
 #: The peer's messages taken while a send of ours waited, in the order they came: (header, payload).
@@ -45,13 +47,15 @@ class Look:
     closed: dict[int, LinkClosed] = field(default_factory=dict)
 
 
-def look(sources: Sequence[Source], mine: OurFrame, kept_count: bool = True) -> Look:
-    """Each source's link once, in order, until one has a message (see ``Look``): one kept already counts if
-    ``kept_count``, else only one taken now does. ``mine``: our frame that waits for room, if one does
-    (``take_message``). A notice behind a frame that is not ours raises what it says."""
+def look(sources: Sequence[Source], mine: OurFrame, counted: int | None = None) -> Look:
+    """Each source's link once, in order, until one has a message (see ``Look``): for the first ``counted``
+    sources (all by default) one kept already counts, for the rest only one taken now does. ``mine``: our frame
+    that waits for room, if one does (``take_message``). A notice behind a frame that is not ours raises what
+    it says."""
     seen = Look()
+    counted = len(sources) if counted is None else counted
     for position, (link, ours, kept) in enumerate(sources):
-        if kept and kept_count:
+        if kept and position < counted:
             seen.found = position
             return seen
         try:
@@ -102,26 +106,27 @@ def send_taking(send: Send, link: Link, sources: Sequence[Source], watch: LossWa
     mine = OurFrame(send, link)
     position = next(k for k, (source, _, _) in enumerate(sources) if source is link)
     while not mine.step():
-        seen = look(sources, mine, kept_count=False)
+        seen = look(sources, mine, counted=0)
         if seen.found is not None:
             continue  # (took one: look for the next at once)
         if position in seen.closed:
             raise seen.closed[position]
-        _sleep(sources, mine, False, waits, watch, sleeper, members)
+        _sleep(sources, mine, 0, waits, watch, sleeper, members)
 
 
-def _sleep(sources: Sequence[Source], mine: OurFrame, kept_count: bool, waits: FdPoll, watch: LossWatch,
+def _sleep(sources: Sequence[Source], mine: OurFrame, counted: int, waits: FdPoll, watch: LossWatch,
            sleeper: MailboxSegment | None, members: Sequence[int],
            check: Callable[[Look], None] | None = None) -> int | None:
     """Block in poll until a source's link may bring a frame (or ``mine`` may have room), with our sleeping
-    flag raised so that a peer writing our mailbox wakes us; first, one more ``look`` for what came before the
-    flag was raised: the position of a source with a message if it found one (``check`` sees it if not)."""
+    flag raised so that a peer writing our mailbox wakes us; first, one more ``look`` (``counted`` as there)
+    for what came before the flag was raised: the position of a source with a message if it found one
+    (``check`` sees it if not)."""
     watch.check(members)
     boxed = sleeper is not None and any(link.mailbox is not None for link, _, _ in sources)
     if boxed:  # a frame a peer puts in our mailbox from now on comes with a WAKE byte
         sleeper.set_sleeping(True)  # type: ignore[union-attr]
     try:
-        seen = look(sources, mine, kept_count)
+        seen = look(sources, mine, counted)
         if seen.found is not None:
             return seen.found
         if check is not None:
@@ -144,9 +149,10 @@ def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept,
     box = link.mailbox
     if box is not None:
         frame = box.peek(link.received)
-        if frame is EMPTY and not link.available():
-            link.fill()  # (the socket's bytes were sent after any earlier mailbox frame: look again)
-            frame = box.peek(link.received)
+        if frame is EMPTY:  # (no WAKE byte is read after the last look at the mailbox: see ``_awake``)
+            frame = _awake(link, box)
+            if frame is EMPTY:
+                return False
         if frame:
             start = header_length(frame, link.peer) or 0
             theirs, nbytes = decode_prefix(frame)
@@ -179,6 +185,21 @@ def take_message(link: Link, ours: Callable[[Signature], bool], kept: Kept,
     _read_rest(link, memoryview(payload), got, mine)
     kept.append((theirs, payload))
     return None
+
+
+def _awake(link: Link, box: Mailbox) -> Peeked:
+    """After the mailbox was found empty: what the socket brings, and then the mailbox again, since a WAKE byte
+    is sent after the frame it announces is written. EMPTY if neither brought a frame (part of one on the
+    socket, or the mailbox's, else). Reading a WAKE byte without looking again would lose it: a peer that wrote
+    its frame just after that look, and saw us asleep, sends one, and we would sleep until another came."""
+    link.skip_wakes()
+    if link.available():
+        return ELSEWHERE  # (part of a frame from the socket: the next one is there)
+    if not link.fill():
+        return EMPTY  # (nothing came: a WAKE byte sent from now on stays in the socket, for the poll)
+    link.skip_wakes()
+    frame = box.peek(link.received)
+    return ELSEWHERE if frame is EMPTY and link.available() else frame
 
 
 def _staged_header(link: Link) -> int | None:
@@ -271,16 +292,20 @@ class NoMessageCanCome(Exception):
 
 
 def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegment | None, members: Sequence[int],
-               block: bool) -> int | None:
+               block: bool, others: Sequence[Source] = ()) -> int | None:
     """The position in ``sources`` of the first whose next message has come: already kept, or taken now into its
-    ``kept``. None if none has and not ``block``; with ``block``, waits for one. A link that has closed is passed
-    over (its peer has finished: what it sent first was taken). Raises ``NoMessageCanCome`` when no link can
-    bring one (every link has a collective's frame first, or has closed, and one at least a collective's), the
-    first link's ``LinkClosed`` when all have closed, and what a notice says."""
+    ``kept``. None if none has and not ``block``; with ``block``, waits for one, taking meanwhile the messages
+    that come from ``others`` into their kept queues (so that a peer waiting for room for one to us goes on,
+    as MPI's progress engine lets it; a ``recv`` takes them later). A link that has closed is passed over (its
+    peer has finished: what it sent first was taken). Raises ``NoMessageCanCome`` when no link of ``sources``
+    can bring one (every one has a collective's frame first, or has closed, and one at least a collective's),
+    the first one's ``LinkClosed`` when all have closed, and what a notice on any link says."""
     waits = FdPoll(watch)
+    wanted = len(sources)
+    every = [*sources, *others]
 
     def check(seen: Look) -> None:
-        _raise_if_none_can_come(seen, len(sources))
+        _raise_if_none_can_come(seen, wanted)
     while True:
         seen = look(sources, NOTHING_WAITS)
         if seen.found is not None:
@@ -288,15 +313,18 @@ def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegm
         if not block:
             return None
         check(seen)
-        found = _sleep(sources, NOTHING_WAITS, True, waits, watch, sleeper, members, check)
-        if found is not None:
-            return found
+        found = _sleep(every, NOTHING_WAITS, wanted, waits, watch, sleeper, members, check)
+        if found is not None and found < wanted:
+            return found  # (one of ``others``: taken; look again at once)
 
 
-def _raise_if_none_can_come(seen: Look, sources: int) -> None:
-    """``take_first``'s end when no source can send: each waits in a collective with us, or has closed."""
-    if len(seen.calls) + len(seen.closed) < sources:
+def _raise_if_none_can_come(seen: Look, wanted: int) -> None:
+    """``take_first``'s end when none of the first ``wanted`` sources can send: each waits in a collective with
+    us, or has closed."""
+    calls = {k: call for k, call in seen.calls.items() if k < wanted}
+    closed = {k: link for k, link in seen.closed.items() if k < wanted}
+    if len(calls) + len(closed) < wanted:
         return
-    if seen.calls:
-        raise NoMessageCanCome(seen.calls)
-    raise seen.closed[min(seen.closed)]
+    if calls:
+        raise NoMessageCanCome(calls)
+    raise closed[min(closed)]
