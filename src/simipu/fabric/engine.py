@@ -81,6 +81,7 @@ from .frames.header import (
 from .frames.link import Link, LinkClosed, post
 from .frames.messages import NOTHING_WAITS, NoMessageCanCome, Source, send_taking, take_first, take_message
 from .planned import PlannedPaths
+from .runner import SPIN_SECONDS
 
 
 class Fabric(PlannedPaths):
@@ -325,7 +326,7 @@ class Fabric(PlannedPaths):
             found = take_first(wanted, self._watch, self._mailboxes, scope, False)
             if found is None and block:  # (the others' sources made only for a wait: a message there is the rule)
                 others = [self._source(peer) for peer in self._links if peer not in sources]
-                found = take_first(wanted, self._watch, self._mailboxes, scope, True, others)
+                found = take_first(wanted, self._watch, self._mailboxes, scope, True, others, SPIN_SECONDS)
         except NoMessageCanCome as stuck:
             called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
                                   for k, theirs in sorted(stuck.calls.items()))

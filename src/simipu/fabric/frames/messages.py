@@ -16,7 +16,9 @@ never leaves another waiting for room for a message to us.
 
 from __future__ import annotations
 
+import os
 import select
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -292,20 +294,24 @@ class NoMessageCanCome(Exception):
 
 
 def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegment | None, members: Sequence[int],
-               block: bool, others: Sequence[Source] = ()) -> int | None:
+               block: bool, others: Sequence[Source] = (), spin: float = 0.0) -> int | None:
     """The position in ``sources`` of the first whose next message has come: already kept, or taken now into its
     ``kept``. None if none has and not ``block``; with ``block``, waits for one, taking meanwhile the messages
     that come from ``others`` into their kept queues (so that a peer waiting for room for one to us goes on,
     as MPI's progress engine lets it; a ``recv`` takes them later). A link that has closed is passed over (its
     peer has finished: what it sent first was taken). Raises ``NoMessageCanCome`` when no link of ``sources``
     can bring one (every one has a collective's frame first, or has closed, and one at least a collective's),
-    the first one's ``LinkClosed`` when all have closed, and what a notice on any link says."""
+    the first one's ``LinkClosed`` when all have closed, and what a notice on any link says. A wait first looks
+    again for ``spin`` seconds, yielding the CPU between looks, as the collectives do (``exchange._spin``): a
+    message that comes within it is taken without the sleep and the wake-up, which cost a reply tens of
+    microseconds."""
     waits = FdPoll(watch)
     wanted = len(sources)
     every = [*sources, *others]
 
     def check(seen: Look) -> None:
         _raise_if_none_can_come(seen, wanted)
+    deadline = 0.0
     while True:
         seen = look(sources, NOTHING_WAITS)
         if seen.found is not None:
@@ -313,6 +319,12 @@ def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegm
         if not block:
             return None
         check(seen)
+        if spin:
+            now = time.perf_counter()
+            deadline = deadline or now + spin
+            if now < deadline:
+                os.sched_yield()
+                continue
         found = _sleep(every, NOTHING_WAITS, wanted, waits, watch, sleeper, members, check)
         if found is not None and found < wanted:
             return found  # (one of ``others``: taken; look again at once)
