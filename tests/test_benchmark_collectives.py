@@ -43,3 +43,18 @@ def test_the_hvd_worker_times_the_plain_call_beside_its_own(tmp_path: Path) -> N
         assert size["problems"] == {}, size["problems"]
         assert len(size["max_us"]) == len(size["paired_max_us"]) == len(size["paired_rank0_us"]) == size["iters"]
         assert min(size["paired_max_us"]) > 0
+
+
+def test_the_pingpong_worker_checks_every_reply_of_each_size(tmp_path: Path) -> None:
+    """benchmarks/messages.py's worker under poprun (mpi4py's point to point over the fabric): one-way latencies
+    for each size, every reply right."""
+    out = tmp_path / "result.json"
+    done = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2", sys.executable,
+                      str(WORKERS / "pingpong_worker.py"), "--sizes", "obj,8,1048576", "--warmup", "2",
+                      "--blocks", "3", "--per-block", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    report = json.loads(out.read_text())
+    assert report["library"] == "poprun-py fabric (no MPI library)"
+    assert [size["size"] for size in report["sizes"]] == ["obj", "8", "1048576"]
+    for size in report["sizes"]:
+        assert size["problems"] == [] and len(size["one_way_us"]) == 3 and min(size["one_way_us"]) > 0
