@@ -266,6 +266,7 @@ def test_mpi4py_nonblocking_and_any_source_match_as_mpi_does(transport: str) -> 
     assert [value, other] == (["from one", "from two"] if index == 0 else ["from two", "from one"])
     assert by_rank[0]["after_waitany"] == "from two, second" and by_rank[0]["truncated"] is True
     assert by_rank[1]["edges"] == [True, True, True]
+    assert by_rank[1]["placed"] == [[1.0], [2.0], [3.0], [0.0] * 8, True]  # (each tag's into its own receive)
     order = by_rank[0]["in_turn"]  # (rank 2's came last: [1, 1, 1, 1, 1, 2])
     assert sorted(order) == [1, 1, 1, 1, 1, 2] and order.index(2) < 2, order
     for r in range(3):  # (each hung forever when a send waiting for room took only its destination's messages)

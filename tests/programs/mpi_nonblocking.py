@@ -2,7 +2,8 @@
 for the test to check (3 instances): a master gathering results from any worker, a halo exchange with
 ``Isend``/``Irecv`` and ``Waitall``, receives matched in the order they were posted, ``test`` before the
 message has come, ``probe``/``iprobe``, ``sendrecv``, ``waitany``, a truncating ``Irecv``, and rings of 8 MiB messages
-(``Sendrecv``; ``Irecv``, ``Isend`` and ``Waitall``)."""
+(``Sendrecv``; ``Irecv``, ``Isend`` and ``Waitall``), and large messages received straight into the
+buffers of the receives they match."""
 
 import json
 
@@ -128,5 +129,24 @@ out["big_sendrecv"] = [float(ring[0]), float(ring[-1])]
 ring[:] = -1
 MPI.Request.Waitall([comm.Irecv(ring, source=left, tag=13), comm.Isend(big, dest=right, tag=13)])
 out["big_isend"] = [float(ring[0]), float(ring[-1])]
+
+# large messages received straight into the buffer of the receive they match: two Irecvs from rank 0 posted in
+# the reverse of the order their tags are sent in, an ANY_TAG one after them, one too small (truncated)
+if r == 0:
+    for tag, value in ((41, 1.0), (42, 2.0), (43, 3.0), (44, 4.0)):
+        comm.Send(np.full(1 << 15, value), dest=1, tag=tag)  # 256 KiB each
+elif r == 1:
+    second, first, anything = np.zeros(1 << 15), np.zeros(1 << 15), np.zeros((1 << 15) + 8)
+    requests = [comm.Irecv(second, source=0, tag=42), comm.Irecv(first, source=0, tag=41),
+                comm.Irecv(anything, source=0, tag=MPI.ANY_TAG)]
+    MPI.Request.Waitall(requests)
+    small = np.zeros(16)
+    try:
+        comm.Recv(small, source=0, tag=44)
+        truncated = False
+    except MPI.Exception as exc:
+        truncated = exc.Get_error_class() == MPI.ERR_TRUNCATE
+    out["placed"] = [sorted(set(first.tolist())), sorted(set(second.tolist())),
+                     sorted(set(anything[:1 << 15].tolist())), anything[-8:].tolist(), truncated]
 comm.Barrier()
 print(json.dumps(out), flush=True)

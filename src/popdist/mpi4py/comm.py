@@ -64,8 +64,12 @@ def _unpickled(message: matching.Message) -> Any:
 FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
-def _into(room: np.ndarray, data: np.ndarray, what: str, sender: int) -> None:
-    """A message's bytes into the start of a receive buffer's, which must have room (MPI_ERR_TRUNCATE)."""
+def _into(room: np.ndarray, message: matching.Message, what: str, sender: int) -> None:
+    """A message's bytes into the start of a receive buffer's, which must have room (MPI_ERR_TRUNCATE), unless
+    they were received there already."""
+    data = message.data
+    if message.placed:
+        return
     if data.size > room.size:
         raise MPIException(ERR_TRUNCATE, f"{what}: message truncated: rank {sender} sent {data.size} bytes, the "
                            f"receive buffer holds {room.size}")
@@ -184,7 +188,8 @@ class Comm:
             return [self._instance(rank, what) for rank in range(self.Get_size())]
         return [] if source == PROC_NULL else [self._instance(source, what)]
 
-    def _received(self, source: int, tag: int, what: str, status: Status | None) -> matching.Message | None:
+    def _received(self, source: int, tag: int, what: str, status: Status | None,
+                  room: np.ndarray | None = None) -> matching.Message | None:
         """The first message from ``source`` (or any rank) with ``tag`` (or any): one that came earlier and is
         unclaimed, or the next that comes, receives posted before this one matched first (``matching``). None
         from ``PROC_NULL``, at once."""
@@ -192,7 +197,7 @@ class Comm:
         if not sources:
             fill_status(status, FROM_NOWHERE)
             return None
-        receive = matching.post(self._context, sources, int(tag))
+        receive = matching.post(self._context, sources, int(tag), room)
         try:
             matching.progress([receive], True, what)
         except BaseException:
@@ -203,11 +208,12 @@ class Comm:
         fill_status(status, (self._rank_of(message.source), message.tag, message.data.size))
         return message
 
-    def _posted(self, source: int, tag: int, what: str, finish: Callable[[matching.Message], Any]) -> Request:
+    def _posted(self, source: int, tag: int, what: str, finish: Callable[[matching.Message], Any],
+                room: np.ndarray | None = None) -> Request:
         sources = self._sources(source, tag, what)
         if not sources:
             return completed(what, FROM_NOWHERE)
-        return Request(matching.post(self._context, sources, int(tag)), finish, self._rank_of, what)
+        return Request(matching.post(self._context, sources, int(tag), room), finish, self._rank_of, what)
 
     def _probed(self, source: int, tag: int, block: bool, what: str, status: Status | None) -> bool:
         sources = self._sources(source, tag, what)
@@ -292,9 +298,9 @@ class Comm:
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
         """The message's bytes into the start of ``buf``, which must have room for them (MPI_ERR_TRUNCATE)."""
         room = buffer_of(buf, "Recv", receives=True).view(np.uint8)
-        message = self._received(source, tag, "Recv", status)
+        message = self._received(source, tag, "Recv", status, room)
         if message is not None:
-            _into(room, message.data, "Recv", self._rank_of(message.source))
+            _into(room, message, "Recv", self._rank_of(message.source))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """``Send``, returning its request: complete already (the buffer's bytes are on their way)."""
@@ -305,7 +311,7 @@ class Comm:
         """A receive posted now into ``buf``, filled when its request completes."""
         room = buffer_of(buf, "Irecv", receives=True).view(np.uint8)
         return self._posted(source, tag, "Irecv",
-                            lambda message: _into(room, message.data, "Irecv", self._rank_of(message.source)))
+                            lambda message: _into(room, message, "Irecv", self._rank_of(message.source)), room)
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> None:

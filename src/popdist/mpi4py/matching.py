@@ -32,12 +32,15 @@ INLINE_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class Message:
-    """A message that has come: from which instance, in which communicator, with which tag, its bytes."""
+    """A message that has come: from which instance, in which communicator, with which tag, its bytes;
+    ``placed`` if they were received straight into the room of the receive that takes it (``data`` is the
+    start of that room: nothing to copy)."""
 
     context: int
     source: int
     tag: int
     data: np.ndarray
+    placed: bool = False
 
 
 @dataclass(eq=False)
@@ -49,10 +52,15 @@ class Receive:
     sources: frozenset[int]
     tag: int
     message: Message | None = None
+    #: A buffer receive's memory (bytes): a message above ``INLINE_BYTES`` that this receive will take is
+    #: received straight into it (one copy fewer, and no new array to fault in).
+    room: np.ndarray | None = None
 
     def accepts(self, message: Message) -> bool:
-        return (message.context == self.context and message.source in self.sources
-                and self.tag in (ANY_TAG, message.tag))
+        return self.accepts_envelope(message.context, message.source, message.tag)
+
+    def accepts_envelope(self, context: int, source: int, tag: int) -> bool:
+        return context == self.context and source in self.sources and self.tag in (ANY_TAG, tag)
 
 
 @dataclass
@@ -93,9 +101,9 @@ def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
     fabric.send(data, peer)
 
 
-def post(context: int, sources: Iterable[int], tag: int) -> Receive:
-    """A receive, matched at once if a message it accepts has come."""
-    receive = Receive(context, frozenset(sources), tag)
+def post(context: int, sources: Iterable[int], tag: int, room: np.ndarray | None = None) -> Receive:
+    """A receive (into ``room``, a buffer receive's bytes), matched at once if a message it accepts has come."""
+    receive = Receive(context, frozenset(sources), tag, room=room)
     _state.posted.append(receive)
     _match()
     return receive
@@ -152,10 +160,24 @@ def _take(source: int) -> None:
     first = fabric.take_waiting(source)
     tag, nbytes, context = (int(v) for v in np.frombuffer(first, ENVELOPE, ENVELOPE_ITEMS))
     if len(first) > ENVELOPE_BYTES or not nbytes:
-        data = np.frombuffer(first, np.uint8, offset=ENVELOPE_BYTES)
+        _arrive(Message(context, source, tag, np.frombuffer(first, np.uint8, offset=ENVELOPE_BYTES)))
+        return
+    room = _room_for(context, source, tag, nbytes)
+    if room is None:
+        _arrive(Message(context, source, tag, fabric.recv(np.empty(nbytes, np.uint8), source)))
     else:
-        data = fabric.recv(np.empty(nbytes, np.uint8), source)
-    _arrive(Message(context, source, tag, data))
+        _arrive(Message(context, source, tag, fabric.recv(room, source, out=room), placed=True))
+
+
+def _room_for(context: int, source: int, tag: int, nbytes: int) -> np.ndarray | None:
+    """The start of the room of the receive that a message (``context``, ``source``, ``tag``) of ``nbytes``
+    will be matched to, if that is a buffer receive with room for it: the first posted receive that accepts it
+    (no posted receive accepts a message that came before: ``_match`` matched it then)."""
+    for receive in _state.posted:
+        if receive.accepts_envelope(context, source, tag):
+            room = receive.room
+            return room[:nbytes] if room is not None and room.size >= nbytes else None
+    return None
 
 
 def _arrive(message: Message) -> None:

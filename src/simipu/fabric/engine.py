@@ -292,10 +292,11 @@ class Fabric(PlannedPaths):
         self._messages[key] = self._messages.get(key, 0) + 1
         return kept.popleft()[1]
 
-    def recv(self, like: np.ndarray, source: int) -> np.ndarray:
-        """The next message from instance ``source``, as a new array; it must have ``like``'s dtype and shape
-        (a message of another raises ``CollectiveMismatchError``, as a mismatched collective does)."""
-        result = np.empty_like(self._prepare(like, None))
+    def recv(self, like: np.ndarray, source: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The next message from instance ``source``, as a new array, or into ``out`` (``like`` itself, or with
+        its dtype and shape; C-contiguous); it must have ``like``'s dtype and shape (a message of another raises
+        ``CollectiveMismatchError``, as a mismatched collective does)."""
+        result = np.empty_like(self._prepare(like, None)) if out is None else out
         call, link = self._message(result, source, self.instance)
         kept = self._kept.get(source)
         if kept:  # taken early: while a send of ours waited for room, by ``message_waiting``, or set aside
