@@ -5,7 +5,8 @@ One worker, ``allreduce_workers/pingpong_worker.py``, runs under both launchers:
 --num-instances 2 --num-replicas 2`` and Open MPI's under ``mpirun -np 2``.
 Ranks 0 and 1 send a message back and forth: ``comm.send``/``comm.recv`` of a
 small int (``obj``: pickled, as most mpi4py programs send), then
-``comm.Send``/``comm.Recv`` of 8 B, 4 KiB, 64 KiB and 1 MiB buffers. Every
+a 1 MiB float64 array (pickled too), and ``comm.Send``/``comm.Recv`` of 8 B, 4 KiB,
+64 KiB and 1 MiB buffers. Every
 reply is checked. A launch times blocks of round trips after a warm-up; a
 block's one-way latency is half its mean round trip. Each round launches both
 tools, the order alternating; the table gives, per size, the median over
@@ -52,7 +53,7 @@ from launch import (  # noqa: E402
     say,
 )
 
-SIZES = ("obj", "8", "4096", "65536", "1048576")
+SIZES = ("obj", "obj1048576", "8", "4096", "65536", "1048576")
 TOOLS = ("poprun", "mpi4py")
 FULL = {"rounds": 3, "blocks": 30, "per_block": 100}
 QUICK = {"rounds": 1, "blocks": 10, "per_block": 50}
@@ -62,6 +63,8 @@ RUN_TIMEOUT = 120.0
 def size_label(size: str) -> str:
     if size == "obj":
         return "int (pickled)"
+    if size.startswith("obj"):
+        return f"{size_label(size[3:])} array (pickled)"
     nbytes = int(size)
     return f"{nbytes // 1048576} MiB" if nbytes >= 1048576 else f"{nbytes // 1024} KiB" if nbytes >= 1024 \
         else f"{nbytes} B"

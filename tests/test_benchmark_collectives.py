@@ -50,11 +50,11 @@ def test_the_pingpong_worker_checks_every_reply_of_each_size(tmp_path: Path) -> 
     for each size, every reply right."""
     out = tmp_path / "result.json"
     done = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2", sys.executable,
-                      str(WORKERS / "pingpong_worker.py"), "--sizes", "obj,8,1048576", "--warmup", "2",
+                      str(WORKERS / "pingpong_worker.py"), "--sizes", "obj,obj65544,8,1048576", "--warmup", "2",
                       "--blocks", "3", "--per-block", "4", "--out", str(out))
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     report = json.loads(out.read_text())
     assert report["library"] == "poprun-py fabric (no MPI library)"
-    assert [size["size"] for size in report["sizes"]] == ["obj", "8", "1048576"]
+    assert [size["size"] for size in report["sizes"]] == ["obj", "obj65544", "8", "1048576"]
     for size in report["sizes"]:
         assert size["problems"] == [] and len(size["one_way_us"]) == 3 and min(size["one_way_us"]) > 0

@@ -267,6 +267,8 @@ def test_mpi4py_nonblocking_and_any_source_match_as_mpi_does(transport: str) -> 
     assert by_rank[0]["after_waitany"] == "from two, second" and by_rank[0]["truncated"] is True
     assert by_rank[1]["edges"] == [True, True, True]
     assert by_rank[1]["placed"] == [[1.0], [2.0], [3.0], [0.0] * 8, True]  # (each tag's into its own receive)
+    assert by_rank[2]["scratch"] == [[51, 1 << 15, [51.0]], [52, 1 << 17, [52.0]], [54, 1 << 16, [54.0]],
+                                     [53, 1 << 14, [53.0]]]
     order = by_rank[0]["in_turn"]  # (rank 2's came last: [1, 1, 1, 1, 1, 2])
     assert sorted(order) == [1, 1, 1, 1, 1, 2] and order.index(2) < 2, order
     for r in range(3):  # (each hung forever when a send waiting for room took only its destination's messages)

@@ -1,9 +1,10 @@
 """Ping-pong between ranks 0 and 1 with mpi4py's point to point, as a program writes it: ``from mpi4py import
 MPI`` is poprun-py's under poprun and Open MPI's under mpirun, so one file serves both.
 
-Each size: ``obj`` is ``comm.send``/``comm.recv`` of a small int (pickled, as most mpi4py programs send); a
-number is ``comm.Send``/``comm.Recv`` of that many bytes (a uint8 buffer). Rank 1 sends back what it got,
-plus one (its first byte, for a buffer), and rank 0 checks every reply. After ``warmup`` untimed round
+Each size: ``obj`` is ``comm.send``/``comm.recv`` of a small int (pickled, as most mpi4py programs send);
+``objN`` of a float64 NumPy array of N bytes (pickled too); a number is ``comm.Send``/``comm.Recv`` of that
+many bytes (a uint8 buffer). Rank 1 sends back what it got, plus one (its first element, for an array or a
+buffer), and rank 0 checks every reply. After ``warmup`` untimed round
 trips, ``blocks`` blocks of ``per_block`` round trips are timed, each block alone: its one-way latency is
 half its mean round trip. Rank 0 writes the JSON; other ranks, if any, wait in a barrier.
 """
@@ -33,6 +34,21 @@ def exchanges(comm: MPI.Comm, rank: int, size: str, problems: list[str]) -> Call
             elif rank == 1:
                 comm.send(comm.recv(source=0, tag=PING) + 1, dest=0, tag=PONG)
         return objects
+    if size.startswith("obj"):
+        array = np.zeros(int(size[3:]) // 8)
+
+        def arrays(k: int) -> None:
+            if rank == 0:
+                array[0] = k
+                comm.send(array, dest=1, tag=PING)
+                back = comm.recv(source=1, tag=PONG)
+                if (back.shape != array.shape or back[0] != k + 1) and len(problems) < 5:
+                    problems.append(f"round trip {k}: got {back.shape} first {back[0]}, want {array.shape} {k + 1}")
+            elif rank == 1:
+                got = comm.recv(source=0, tag=PING)
+                got[0] += 1
+                comm.send(got, dest=0, tag=PONG)
+        return arrays
     out = np.zeros(int(size), np.uint8)
     back = np.zeros_like(out)
 
@@ -69,7 +85,8 @@ def one_size(comm: MPI.Comm, rank: int, size: str, warmup: int, blocks: int, per
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="obj,8,4096,65536,1048576", help="comma-separated: obj, or bytes")
+    parser.add_argument("--sizes", default="obj,obj1048576,8,4096,65536,1048576",
+                        help="comma-separated: obj, objBYTES (an array), or bytes")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--per-block", type=int, default=100)

@@ -148,5 +148,15 @@ elif r == 1:
         truncated = exc.Get_error_class() == MPI.ERR_TRUNCATE
     out["placed"] = [sorted(set(first.tolist())), sorted(set(second.tolist())),
                      sorted(set(anything[:1 << 15].tolist())), anything[-8:].tolist(), truncated]
+
+# large pickled objects, each received into the blocking receive's scratch buffer (grown, then reused) and
+# unpickled before the next; an irecv's message beside them keeps its own bytes
+if r == 0:
+    for tag, count in ((51, 1 << 15), (52, 1 << 17), (53, 1 << 14), (54, 1 << 16)):
+        comm.send({"tag": tag, "array": np.full(count, float(tag))}, dest=2, tag=tag)
+elif r == 2:
+    later = comm.irecv(source=0, tag=53)
+    got = [comm.recv(source=0, tag=tag) for tag in (51, 52, 54)] + [later.wait()]
+    out["scratch"] = [[g["tag"], g["array"].size, sorted(set(g["array"].tolist()))] for g in got]
 comm.Barrier()
 print(json.dumps(out), flush=True)

@@ -57,7 +57,8 @@ def _pickled(obj: Any) -> np.ndarray:
 def _unpickled(message: matching.Message) -> Any:
     import pickle
 
-    return pickle.loads(message.data.tobytes())  # noqa: S301 - from this job's own instances only (popdist.ragged)
+    # (no copy of the bytes first: ``loads`` reads the array's buffer, and copies what it keeps)
+    return pickle.loads(message.data.data)  # noqa: S301 - from this job's own instances only (popdist.ragged)
 
 
 #: What a receive from ``PROC_NULL`` says in its status: no source, no tag, nothing.
@@ -144,8 +145,8 @@ class Comm:
         self._send_bytes(_pickled(obj), dest, tag, "send")
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
-        message = self._received(source, tag, "recv", status)
-        return None if message is None else _unpickled(message)
+        message = self._received(source, tag, "recv", status, scratch=True)
+        return None if message is None else _unpickled(message)  # (before anything else may use the scratch)
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """``send``, returning its request: complete already, as the message is on its way."""
@@ -189,7 +190,7 @@ class Comm:
         return [] if source == PROC_NULL else [self._instance(source, what)]
 
     def _received(self, source: int, tag: int, what: str, status: Status | None,
-                  room: np.ndarray | None = None) -> matching.Message | None:
+                  room: np.ndarray | None = None, scratch: bool = False) -> matching.Message | None:
         """The first message from ``source`` (or any rank) with ``tag`` (or any): one that came earlier and is
         unclaimed, or the next that comes, receives posted before this one matched first (``matching``). None
         from ``PROC_NULL``, at once."""
@@ -197,7 +198,7 @@ class Comm:
         if not sources:
             fill_status(status, FROM_NOWHERE)
             return None
-        receive = matching.post(self._context, sources, int(tag), room)
+        receive = matching.post(self._context, sources, int(tag), room, scratch)
         try:
             matching.progress([receive], True, what)
         except BaseException:

@@ -28,6 +28,9 @@ ENVELOPE_BYTES = ENVELOPE_ITEMS * ENVELOPE.itemsize
 #: A message of up to this many bytes travels in its envelope's fabric message (one copy of it, one frame);
 #: a larger one in a fabric message of its own after the envelope (no copy).
 INLINE_BYTES = 64 * 1024
+#: The largest message a blocking object receive takes into the scratch buffer, which keeps the size of the
+#: largest it took: its pages are faulted in once, not for every message (above it, a new array each time).
+SCRATCH_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class Receive:
     #: A buffer receive's memory (bytes): a message above ``INLINE_BYTES`` that this receive will take is
     #: received straight into it (one copy fewer, and no new array to fault in).
     room: np.ndarray | None = None
+    #: A blocking receive of an object, unpickled as soon as it is matched: such a message (up to
+    #: ``SCRATCH_BYTES``) is received into this process's scratch buffer (``_scratch_room``).
+    scratch: bool = False
 
     def accepts(self, message: Message) -> bool:
         return self.accepts_envelope(message.context, message.source, message.tag)
@@ -72,6 +78,8 @@ class _Matching:
     #: The source a wait on several last took a message from: the next such wait looks at the ones after it
     #: first, so that a rank sending without pause cannot keep a higher rank's message waiting.
     turn: int = -1
+    #: The blocking object receives' buffer (``Receive.scratch``).
+    scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint8))
 
 
 _state = _Matching()
@@ -101,9 +109,12 @@ def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
     fabric.send(data, peer)
 
 
-def post(context: int, sources: Iterable[int], tag: int, room: np.ndarray | None = None) -> Receive:
-    """A receive (into ``room``, a buffer receive's bytes), matched at once if a message it accepts has come."""
-    receive = Receive(context, frozenset(sources), tag, room=room)
+def post(context: int, sources: Iterable[int], tag: int, room: np.ndarray | None = None,
+         scratch: bool = False) -> Receive:
+    """A receive (into ``room``, a buffer receive's bytes; or, with ``scratch``, a blocking receive whose
+    message is used up before the next receive: see ``Receive.scratch``), matched at once if a message it
+    accepts has come."""
+    receive = Receive(context, frozenset(sources), tag, room=room, scratch=scratch)
     _state.posted.append(receive)
     _match()
     return receive
@@ -175,6 +186,10 @@ def _room_for(context: int, source: int, tag: int, nbytes: int) -> np.ndarray | 
     (no posted receive accepts a message that came before: ``_match`` matched it then)."""
     for receive in _state.posted:
         if receive.accepts_envelope(context, source, tag):
+            if receive.scratch and nbytes <= SCRATCH_BYTES:
+                if _state.scratch.size < nbytes:
+                    _state.scratch = np.empty(nbytes, np.uint8)
+                return _state.scratch[:nbytes]
             room = receive.room
             return room[:nbytes] if room is not None and room.size >= nbytes else None
     return None
