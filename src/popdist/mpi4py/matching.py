@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -22,9 +23,8 @@ from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py.specs import ANY_TAG
 
 #: The envelope at the front of a message's first fabric message: tag, byte count, communicator's context.
-ENVELOPE = np.dtype(np.int64)
-ENVELOPE_ITEMS = 3
-ENVELOPE_BYTES = ENVELOPE_ITEMS * ENVELOPE.itemsize
+_ENVELOPE = struct.Struct("=3q")
+ENVELOPE_BYTES = _ENVELOPE.size
 #: A message of up to this many bytes travels in its envelope's fabric message (one copy of it, one frame);
 #: a larger one in a fabric message of its own after the envelope (no copy).
 INLINE_BYTES = 64 * 1024
@@ -101,11 +101,11 @@ def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
         _arrive(Message(context, peer, tag, data.copy()))
         return
     fabric = current_fabric()
-    envelope = np.array([tag, data.size, context], ENVELOPE).view(np.uint8)
+    envelope = _ENVELOPE.pack(tag, data.size, context)
     if data.size <= INLINE_BYTES:  # (one frame: half the work a message for both ends)
-        fabric.send(np.concatenate([envelope, data]), peer)
+        fabric.send(np.frombuffer(envelope + data.data, np.uint8), peer)
         return
-    fabric.send(envelope, peer)
+    fabric.send(np.frombuffer(envelope, np.uint8), peer)
     fabric.send(data, peer)
 
 
@@ -169,7 +169,7 @@ def _take(source: int) -> None:
     """Instance ``source``'s next message (its first fabric message has come), then the matching."""
     fabric = current_fabric()
     first = fabric.take_waiting(source)
-    tag, nbytes, context = (int(v) for v in np.frombuffer(first, ENVELOPE, ENVELOPE_ITEMS))
+    tag, nbytes, context = _ENVELOPE.unpack_from(first)
     if len(first) > ENVELOPE_BYTES or not nbytes:
         _arrive(Message(context, source, tag, np.frombuffer(first, np.uint8, offset=ENVELOPE_BYTES)))
         return

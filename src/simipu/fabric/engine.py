@@ -60,7 +60,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .algorithms import sockets
-from .algorithms.calls import UFUNCS, Call, to_bytes
+from .algorithms.calls import UFUNCS, Call, Group, to_bytes
 from .algorithms.hierarchical import allreduce_hierarchical
 from .algorithms.outputs import out_problem, result_for
 from .algorithms.phases import Phase
@@ -357,14 +357,28 @@ class Fabric(PlannedPaths):
     def _source(self, peer: int) -> Source:
         """``peer``'s link as a wait for its messages sees it (``frames.messages.Source``): the link, whether a
         frame's header is its next message to us that its kept queue does not hold yet, and that queue."""
-        g = self._group(tuple(sorted((self.instance, peer))))
+        made = self._sources.get(peer)
+        if made is not None:
+            return made  # (made below: the link, the test, the queue never change)
+        g = self._pair(peer)
         kept = self._kept.setdefault(peer, deque())
         key = g.key
+        numbers, mine = self._messages, (peer, self.instance)
 
         def ours(theirs: Signature) -> bool:
             return (theirs.kind == MESSAGE and theirs.root == peer and theirs.group_key == key
-                    and theirs.seq == self._messages.get((peer, self.instance), 0) + len(kept) + 1)
-        return g.links[g.members.index(peer)], ours, kept  # type: ignore[return-value]  # (a peer's: never None)
+                    and theirs.seq == numbers.get(mine, 0) + len(kept) + 1)
+        link = g.links[g.members.index(peer)]
+        assert link is not None, "a peer's link (only our own is None)"
+        source = self._sources[peer] = (link, ours, kept)
+        return source
+
+    def _pair(self, peer: int) -> Group:
+        """The group of this instance and ``peer`` (checked once, then cached)."""
+        g = self._pairs.get(peer)
+        if g is None:
+            g = self._pairs[peer] = self._group(tuple(sorted((self.instance, peer))))
+        return g
 
     def _message(self, x: np.ndarray, source: int, dest: int) -> tuple[Call, Link]:
         """The call of the next message from ``source`` to ``dest`` (numbered per direction, so that two
@@ -372,7 +386,7 @@ class Fabric(PlannedPaths):
         peer = dest if source == self.instance else source
         if peer == self.instance:
             raise ValueError(f"a message needs two instances; instance {peer} sent to itself")
-        g = self._group(tuple(sorted((self.instance, peer))))
+        g = self._pair(peer)
         seq = self._messages[(source, dest)] = self._messages.get((source, dest), 0) + 1
         link = g.links[g.members.index(peer)]
         assert link is not None, "a peer's link (only our own is None)"

@@ -24,7 +24,7 @@ from .frames.exchange import exchange, exchange_all
 from .frames.header import OP_CODES, abort_notice, mismatch_notice
 from .frames.link import Link
 from .frames.mailbox import MailboxSegment
-from .frames.messages import Kept
+from .frames.messages import Kept, Source
 from .frames.watch import Control, LossWatch
 from .join.membership import Membership
 
@@ -62,6 +62,10 @@ class PhaseRunner:
         #: Per peer, its messages taken before a ``recv`` asked: while a send of ours waited for room, by
         #: ``message_waiting``, or set aside by a collective (``frames.messages``, ``Link.divert``).
         self._kept: dict[int, Kept] = {}
+        #: Per peer, its link as a wait for messages sees it (``engine.Fabric._source``), made once.
+        self._sources: dict[int, Source] = {}
+        #: Per peer, the group of the two of us, which its messages are numbered in (``engine.Fabric._pair``).
+        self._pairs: dict[int, Group] = {}
         self._scratch = ScratchBuffers()
         #: The small allreduce's receive buffers (``Phases.scratch_for``): looked up once per call.
         self.scratch_for = self._scratch.for_group
