@@ -303,6 +303,29 @@ def test_a_large_isend_returns_while_its_receiver_waits_for_another_rank(transpo
     assert [by_rank[r]["allreduce"] for r in range(3)] == [3, 3, 3]
 
 
+def test_split_communicators_hold_their_ranks_collectives_and_messages() -> None:
+    """Split_type(COMM_TYPE_SHARED) (the local-rank idiom), Split by parity, a rank left out with UNDEFINED
+    (COMM_NULL, whose calls raise ERR_COMM); a message in a split comm and one in COMM_WORLD with the same tag
+    each reach its own receive. Before: NotProvidedError."""
+    by_rank = records(run_poprun(*job(4), *python_program("mpi_split.py")))
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    assert [by_rank[r]["local"] for r in range(4)] == [[r, 4, 4] for r in range(4)]
+    assert [by_rank[r]["parity"] for r in range(4)] == [[0, 2, [0, 2]], [0, 2, [1, 3]], [1, 2, [0, 2]],
+                                                       [1, 2, [1, 3]]]
+    assert [by_rank[r]["parity_sum"] for r in range(4)] == [2.0, 4.0, 2.0, 4.0]
+    assert [by_rank[r].get("parity_message") for r in (2, 3)] == ["parity from 0", "parity from 1"]
+    assert [by_rank[r].get("world_message") for r in (2, 3)] == ["world from 0", "world from 1"]
+    assert by_rank[3]["left_out"] is True and by_rank[3]["null_call"] is True
+    assert [by_rank[r]["rest"] for r in range(3)] == [[3, "root 0"]] * 3
+
+
+def test_a_split_whose_keys_reorder_the_ranks_stops_with_a_clear_error() -> None:
+    result = run_poprun(*job(4), *python_program("mpi_split.py", "reversed"))
+    assert result.returncode != 0
+    assert "MPIException: Split: keys that order a new communicator's ranks unlike MPI_COMM_WORLD's are not " \
+           "provided" in result.stderr.decode()
+
+
 def test_a_master_receives_from_any_source_after_its_workers_have_exited() -> None:
     result = run_poprun(*job(3), *python_program("mpi_workers_finish_first.py"))
     assert lines_of(result) == ["[(1, 100), (2, 200)]"]  # (PeerLostError for the first worker gone, before)

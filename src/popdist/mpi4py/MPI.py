@@ -1,5 +1,5 @@
 """``mpi4py.MPI`` over poprun-py's fabric: ``COMM_WORLD`` (every instance; rank = instance index),
-``COMM_SELF``, the reduction ops, the datatypes, ``IN_PLACE``, ``Wtime``, ``Get_processor_name``.
+``COMM_SELF``, ``COMM_NULL``, the reduction ops, the datatypes, ``IN_PLACE``, ``Wtime``, ``Get_processor_name``.
 
 Anything else of mpi4py's ``MPI`` module raises ``NotProvidedError`` naming it (an AttributeError, so
 ``hasattr(MPI, name)`` is False), rather than doing something unlike MPI.
@@ -13,11 +13,14 @@ from typing import Any
 
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import rc
-from popdist.mpi4py.comm import Comm
+from popdist.mpi4py.comm import COMM_NULL, Comm
 from popdist.mpi4py.requests import REQUEST_NULL, Request
 from popdist.mpi4py.specs import (
     ANY_SOURCE,
     ANY_TAG,
+    COMM_TYPE_SHARED,
+    ERR_ARG,
+    ERR_COMM,
     ERR_IN_STATUS,
     ERR_RANK,
     ERR_TAG,
@@ -39,9 +42,10 @@ from popdist.mpi4py.specs import (
 )
 
 __all__ = [
-    "ANY_SOURCE", "ANY_TAG", "BOOL", "BYTE", "CHAR", "COMM_SELF", "COMM_WORLD", "Comm", "DOUBLE", "Datatype",
-    "ERR_IN_STATUS", "ERR_RANK", "ERR_TAG", "ERR_TRUNCATE", "Exception", "FLOAT", "Finalize",
-    "Get_processor_name", "Get_version", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "IN_PLACE", "Init",
+    "ANY_SOURCE", "ANY_TAG", "BOOL", "BYTE", "CHAR", "COMM_NULL", "COMM_SELF", "COMM_TYPE_SHARED", "COMM_WORLD",
+    "Comm", "DOUBLE", "Datatype", "ERR_ARG", "ERR_COMM", "ERR_IN_STATUS", "ERR_RANK", "ERR_TAG", "ERR_TRUNCATE",
+    "Exception", "FLOAT", "Finalize", "Get_processor_name", "Get_version", "INT", "INT16_T", "INT32_T", "INT64_T",
+    "INT8_T", "IN_PLACE", "Init",
     "Intracomm", "Is_finalized", "Is_initialized", "LONG", "LONG_LONG", "MAX", "MIN", "NotProvidedError", "Op",
     "PROC_NULL", "PROD", "Query_thread", "REQUEST_NULL", "Request", "SHORT", "SUM", "Status", "THREAD_MULTIPLE",
     "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR",

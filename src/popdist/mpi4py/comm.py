@@ -30,12 +30,16 @@ from popdist.mpi4py.requests import Request, completed
 from popdist.mpi4py.specs import (
     ANY_SOURCE,
     ANY_TAG,
+    COMM_TYPE_SHARED,
+    ERR_ARG,
+    ERR_COMM,
     ERR_TAG,
     ERR_TRUNCATE,
     IN_PLACE,
     PROC_NULL,
     README_SECTION,
     SUM,
+    UNDEFINED,
     MPIException,
     NotProvidedError,
     Op,
@@ -333,10 +337,57 @@ class Comm:
     def Dup(self) -> Comm:
         """The same ranks, with messages of their own (see ``_context``)."""
         self._dups += 1
-        digest = hashlib.blake2b(f"{self._context}.{self._dups}".encode(), digest_size=7).digest()
-        return type(self)(self._members, self._name, int.from_bytes(digest, "little") + 2)  # (COMM_SELF's: one rank)
+        return type(self)(self._members, self._name, self._derived_context(""))  # (COMM_SELF's: one rank)
 
     Clone = Dup
+
+    def Split(self, color: int = 0, key: int = 0) -> Comm:
+        """The ranks that gave the same ``color``, ordered by ``key`` and then by their rank here, as a
+        communicator of their own (collective: every rank calls it); ``MPI.UNDEFINED`` joins none and gets
+        ``MPI.COMM_NULL``."""
+        for value, name in ((color, "color"), (key, "key")):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise MPIException(ERR_ARG, f"Split: {name} {value!r} is not an int")
+        if color < 0 and color != UNDEFINED:
+            raise MPIException(ERR_ARG, f"Split: color {color} is negative: a color is an int from 0, or "
+                                        "MPI.UNDEFINED")
+        return self._split(None if color == UNDEFINED else int(color), int(key), "Split")
+
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Comm:
+        """``Split`` by host: with ``MPI.COMM_TYPE_SHARED``, the ranks on this rank's host (as programs find
+        their local rank); ``MPI.UNDEFINED`` joins none."""
+        if split_type == UNDEFINED:
+            return self._split(None, 0, "Split_type")
+        if split_type != COMM_TYPE_SHARED:
+            raise MPIException(ERR_ARG, f"Split_type: split type {split_type!r} is not provided: "
+                                        "MPI.COMM_TYPE_SHARED (the ranks of one host) is")
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise MPIException(ERR_ARG, f"Split_type: key {key!r} is not an int")
+        membership = getattr(current_fabric(), "membership", None)  # (none for a job of one instance)
+        return self._split("host " + (membership.me.host_id if membership is not None else ""), int(key), "Split_type")
+
+    def _split(self, color: Any, key: int, what: str) -> Comm:
+        """The communicator of the ranks whose ``color`` equals ours (None: none, ``COMM_NULL``): one allgather
+        here, as MPI's split is collective, and a context of its own for its messages."""
+        everyone = self.allgather((color, key))
+        self._dups += 1
+        orders = {c: [rank for _, rank in sorted((k, rank) for rank, (c2, k) in enumerate(everyone) if c2 == c)]
+                  for c, _ in everyone if c is not None}
+        if any(order != sorted(order) for order in orders.values()):  # (every rank sees it, and raises)
+            raise MPIException(ERR_ARG, f"{what}: keys that order a new communicator's ranks unlike "
+                                        f"{self._name}'s are not provided (poprun-py's communicators keep the "
+                                        "instances' order): give every rank key=0, or its own rank")
+        if color is None:
+            return COMM_NULL
+        return Comm([self._instance(rank, what) for rank in orders[color]], f"{self._name} {what}",
+                    self._derived_context(repr(color)))
+
+    def _derived_context(self, color: str) -> int:
+        """The context of a communicator made from this one (``Dup``, ``Split``): the same on every rank that
+        makes it, since they make them in the same order, and another for each."""
+        digest = hashlib.blake2b(f"{self._context}.{self._dups}{'.' + color if color else ''}".encode(),
+                                 digest_size=7).digest()
+        return int.from_bytes(digest, "little") + 2
 
     def Free(self) -> None:
         return None
@@ -349,3 +400,33 @@ class Comm:
 
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Comm {self._name} (poprun-py)>"
+
+
+class _NullComm(Comm):
+    """``MPI.COMM_NULL``: what a rank that joined no communicator of a split gets; any call on it raises
+    ``MPI.Exception`` with ``MPI.ERR_COMM``, as on MPI's."""
+
+    def _null(self) -> Any:
+        raise MPIException(ERR_COMM, "a call on MPI.COMM_NULL, which holds no rank: this rank joined no "
+                                     "communicator of that split (its color was MPI.UNDEFINED)")
+
+    def _group(self) -> tuple[int, ...] | None:
+        return self._null()
+
+    def Get_size(self) -> int:
+        return self._null()
+
+    def Get_rank(self) -> int:
+        return self._null()
+
+    size = property(Get_size)
+    rank = property(Get_rank)
+
+    def _instance(self, rank: int, what: str) -> int:
+        return self._null()
+
+    def __repr__(self) -> str:
+        return "<mpi4py.MPI.Comm MPI_COMM_NULL (poprun-py)>"
+
+
+COMM_NULL = _NullComm((), "MPI_COMM_NULL", -1)

@@ -15,9 +15,9 @@ import numpy as np
 README_SECTION = "README \"Running Graphcore's programs\""
 
 #: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
-ERR_TAG, ERR_RANK, ERR_TRUNCATE, ERR_IN_STATUS = 4, 6, 15, 17
-_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_RANK: "MPI_ERR_RANK", ERR_TRUNCATE: "MPI_ERR_TRUNCATE",
-                ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
+ERR_TAG, ERR_COMM, ERR_RANK, ERR_ARG, ERR_TRUNCATE, ERR_IN_STATUS = 4, 5, 6, 13, 15, 17
+_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_COMM: "MPI_ERR_COMM", ERR_RANK: "MPI_ERR_RANK", ERR_ARG: "MPI_ERR_ARG",
+                ERR_TRUNCATE: "MPI_ERR_TRUNCATE", ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
 
 
 class MPIException(RuntimeError):
@@ -97,6 +97,8 @@ ANY_SOURCE = -1
 ANY_TAG = -1
 PROC_NULL = -2  # (Open MPI's values: a send to it does nothing, a receive from it gets nothing at once)
 UNDEFINED = -32766  # (Open MPI's value)
+#: ``Comm.Split_type``'s one split: the ranks that share a host (Open MPI's value).
+COMM_TYPE_SHARED = 0
 
 
 class Status:
