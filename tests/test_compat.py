@@ -326,6 +326,27 @@ def test_a_split_whose_keys_reorder_the_ranks_stops_with_a_clear_error() -> None
            "provided" in result.stderr.decode()
 
 
+@pytest.mark.parametrize(("instances", "transport"), [(3, "auto"), (4, "tcp")])
+def test_alltoall_sends_each_rank_its_own_block(instances: int, transport: str) -> None:
+    """alltoall of objects, Alltoall of 32 B and 256 KiB blocks, on COMM_WORLD beside a user's message with the
+    same tag, and on a Split communicator. Before: NotProvidedError."""
+    by_rank = records(run_poprun(*job(instances), f"--fabric-transport={transport}",
+                                 *python_program("mpi_alltoall.py")))
+    assert sorted(by_rank) == list(range(instances))
+    for r, out in by_rank.items():
+        assert out["alltoall"] == [f"{k}->{r}" for k in range(instances)]
+        assert out["Alltoall_4"] == out["Alltoall_32768"] == [[k * 100.0 + r] for k in range(instances)]
+        assert out["user_message"] == f"user message from {(r - 1) % instances}"
+        assert out["split"] == [[k, r // 2] for k in range(r % 2, instances, 2)]
+
+
+def test_an_alltoall_against_a_barrier_stops_the_job_naming_both_calls() -> None:
+    result = run_poprun(*job(3), *python_program("mpi_alltoall.py", "mismatch"))
+    assert result.returncode != 0
+    assert "CollectiveMismatchError: instance 0 waits for a message from instance(s) 1, 2 but instance 1 called " \
+           "barrier and instance 2 called barrier first" in result.stderr.decode()
+
+
 def test_a_master_receives_from_any_source_after_its_workers_have_exited() -> None:
     result = run_poprun(*job(3), *python_program("mpi_workers_finish_first.py"))
     assert lines_of(result) == ["[(1, 100), (2, 200)]"]  # (PeerLostError for the first worker gone, before)

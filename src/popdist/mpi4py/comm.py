@@ -140,6 +140,34 @@ class Comm:
     def allreduce(self, sendobj: Any, op: Op | None = None) -> Any:
         return functools.reduce(op or SUM, self.allgather(sendobj))
 
+    def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
+        """Item k of ``sendobj`` to rank k; item k of the result from rank k (collective)."""
+        size = self.Get_size()
+        if sendobj is None or len(sendobj) != size:
+            raise ValueError(f"alltoall: every rank gives a sequence of {size} objects, one for each rank")
+        received = self._all_to_all([_pickled(obj) for obj in sendobj], [None] * size, "alltoall")
+        return [_unpickled(message) for message in received]
+
+    def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
+                    what: str) -> list[matching.Message]:
+        """Block k (bytes) to rank k, and rank k's block for us (into ``rooms[k]`` when it fits): as messages
+        in a context of this communicator's collectives (the user's never match them), receives posted first,
+        sends in turn from the next rank on (so that no rank is everyone's first), then every receive taken.
+        A rank that called another collective meanwhile is a mismatch, as for the fabric's collectives."""
+        size, me = self.Get_size(), self.Get_rank()
+        context = -2 - self._context  # (contexts of messages are from 0: this one is none of them)
+        receives = [matching.post(context, [self._instance(k, what)], 0, room) for k, room in enumerate(rooms)]
+        for k in [*range(me + 1, size), *range(me + 1)]:
+            matching.send(blocks[k], context, 0, self._instance(k, what))
+        try:
+            while any(receive.message is None for receive in receives):
+                matching.progress([receive for receive in receives if receive.message is None], True, what)
+        except BaseException:
+            for receive in receives:
+                matching.withdraw(receive)
+            raise
+        return [receive.message for receive in receives]  # type: ignore[misc]  # (each has its message now)
+
     def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
         result = self.allreduce(sendobj, op)
         return result if self.Get_rank() == root else None
@@ -295,6 +323,24 @@ class Comm:
             send = np.empty(shape, recv.dtype)
         everything = current_fabric().broadcast(send, self._instance(root, "Scatter"), self._group())
         fill(recv, everything[self.Get_rank()], "Scatter")
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block k of ``sendbuf`` (its items split into as many equal blocks as ranks) to rank k; rank k's block
+        for us into block k of ``recvbuf`` (collective)."""
+        if sendbuf is IN_PLACE:
+            raise NotProvidedError("Alltoall with MPI.IN_PLACE is not provided by poprun-py's mpi4py: pass the "
+                                   "send buffer and a receive buffer apart from it")
+        size = self.Get_size()
+        send = buffer_of(sendbuf, "Alltoall").view(np.uint8)
+        recv = buffer_of(recvbuf, "Alltoall", receives=True).view(np.uint8)
+        if send.size % size or recv.size != send.size:
+            raise ValueError(f"Alltoall: the send buffer's {send.size} bytes must split into {size} equal blocks, "
+                             f"and the receive buffer must hold as many ({recv.size})")
+        block = send.size // size
+        parts = [slice(k * block, (k + 1) * block) for k in range(size)]
+        received = self._all_to_all([send[part] for part in parts], [recv[part] for part in parts], "Alltoall")
+        for part, message in zip(parts, received):
+            _into(recv[part], message, "Alltoall", 0)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """``send``'s standard mode, of the buffer's bytes."""
