@@ -34,7 +34,6 @@ from popdist.mpi4py.specs import (
     ERR_ARG,
     ERR_COMM,
     ERR_TAG,
-    ERR_TRUNCATE,
     IN_PLACE,
     PROC_NULL,
     README_SECTION,
@@ -48,6 +47,7 @@ from popdist.mpi4py.specs import (
     buffer_of,
     fill,
     fill_status,
+    is_int,
 )
 from popdist.ragged import allgather_objects, broadcast_object
 
@@ -67,18 +67,6 @@ def _unpickled(message: matching.Message) -> Any:
 
 #: What a receive from ``PROC_NULL`` says in its status: no source, no tag, nothing.
 FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
-
-
-def _into(room: np.ndarray, message: matching.Message, what: str, sender: int) -> None:
-    """A message's bytes into the start of a receive buffer's, which must have room (MPI_ERR_TRUNCATE), unless
-    they were received there already."""
-    data = message.data
-    if message.placed:
-        return
-    if data.size > room.size:
-        raise MPIException(ERR_TRUNCATE, f"{what}: message truncated: rank {sender} sent {data.size} bytes, the "
-                           f"receive buffer holds {room.size}")
-    room[:data.size] = data
 
 
 class Comm:
@@ -111,7 +99,7 @@ class Comm:
         return self._name
 
     def _instance(self, rank: int, what: str) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.Get_size():
+        if not is_int(rank) or not 0 <= rank < self.Get_size():
             raise RankError(f"{what}: rank {rank!r} is not in {self._name} (0 to {self.Get_size() - 1})")
         return int(rank) if self._members is None else self._members[int(rank)]
 
@@ -150,23 +138,10 @@ class Comm:
 
     def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
                     what: str) -> list[matching.Message]:
-        """Block k (bytes) to rank k, and rank k's block for us (into ``rooms[k]`` when it fits): as messages
-        in a context of this communicator's collectives (the user's never match them), receives posted first,
-        sends in turn from the next rank on (so that no rank is everyone's first), then every receive taken.
-        A rank that called another collective meanwhile is a mismatch, as for the fabric's collectives."""
-        size, me = self.Get_size(), self.Get_rank()
-        context = -2 - self._context  # (contexts of messages are from 0: this one is none of them)
-        receives = [matching.post(context, [self._instance(k, what)], 0, room) for k, room in enumerate(rooms)]
-        for k in [*range(me + 1, size), *range(me + 1)]:
-            matching.send(blocks[k], context, 0, self._instance(k, what))
-        try:
-            while any(receive.message is None for receive in receives):
-                matching.progress([receive for receive in receives if receive.message is None], True, what)
-        except BaseException:
-            for receive in receives:
-                matching.withdraw(receive)
-            raise
-        return [receive.message for receive in receives]  # type: ignore[misc]  # (each has its message now)
+        """``matching.all_to_all`` among this communicator's ranks, in a context of its collectives (messages'
+        contexts are from 0: the user's never match these)."""
+        instances = [self._instance(k, what) for k in range(self.Get_size())]
+        return matching.all_to_all(instances, self.Get_rank(), -2 - self._context, blocks, rooms, what)
 
     def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
         result = self.allreduce(sendobj, op)
@@ -207,7 +182,7 @@ class Comm:
 
     def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
         """A message to ``dest`` (``PROC_NULL``: nowhere, as MPI's)."""
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
+        if not is_int(tag) or tag < 0:
             raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: a message's tag is an int from 0")
         if dest != PROC_NULL:
             matching.send(data, self._context, int(tag), self._instance(dest, what))
@@ -215,7 +190,7 @@ class Comm:
     def _sources(self, source: int, tag: int, what: str) -> list[int]:
         """The instances a receive from ``source`` (a rank, ``ANY_SOURCE``, or ``PROC_NULL``: none) takes messages
         from."""
-        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or (tag < 0 and tag != ANY_TAG):
+        if not is_int(tag) or (tag < 0 and tag != ANY_TAG):
             raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: an int from 0, or MPI.ANY_TAG")
         if source == ANY_SOURCE:
             return [self._instance(rank, what) for rank in range(self.Get_size())]
@@ -340,7 +315,7 @@ class Comm:
         parts = [slice(k * block, (k + 1) * block) for k in range(size)]
         received = self._all_to_all([send[part] for part in parts], [recv[part] for part in parts], "Alltoall")
         for part, message in zip(parts, received):
-            _into(recv[part], message, "Alltoall", 0)
+            matching.deliver(recv[part], message, "Alltoall", 0)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """``send``'s standard mode, of the buffer's bytes."""
@@ -351,7 +326,7 @@ class Comm:
         room = buffer_of(buf, "Recv", receives=True).view(np.uint8)
         message = self._received(source, tag, "Recv", status, room)
         if message is not None:
-            _into(room, message, "Recv", self._rank_of(message.source))
+            matching.deliver(room, message, "Recv", self._rank_of(message.source))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """``Send``, returning its request: complete already (the buffer's bytes are on their way)."""
@@ -362,7 +337,7 @@ class Comm:
         """A receive posted now into ``buf``, filled when its request completes."""
         room = buffer_of(buf, "Irecv", receives=True).view(np.uint8)
         return self._posted(source, tag, "Irecv",
-                            lambda message: _into(room, message, "Irecv", self._rank_of(message.source)), room)
+                            lambda message: matching.deliver(room, message, "Irecv", self._rank_of(message.source)), room)
 
     def Sendrecv(self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> None:
@@ -391,13 +366,9 @@ class Comm:
         """The ranks that gave the same ``color``, ordered by ``key`` and then by their rank here, as a
         communicator of their own (collective: every rank calls it); ``MPI.UNDEFINED`` joins none and gets
         ``MPI.COMM_NULL``."""
-        for value, name in ((color, "color"), (key, "key")):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise MPIException(ERR_ARG, f"Split: {name} {value!r} is not an int")
-        if color < 0 and color != UNDEFINED:
-            raise MPIException(ERR_ARG, f"Split: color {color} is negative: a color is an int from 0, or "
-                                        "MPI.UNDEFINED")
-        return self._split(None if color == UNDEFINED else int(color), int(key), "Split")
+        if not is_int(color) or (color < 0 and color != UNDEFINED):
+            raise MPIException(ERR_ARG, f"Split: color {color!r} is not a color: an int from 0, or MPI.UNDEFINED")
+        return self._split(None if color == UNDEFINED else int(color), key, "Split")
 
     def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Comm:
         """``Split`` by host: with ``MPI.COMM_TYPE_SHARED``, the ranks on this rank's host (as programs find
@@ -407,15 +378,15 @@ class Comm:
         if split_type != COMM_TYPE_SHARED:
             raise MPIException(ERR_ARG, f"Split_type: split type {split_type!r} is not provided: "
                                         "MPI.COMM_TYPE_SHARED (the ranks of one host) is")
-        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
-            raise MPIException(ERR_ARG, f"Split_type: key {key!r} is not an int")
         membership = getattr(current_fabric(), "membership", None)  # (none for a job of one instance)
-        return self._split("host " + (membership.me.host_id if membership is not None else ""), int(key), "Split_type")
+        return self._split("host " + (membership.me.host_id if membership is not None else ""), key, "Split_type")
 
     def _split(self, color: Any, key: int, what: str) -> Comm:
         """The communicator of the ranks whose ``color`` equals ours (None: none, ``COMM_NULL``): one allgather
         here, as MPI's split is collective, and a context of its own for its messages."""
-        everyone = self.allgather((color, key))
+        if not is_int(key):
+            raise MPIException(ERR_ARG, f"{what}: key {key!r} is not an int")
+        everyone = self.allgather((color, int(key)))
         self._dups += 1
         orders = {c: [rank for _, rank in sorted((k, rank) for rank, (c2, k) in enumerate(everyone) if c2 == c)]
                   for c, _ in everyone if c is not None}

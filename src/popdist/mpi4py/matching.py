@@ -15,12 +15,12 @@ import bisect
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from popdist.backend import current_fabric, fabric_place
-from popdist.mpi4py.specs import ANY_TAG
+from popdist.mpi4py.specs import ANY_TAG, ERR_TRUNCATE, MPIException
 
 #: The envelope at the front of a message's first fabric message: tag, byte count, communicator's context.
 _ENVELOPE = struct.Struct("=3q")
@@ -178,6 +178,37 @@ def _take(source: int) -> None:
         _arrive(Message(context, source, tag, fabric.recv(np.empty(nbytes, np.uint8), source)))
     else:
         _arrive(Message(context, source, tag, fabric.recv(room, source, out=room), placed=True))
+
+
+def all_to_all(instances: Sequence[int], me: int, context: int, blocks: Sequence[np.ndarray],
+               rooms: Sequence[np.ndarray | None], what: str) -> list[Message]:
+    """Block k (bytes) to ``instances[k]`` and its block for us (into ``rooms[k]`` when it fits), as messages in
+    ``context``: receives posted first, sends in turn from the one after us (``me``) on, so that no instance is
+    everyone's first, then every receive taken. A peer that called a collective meanwhile is the fabric's
+    ``CollectiveMismatchError``, as in a collective."""
+    receives = [post(context, [instance], 0, room) for instance, room in zip(instances, rooms)]
+    for k in [*range(me + 1, len(instances)), *range(me + 1)]:
+        send(blocks[k], context, 0, instances[k])
+    try:
+        while any(receive.message is None for receive in receives):
+            progress([receive for receive in receives if receive.message is None], True, what)
+    except BaseException:
+        for receive in receives:
+            withdraw(receive)
+        raise
+    return [receive.message for receive in receives]  # type: ignore[misc]  # (each has its message now)
+
+
+def deliver(room: np.ndarray, message: Message, what: str, sender: int) -> None:
+    """A message's bytes into the start of a receive buffer's (bytes), which must have room (MPI_ERR_TRUNCATE),
+    unless they were received there already (``Message.placed``)."""
+    data = message.data
+    if message.placed:
+        return
+    if data.size > room.size:
+        raise MPIException(ERR_TRUNCATE, f"{what}: message truncated: rank {sender} sent {data.size} bytes, the "
+                           f"receive buffer holds {room.size}")
+    room[:data.size] = data
 
 
 def _room_for(context: int, source: int, tag: int, nbytes: int) -> np.ndarray | None:

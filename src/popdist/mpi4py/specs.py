@@ -20,6 +20,11 @@ _ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_COMM: "MPI_ERR_COMM", ERR_RANK: "MPI
                 ERR_TRUNCATE: "MPI_ERR_TRUNCATE", ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
 
 
+def is_int(value: Any) -> bool:
+    """An int as MPI's arguments take one (a NumPy integer too, a bool not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 class MPIException(RuntimeError):
     """``MPI.Exception``: an error of an MPI call, with its error class (``error_code``), as mpi4py raises."""
 
