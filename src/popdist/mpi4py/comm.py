@@ -49,6 +49,7 @@ from popdist.mpi4py.specs import (
     fill_status,
     is_int,
 )
+from popdist.mpi4py.vectors import VectorCollectives
 from popdist.ragged import allgather_objects, broadcast_object
 
 
@@ -69,7 +70,7 @@ def _unpickled(message: matching.Message) -> Any:
 FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
-class Comm:
+class Comm(VectorCollectives):
     """A communicator: ``members`` are instance indices in rank order (None: every instance)."""
 
     def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD", context: int = 0) -> None:
