@@ -119,6 +119,29 @@ def test_horovod_under_the_pytest_marker() -> None:
 
 
 @pytest.mark.poprun(num_instances=2)
+def test_mpi4py_messages_and_splits_under_the_pytest_marker() -> None:
+    """The marker's instances (forked) start with no message state of the parent's: a ping-pong of a small
+    object and of a 256 KiB buffer (received straight into it), a local communicator, an alltoall."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    other = 1 - comm.rank
+    for k in range(50):
+        if comm.rank == 0:
+            comm.send(k, dest=1)
+            assert comm.recv(source=1) == k + 1
+        else:
+            comm.send(comm.recv(source=0) + 1, dest=0)
+    buffer = np.full(1 << 15, float(comm.rank))
+    comm.Sendrecv(buffer.copy(), dest=other, recvbuf=buffer, source=other)
+    assert set(buffer.tolist()) == {float(other)}
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    assert (local.Get_rank(), local.Get_size()) == (comm.rank, 2)
+    assert comm.alltoall([f"{comm.rank}->{k}" for k in range(2)]) == [f"{k}->{comm.rank}" for k in range(2)]
+
+
+@pytest.mark.poprun(num_instances=2)
 def test_horovod_fast_path_gives_the_general_paths_bits() -> None:
     """The common call (a float CPU tensor, no scaling, compression or gradient to track, strided or not) skips
     the general path's conversions: it must give the same bits, dtype and device, and leave every other call
