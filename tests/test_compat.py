@@ -384,6 +384,18 @@ def test_vector_collectives_put_each_ranks_block_in_its_place(transport: str) ->
     assert [by_rank[r]["scatterv"] for r in range(3)] == [[3, 0.0, 2.0], [1, 3.0, 3.0], [16384, 4.0, 16387.0]]
 
 
+def test_prefix_reductions_reduce_each_ranks_prefix_in_rank_order() -> None:
+    """scan/exscan of objects, Scan/Exscan of buffers (Exscan leaves rank 0's as it was), Scan in place.
+    Before: NotProvidedError."""
+    by_rank = records(run_poprun(*job(3), *python_program("mpi_scans.py")))
+    assert [by_rank[r]["scan"] for r in range(3)] == [1, 3, 6]
+    assert [by_rank[r]["scan_max"] for r in range(3)] == [10, 10, 10]
+    assert [by_rank[r]["exscan"] for r in range(3)] == [None, 1, 3]
+    assert [by_rank[r]["Scan"] for r in range(3)] == [[1.0, 0.0], [3.0, 2.0], [6.0, 6.0]]
+    assert [by_rank[r]["Scan_in_place"] for r in range(3)] == [[1.0, 0.0], [3.0, 2.0], [6.0, 6.0]]
+    assert [by_rank[r]["Exscan_prod"] for r in range(3)] == [[-1.0, -1.0], [1.0, 0.0], [2.0, 0.0]]
+
+
 def test_a_master_receives_from_any_source_after_its_workers_have_exited() -> None:
     result = run_poprun(*job(3), *python_program("mpi_workers_finish_first.py"))
     assert lines_of(result) == ["[(1, 100), (2, 200)]"]  # (PeerLostError for the first worker gone, before)

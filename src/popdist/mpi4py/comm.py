@@ -27,6 +27,7 @@ import numpy as np
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import matching
 from popdist.mpi4py.requests import Request, completed
+from popdist.mpi4py.scans import PrefixReductions
 from popdist.mpi4py.specs import (
     ANY_SOURCE,
     ANY_TAG,
@@ -70,7 +71,7 @@ def _unpickled(message: matching.Message) -> Any:
 FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
-class Comm(VectorCollectives):
+class Comm(VectorCollectives, PrefixReductions):
     """A communicator: ``members`` are instance indices in rank order (None: every instance)."""
 
     def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD", context: int = 0) -> None:

@@ -1,0 +1,43 @@
+"""The prefix reductions, ``scan``/``Scan`` (rank r gets the reduction of ranks 0 to r) and
+``exscan``/``Exscan`` (of ranks 0 to r - 1; rank 0 gets nothing, its buffer left as it was, as MPI leaves it
+undefined). Every rank's contribution is gathered, and each rank reduces its prefix in rank order, so the
+bits are the same whatever the timing, as the other reductions'.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from popdist.backend import current_fabric
+from popdist.mpi4py.specs import IN_PLACE, SUM, Op, buffer_of, fill
+
+
+class PrefixReductions:
+    """``Comm``'s prefix reductions (see the module docstring)."""
+
+    if TYPE_CHECKING:  # (what they use of ``Comm``)
+        def Get_rank(self) -> int: ...
+        def _group(self) -> tuple[int, ...] | None: ...
+        def allgather(self, sendobj: Any) -> list[Any]: ...
+
+    def scan(self, sendobj: Any, op: Op | None = None) -> Any:
+        return functools.reduce(op or SUM, self.allgather(sendobj)[:self.Get_rank() + 1])
+
+    def exscan(self, sendobj: Any, op: Op | None = None) -> Any:
+        everyone = self.allgather(sendobj)
+        return functools.reduce(op or SUM, everyone[:self.Get_rank()]) if self.Get_rank() else None
+
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
+        self._prefix(sendbuf, recvbuf, op, self.Get_rank() + 1, "Scan")
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
+        self._prefix(sendbuf, recvbuf, op, self.Get_rank(), "Exscan")
+
+    def _prefix(self, sendbuf: Any, recvbuf: Any, op: Op | None, ranks: int, what: str) -> None:
+        """The reduction of the first ``ranks`` ranks' buffers into ``recvbuf`` (none: left as it was)."""
+        recv = buffer_of(recvbuf, what, receives=True)
+        send = recv.copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, what)
+        gathered = current_fabric().allgather(send, self._group())
+        if ranks:
+            fill(recv, functools.reduce(op or SUM, list(gathered[:ranks])), what)
