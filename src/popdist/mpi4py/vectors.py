@@ -35,7 +35,7 @@ def vector_of(spec: Any, size: int, what: str, receives: bool = False) -> tuple[
                      else [sum(counts[:k]) for k in range(size)])
     flat = buffer_of([buffer, datatype] if datatype is not None else buffer, what, receives)
     places = [slice(at, at + count) for at, count in zip(displacements, counts)]
-    if any(at < 0 or place.stop > flat.size for at, place in zip(displacements, places)):
+    if any(place.stop > flat.size for place in places):
         raise ValueError(f"{what}: the counts and displacements reach past the buffer's {flat.size} items")
     return flat, places
 
