@@ -59,7 +59,7 @@ class Receive:
     #: received straight into it (one copy fewer, and no new array to fault in).
     room: np.ndarray | None = None
     #: A blocking receive of an object, unpickled as soon as it is matched: such a message (up to
-    #: ``SCRATCH_BYTES``) is received into this process's scratch buffer (``_scratch_room``).
+    #: ``SCRATCH_BYTES``) is received into this process's scratch buffer (``_room_for``).
     scratch: bool = False
 
     def accepts(self, message: Message) -> bool:
