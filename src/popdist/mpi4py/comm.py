@@ -26,6 +26,7 @@ import numpy as np
 
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import matching
+from popdist.mpi4py.alltoall import AllToAll
 from popdist.mpi4py.requests import Request, completed
 from popdist.mpi4py.scans import PrefixReductions
 from popdist.mpi4py.specs import (
@@ -53,25 +54,11 @@ from popdist.mpi4py.specs import (
 from popdist.mpi4py.vectors import VectorCollectives
 from popdist.ragged import allgather_objects, broadcast_object
 
-
-def _pickled(obj: Any) -> np.ndarray:
-    import pickle
-
-    return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
-
-
-def _unpickled(message: matching.Message) -> Any:
-    import pickle
-
-    # (no copy of the bytes first: ``loads`` reads the array's buffer, and copies what it keeps)
-    return pickle.loads(message.data.data)  # noqa: S301 - from this job's own instances only (popdist.ragged)
-
-
 #: What a receive from ``PROC_NULL`` says in its status: no source, no tag, nothing.
 FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
-class Comm(VectorCollectives, PrefixReductions):
+class Comm(AllToAll, VectorCollectives, PrefixReductions):
     """A communicator: ``members`` are instance indices in rank order (None: every instance)."""
 
     def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD", context: int = 0) -> None:
@@ -130,32 +117,17 @@ class Comm(VectorCollectives, PrefixReductions):
     def allreduce(self, sendobj: Any, op: Op | None = None) -> Any:
         return functools.reduce(op or SUM, self.allgather(sendobj))
 
-    def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
-        """Item k of ``sendobj`` to rank k; item k of the result from rank k (collective)."""
-        size = self.Get_size()
-        if sendobj is None or len(sendobj) != size:
-            raise ValueError(f"alltoall: every rank gives a sequence of {size} objects, one for each rank")
-        received = self._all_to_all([_pickled(obj) for obj in sendobj], [None] * size, "alltoall")
-        return [_unpickled(message) for message in received]
-
-    def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
-                    what: str) -> list[matching.Message]:
-        """``matching.all_to_all`` among this communicator's ranks, in a context of its collectives (messages'
-        contexts are from 0: the user's never match these)."""
-        instances = [self._instance(k, what) for k in range(self.Get_size())]
-        return matching.all_to_all(instances, self.Get_rank(), -2 - self._context, blocks, rooms, what)
-
     def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
         result = self.allreduce(sendobj, op)
         return result if self.Get_rank() == root else None
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """MPI's standard send: returns once the message is on its way (see the module docstring)."""
-        self._send_bytes(_pickled(obj), dest, tag, "send")
+        self._send_bytes(matching.pickled(obj), dest, tag, "send")
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> Any:
         message = self._received(source, tag, "recv", status, scratch=True)
-        return None if message is None else _unpickled(message)  # (before anything else may use the scratch)
+        return None if message is None else matching.unpickled(message)  # (before anything else may use the scratch)
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         """``send``, returning its request: complete already, as the message is on its way."""
@@ -164,7 +136,7 @@ class Comm(VectorCollectives, PrefixReductions):
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """A receive posted now; its request's ``wait`` returns the object."""
-        return self._posted(source, tag, "irecv", _unpickled)
+        return self._posted(source, tag, "irecv", matching.unpickled)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE,
                  recvtag: int = ANY_TAG, status: Status | None = None) -> Any:
@@ -300,24 +272,6 @@ class Comm(VectorCollectives, PrefixReductions):
             send = np.empty(shape, recv.dtype)
         everything = current_fabric().broadcast(send, self._instance(root, "Scatter"), self._group())
         fill(recv, everything[self.Get_rank()], "Scatter")
-
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Block k of ``sendbuf`` (its items split into as many equal blocks as ranks) to rank k; rank k's block
-        for us into block k of ``recvbuf`` (collective)."""
-        if sendbuf is IN_PLACE:
-            raise NotProvidedError("Alltoall with MPI.IN_PLACE is not provided by poprun-py's mpi4py: pass the "
-                                   "send buffer and a receive buffer apart from it")
-        size = self.Get_size()
-        send = buffer_of(sendbuf, "Alltoall").view(np.uint8)
-        recv = buffer_of(recvbuf, "Alltoall", receives=True).view(np.uint8)
-        if send.size % size or recv.size != send.size:
-            raise ValueError(f"Alltoall: the send buffer's {send.size} bytes must split into {size} equal blocks, "
-                             f"and the receive buffer must hold as many ({recv.size})")
-        block = send.size // size
-        parts = [slice(k * block, (k + 1) * block) for k in range(size)]
-        received = self._all_to_all([send[part] for part in parts], [recv[part] for part in parts], "Alltoall")
-        for part, message in zip(parts, received):
-            matching.deliver(recv[part], message, "Alltoall", 0)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """``send``'s standard mode, of the buffer's bytes."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import bisect
 import os
+import pickle
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -178,6 +179,17 @@ def _take(source: int) -> None:
         _arrive(Message(context, source, tag, fabric.recv(np.empty(nbytes, np.uint8), source)))
     else:
         _arrive(Message(context, source, tag, fabric.recv(room, source, out=room), placed=True))
+
+
+def pickled(obj: Any) -> np.ndarray:
+    """An object as the bytes of a message (``send``'s, ``alltoall``'s)."""
+    return np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8)
+
+
+def unpickled(message: Message) -> Any:
+    """The object a message carries. (No copy of the bytes first: ``loads`` reads the array's buffer, and
+    copies what it keeps, so the scratch buffer may be used again at once.)"""
+    return pickle.loads(message.data.data)  # noqa: S301 - from this job's own instances only (popdist.ragged)
 
 
 def all_to_all(instances: Sequence[int], me: int, context: int, blocks: Sequence[np.ndarray],
