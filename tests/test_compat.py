@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -340,6 +341,9 @@ def test_split_communicators_hold_their_ranks_collectives_and_messages() -> None
     assert [by_rank[r].get("world_message") for r in (2, 3)] == ["world from 0", "world from 1"]
     assert by_rank[3]["left_out"] is True and by_rank[3]["null_call"] is True
     assert [by_rank[r]["rest"] for r in range(3)] == [[3, "root 0"]] * 3
+    assert [by_rank[r]["joined"] for r in range(4)] == [True, True, True, False]  # (was True for COMM_NULL)
+    for out in by_rank.values():  # a freed communicator is COMM_NULL; the world and COMM_NULL cannot be freed
+        assert out["freed"] == [True, False] and out["free_errors"] == [True] * 4 and out["with_info"] == 4
 
 
 def test_a_split_whose_keys_reorder_the_ranks_stops_with_a_clear_error() -> None:
@@ -361,13 +365,28 @@ def test_alltoall_sends_each_rank_its_own_block(instances: int, transport: str) 
         assert out["Alltoall_4"] == out["Alltoall_32768"] == [[k * 100.0 + r] for k in range(instances)]
         assert out["user_message"] == f"user message from {(r - 1) % instances}"
         assert out["split"] == [[k, r // 2] for k in range(r % 2, instances, 2)]
+        # a spec's count is one rank's (2 items for each rank); before, the whole buffer's
+        assert out["Alltoall_counted"] == [*[v for k in range(instances) for v in (k * 100 + 2 * r, k * 100 + 2 * r + 1)], -1]
+        assert out["Allgather_counted"] == [*[v for k in range(instances) for v in (k * 100, k * 100 + 1)], -1]
+    last = instances - 1  # its blocks are larger: the others' receive names it (before: rank 0)
+    for r in range(last):
+        assert by_rank[r]["truncated"] == f"Alltoall: message truncated: rank {last} sent 16 bytes, the receive " \
+                                          "buffer holds 8 (MPI_ERR_TRUNCATE)"
+    assert by_rank[last]["truncated"] is None
 
 
-def test_an_alltoall_against_a_barrier_stops_the_job_naming_both_calls() -> None:
-    result = run_poprun(*job(3), *python_program("mpi_alltoall.py", "mismatch"))
+@pytest.mark.parametrize(("argument", "named"), [
+    ("mismatch", r"instance 0 waits for a message from instance\(s\) 1, 2 but instance 1 called barrier and "
+                 r"instance 2 called barrier first"),
+    ("exchange", r"(Alltoall: rank [12] called Scatterv\(root=0\) where rank 0 called Alltoall"
+                 r"|Scatterv: rank 0 called Alltoall where rank [12] called Scatterv\(root=0\))"),
+])
+def test_an_alltoall_against_another_call_stops_the_job_naming_both_calls(argument: str, named: str) -> None:
+    """Against a Barrier; against a Scatterv, whose messages are in the same context (before: rank 0 took the
+    Scatterv's blocks for its own, and the job ended with 0)."""
+    result = run_poprun(*job(3), *python_program("mpi_alltoall.py", argument))
     assert result.returncode != 0
-    assert "CollectiveMismatchError: instance 0 waits for a message from instance(s) 1, 2 but instance 1 called " \
-           "barrier and instance 2 called barrier first" in result.stderr.decode()
+    assert re.search("CollectiveMismatchError: " + named, result.stderr.decode())
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
@@ -380,6 +399,9 @@ def test_vector_collectives_put_each_ranks_block_in_its_place(transport: str) ->
     for out in by_rank.values():
         assert out["allgatherv"] == out["allgatherv_in_place"] == packed
         assert out["allgatherv_displaced"] == [0.0, -1.0, 1.0, 1.0, -1.0, 2.0, 2.0, 2.0, -1.0]
+        assert out["allgatherv_even"] == [0.0, 0.0, 1.0, 2.0]  # (before: IndexError)
+        assert out["allgatherv_strided"] == [0.0, -1.0, 1.0, -1.0, 2.0, -1.0]
+        assert out["allgatherv_alike"] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
     assert by_rank[1]["gatherv"] == packed and "gatherv" not in by_rank[0]
     assert [by_rank[r]["scatterv"] for r in range(3)] == [[3, 0.0, 2.0], [1, 3.0, 3.0], [16384, 4.0, 16387.0]]
 
@@ -394,6 +416,7 @@ def test_prefix_reductions_reduce_each_ranks_prefix_in_rank_order() -> None:
     assert [by_rank[r]["Scan"] for r in range(3)] == [[1.0, 0.0], [3.0, 2.0], [6.0, 6.0]]
     assert [by_rank[r]["Scan_in_place"] for r in range(3)] == [[1.0, 0.0], [3.0, 2.0], [6.0, 6.0]]
     assert [by_rank[r]["Exscan_prod"] for r in range(3)] == [[-1.0, -1.0], [1.0, 0.0], [2.0, 0.0]]
+    assert [by_rank[r]["own_object"] for r in range(3)] == [[False] * 4] * 3  # (scan and allreduce were True)
 
 
 def test_a_master_receives_from_any_source_after_its_workers_have_exited() -> None:
@@ -536,6 +559,27 @@ def test_horovod_example_trains_in_step_and_checkpoints_on_instance_0(tmp_path: 
     assert finals[0].split(": weights ")[1].startswith(str(learnt))
 
 
+def test_a_buffer_spec_is_read_as_mpi4py_reads_it() -> None:
+    """Every form of mpi4py's ``message_simple``; a collective's count is one rank's. Before, ``[buffer, count]``
+    sent the whole buffer, a displacement was taken for a datatype, and ``Alltoall`` read 2 items for all ranks."""
+    import numpy as np
+
+    from popdist.mpi4py.specs import buffer_of
+
+    items = np.arange(10, dtype=np.int32)
+    assert buffer_of([items, 3], "Send").tolist() == [0, 1, 2]
+    assert buffer_of([items, (3, 2)], "Send").tolist() == [2, 3, 4]
+    assert buffer_of([items, [3, 2], "i"], "Send").tolist() == [2, 3, 4]  # (a NumPy type code, as mpi4py's)
+    assert buffer_of([items, 2, 1, "i"], "Send").tolist() == [1, 2]
+    assert buffer_of([items, 2, "i"], "Alltoall", blocks=3).tolist() == [0, 1, 2, 3, 4, 5]
+    assert buffer_of([items, "i"], "Alltoall", blocks=3).size == 10  # (no count: all of it, split by the call)
+    with pytest.raises(ValueError, match=r"^Alltoall: count 4 for each of 3 ranks from item 0 is more than the "
+                                         r"buffer's 10 items"):
+        buffer_of([items, 4, "i"], "Alltoall", blocks=3)
+    with pytest.raises(ValueError, match=r"^Send: a buffer spec is a buffer or a list of 2 to 4 items"):
+        buffer_of([items], "Send")
+
+
 def test_a_vector_spec_is_read_as_mpi4py_reads_it_and_a_wrong_one_says_what_one_is() -> None:
     import numpy as np
 
@@ -545,8 +589,12 @@ def test_a_vector_spec_is_read_as_mpi4py_reads_it_and_a_wrong_one_says_what_one_
     flat, places = vector_of([np.zeros(6), ([1, 2], [4, 0])], 2, "Allgatherv")
     assert flat.size == 6 and places == [slice(4, 5), slice(0, 2)]
     assert vector_of([np.zeros(6), [1, 2]], 2, "Gatherv")[1] == [slice(0, 1), slice(1, 3)]  # (running sum)
-    with pytest.raises(MPIException, match=r"^Allgatherv: a vector buffer is \[buffer, counts\]"):
-        vector_of(np.zeros(4), 2, "Allgatherv")
+    assert vector_of(np.zeros(5), 2, "Allgatherv")[1] == [slice(0, 3), slice(3, 5)]  # (no counts: split evenly)
+    assert vector_of([np.zeros(6), 2], 3, "Allgatherv")[1] == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    assert vector_of([np.zeros(6), (1, 3), None], 2, "Allgatherv")[1] == [slice(0, 1), slice(3, 4)]  # (strided)
+    with pytest.raises(ValueError, match=r"^Allgatherv: a tuple in a buffer spec is \(count, displacement\), "
+                                         r"here 3 items"):
+        vector_of([np.zeros(6), (1, 2, 3)], 3, "Allgatherv")
     with pytest.raises(MPIException, match=r"^Gatherv: counts must be 2 ints from 0, one for each rank"):
         vector_of([np.zeros(4), [1]], 2, "Gatherv")
     with pytest.raises(ValueError, match=r"^Scatterv: the counts and displacements reach past the buffer's 4 items"):

@@ -66,22 +66,23 @@ def _pickled(obj: Any) -> bytes:
 
 
 def broadcast_object(obj: Any, root: int, group: Sequence[int] | None = None,
-                     dumps: Callable[[Any], bytes] = _pickled) -> Any:
+                     dumps: Callable[[Any], bytes] = _pickled, copied: bool = False) -> Any:
     """The root's ``obj`` on every member, pickled by ``dumps`` (see the module docstring for why unpickling is
-    safe here)."""
+    safe here); the root gets ``obj`` itself, or with ``copied`` a copy of it, as mpi4py's ``bcast`` does."""
     fabric = current_fabric()
     data = dumps(obj) if fabric.instance == root else None
     received = broadcast_bytes(data, root, group)
-    return obj if fabric.instance == root else pickle.loads(received)  # noqa: S301 - the job's own instances
+    return obj if fabric.instance == root and not copied else pickle.loads(received)  # noqa: S301 - the job's own
 
 
 def allgather_objects(obj: Any, group: Sequence[int] | None = None,
-                      dumps: Callable[[Any], bytes] = _pickled) -> list[Any]:
-    """Every member's ``obj``, pickled by ``dumps``, in member order (this member's own object is not copied)."""
+                      dumps: Callable[[Any], bytes] = _pickled, copied: bool = False) -> list[Any]:
+    """Every member's ``obj``, pickled by ``dumps``, in member order (this member's own object is not copied
+    unless ``copied``: mpi4py's ``allgather`` copies it, so a result never aliases the caller's object)."""
     fabric = current_fabric()
     members = _group(group)
     blobs = allgather_bytes(dumps(obj), members)
-    mine = list(members).index(fabric.instance) if members else fabric.instance
+    mine = -1 if copied else (list(members).index(fabric.instance) if members else fabric.instance)
     return [obj if k == mine else pickle.loads(blob) for k, blob in enumerate(blobs)]  # noqa: S301
 
 

@@ -1,6 +1,8 @@
 """mpi4py's all-to-all (3 or more instances): ``alltoall`` of objects, ``Alltoall`` of small and large
-blocks, both beside a user's message with the same tag, and on a ``Split`` communicator. Each rank prints its
-results as JSON. With the argument ``mismatch``, rank 0 calls ``alltoall`` while the others call ``Barrier``."""
+blocks, both beside a user's message with the same tag, and on a ``Split`` communicator; ``Alltoall`` and
+``Allgather`` with a count in the spec (one rank's, as MPI's); an ``Alltoall`` whose last rank sends larger
+blocks. Each rank prints its results as JSON. With the argument ``mismatch``, rank 0 calls ``alltoall`` while
+the others call ``Barrier``; with ``exchange``, rank 0 calls ``Alltoall`` while the others call ``Scatterv``."""
 
 import json
 import sys
@@ -16,6 +18,12 @@ if sys.argv[1:] == ["mismatch"]:
     else:
         comm.Barrier()
     sys.exit(0)
+if sys.argv[1:] == ["exchange"]:
+    if r == 0:
+        comm.Alltoall(np.zeros(n), np.zeros(n))
+    else:
+        comm.Scatterv(None, np.zeros(1), root=0)
+    sys.exit(0)
 
 out = {"rank": r, "size": n}
 comm.send(f"user message from {r}", dest=(r + 1) % n, tag=0)  # (tag 0, as the all-to-all's own messages)
@@ -26,6 +34,19 @@ for count in (4, 1 << 15):  # (8-byte items: 32 B and 256 KiB blocks)
     comm.Alltoall(send, recv)
     out[f"Alltoall_{count}"] = [sorted(set(row.tolist())) for row in recv]
 out["user_message"] = comm.recv(source=(r - 1) % n, tag=0)
+counted = np.arange(2 * n + 1, dtype=np.int32) + 100 * r  # (one item more than the spec's count takes)
+into = np.full(2 * n + 1, -1, dtype=np.int32)
+comm.Alltoall([counted, 2, MPI.INT], [into, 2, MPI.INT])  # (2 items for each rank)
+out["Alltoall_counted"] = into.tolist()
+into[:] = -1
+comm.Allgather([counted, 2, MPI.INT], [into, 2, MPI.INT])
+out["Allgather_counted"] = into.tolist()
+larger = 2 if r == n - 1 else 1
+try:
+    comm.Alltoall(np.zeros(n * larger), np.zeros(n * larger))
+    out["truncated"] = None
+except MPI.Exception as exc:
+    out["truncated"] = str(exc)
 half = comm.Split(color=r % 2, key=r)
 out["split"] = half.alltoall([(r, k) for k in range(half.Get_size())])
 comm.Barrier()

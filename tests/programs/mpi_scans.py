@@ -1,5 +1,6 @@
 """mpi4py's prefix reductions (3 instances): ``scan``/``exscan`` of objects (the default sum, and MAX),
-``Scan``/``Exscan`` of buffers (and ``Scan`` in place). Each rank prints its results as JSON."""
+``Scan``/``Exscan`` of buffers (and ``Scan`` in place); the lowercase calls' results are never the caller's
+own object, as mpi4py's are not. Each rank prints its results as JSON."""
 
 import json
 
@@ -22,4 +23,7 @@ out["Exscan_prod"] = before.tolist()
 in_place = mine.copy()
 comm.Scan(MPI.IN_PLACE, in_place)
 out["Scan_in_place"] = in_place.tolist()
+mutable = [r]
+out["own_object"] = [comm.scan(mutable, op=MPI.MAX) is mutable, comm.allreduce(mutable, op=MPI.MAX) is mutable,
+                     comm.allgather(mutable)[r] is mutable, comm.bcast(mutable, root=0) is mutable]
 print(json.dumps(out), flush=True)

@@ -1,7 +1,8 @@
 """Communicators made by splitting COMM_WORLD, as MPI programs find their local rank and their groups
 (4 instances on one host): ``Split_type(COMM_TYPE_SHARED)``, ``Split`` by parity, one rank left out
-(``MPI.UNDEFINED``: ``COMM_NULL``), and collectives and messages inside each. Each rank prints its results
-as JSON. With the argument ``reversed``, a ``Split`` whose keys reverse the ranks' order (not provided)."""
+(``MPI.UNDEFINED``: ``COMM_NULL``), and collectives and messages inside each; a freed communicator, and
+what may not be freed. Each rank prints its results as JSON. With the argument ``reversed``, a ``Split``
+whose keys reverse the ranks' order (not provided)."""
 
 import json
 import sys
@@ -34,6 +35,7 @@ if parity.Get_rank() == 1:
     out["world_message"] = comm.recv(source=MPI.ANY_SOURCE, tag=7)
 
 left_out = comm.Split(MPI.UNDEFINED if r == n - 1 else 0, key=0)
+out["joined"] = bool(left_out)  # (the idiom ``if comm:``: false for COMM_NULL)
 if r == n - 1:
     out["left_out"] = left_out == MPI.COMM_NULL
     try:
@@ -42,5 +44,16 @@ if r == n - 1:
         out["null_call"] = exc.Get_error_class() == MPI.ERR_COMM
 else:
     out["rest"] = [left_out.Get_size(), left_out.bcast(f"root {r}", root=0)]
+copy = comm.Dup()
+copy.Free()
+out["freed"] = [copy == MPI.COMM_NULL, bool(copy)]
+errors = []
+for call in (comm.Free, MPI.COMM_NULL.Free, MPI.COMM_NULL.Dup, copy.Barrier):
+    try:
+        call()
+    except MPI.Exception as exc:
+        errors.append(exc.Get_error_class() == MPI.ERR_COMM)
+out["free_errors"] = errors
+out["with_info"] = comm.Split_type(MPI.COMM_TYPE_SHARED, key=r, info=MPI.INFO_NULL).Get_size()
 comm.Barrier()
 print(json.dumps(out), flush=True)

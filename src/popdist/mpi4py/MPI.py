@@ -44,8 +44,8 @@ from popdist.mpi4py.specs import (
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "BOOL", "BYTE", "CHAR", "COMM_NULL", "COMM_SELF", "COMM_TYPE_SHARED", "COMM_WORLD",
     "Comm", "DOUBLE", "Datatype", "ERR_ARG", "ERR_COMM", "ERR_IN_STATUS", "ERR_RANK", "ERR_TAG", "ERR_TRUNCATE",
-    "Exception", "FLOAT", "Finalize", "Get_processor_name", "Get_version", "INT", "INT16_T", "INT32_T", "INT64_T",
-    "INT8_T", "IN_PLACE", "Init",
+    "Exception", "FLOAT", "Finalize", "Get_processor_name", "Get_version", "INFO_NULL", "INT", "INT16_T", "INT32_T",
+    "INT64_T", "INT8_T", "IN_PLACE", "Init",
     "Intracomm", "Is_finalized", "Is_initialized", "LONG", "LONG_LONG", "MAX", "MIN", "NotProvidedError", "Op",
     "PROC_NULL", "PROD", "Query_thread", "REQUEST_NULL", "Request", "SHORT", "SUM", "Status", "THREAD_MULTIPLE",
     "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR",
@@ -82,6 +82,19 @@ class _SelfComm(Comm):
 
 
 COMM_SELF = _SelfComm(None, "MPI_COMM_SELF", 1)
+
+
+class _NoInfo:
+    """``MPI.INFO_NULL``: no hints, what programs pass where a call takes an ``Info`` (``Split_type``)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<mpi4py.MPI.Info INFO_NULL (poprun-py)>"
+
+
+INFO_NULL = _NoInfo()
 
 BYTE = Datatype("BYTE", "u1")
 CHAR = Datatype("CHAR", "i1")

@@ -1,6 +1,11 @@
 """``alltoall`` and ``Alltoall``: each rank's block for rank k travels as a message (``matching.all_to_all``)
 in a context of the communicator's collectives: messages' contexts are from 0, so the user's never match these.
-Equal blocks only (``Alltoallv`` is not provided)."""
+Equal blocks only (``Alltoallv`` is not provided).
+
+Each exchange's messages carry a tag that names the call (and its root), so a rank that made another
+exchange (``Scatterv`` against ``Alltoall``, or another root) is named with both calls, on every rank,
+rather than taken for a block of this one.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,21 @@ import numpy as np
 
 from popdist.mpi4py import matching
 from popdist.mpi4py.specs import IN_PLACE, NotProvidedError, buffer_of
+from simipu.fabric.errors import CollectiveMismatchError
+
+#: The calls that exchange blocks as messages; a call's tag is its index here, plus as many for each root.
+EXCHANGES = ("alltoall", "Alltoall", "Scatterv")
+
+
+def exchange_tag(what: str, root: int = -1) -> int:
+    """The tag of a call's messages: which call, and its root (none: -1)."""
+    return EXCHANGES.index(what) + len(EXCHANGES) * (root + 1)
+
+
+def exchange_named(tag: int) -> str:
+    """The call that sent messages with ``tag`` (``exchange_tag``'s inverse), as a user would write it."""
+    what, root = EXCHANGES[tag % len(EXCHANGES)], tag // len(EXCHANGES) - 1
+    return what if root < 0 else f"{what}(root={root})"
 
 
 class AllToAll:
@@ -37,19 +57,26 @@ class AllToAll:
             raise NotProvidedError("Alltoall with MPI.IN_PLACE is not provided by poprun-py's mpi4py: pass the "
                                    "send buffer and a receive buffer apart from it")
         size = self.Get_size()
-        send = buffer_of(sendbuf, "Alltoall").view(np.uint8)
-        recv = buffer_of(recvbuf, "Alltoall", receives=True).view(np.uint8)
+        send = buffer_of(sendbuf, "Alltoall", blocks=size).view(np.uint8)
+        recv = buffer_of(recvbuf, "Alltoall", receives=True, blocks=size).view(np.uint8)
         if send.size % size or recv.size != send.size:
             raise ValueError(f"Alltoall: the send buffer's {send.size} bytes must split into {size} equal blocks, "
                              f"and the receive buffer must hold as many ({recv.size})")
         block = send.size // size
         parts = [slice(k * block, (k + 1) * block) for k in range(size)]
         received = self._all_to_all([send[part] for part in parts], [recv[part] for part in parts], "Alltoall")
-        for part, message in zip(parts, received):
-            matching.deliver(recv[part], message, "Alltoall", 0)
+        for k, (part, message) in enumerate(zip(parts, received)):
+            matching.deliver(recv[part], message, "Alltoall", k)
 
     def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
-                    what: str) -> list[matching.Message]:
-        """``matching.all_to_all`` among this communicator's ranks, in a context of its collectives."""
+                    what: str, root: int = -1) -> list[matching.Message]:
+        """``matching.all_to_all`` among this communicator's ranks, in a context of its collectives, with the
+        tag of call ``what`` (and ``root``); a rank whose messages say it made another call is named."""
         instances = [self._instance(k, what) for k in range(self.Get_size())]
-        return matching.all_to_all(instances, self.Get_rank(), -2 - self._context, blocks, rooms, what)
+        tag, me = exchange_tag(what, root), self.Get_rank()
+        received = matching.all_to_all(instances, me, -2 - self._context, blocks, rooms, tag, what)
+        for k, message in enumerate(received):
+            if message.tag != tag:
+                raise CollectiveMismatchError(f"{what}: rank {k} called {exchange_named(message.tag)} where rank "
+                                              f"{me} called {exchange_named(tag)}")
+        return received

@@ -100,10 +100,10 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
 
     # -- Python objects -----------------------------------------------------------------------------------
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
-        return broadcast_object(obj, self._instance(root, "bcast"), self._group())
+        return broadcast_object(obj, self._instance(root, "bcast"), self._group(), copied=True)
 
     def allgather(self, sendobj: Any) -> list[Any]:
-        return allgather_objects(sendobj, self._group())
+        return allgather_objects(sendobj, self._group(), copied=True)
 
     def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
         gathered = self.allgather(sendobj)
@@ -234,13 +234,13 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
             fill(recv, result, "Reduce")
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        recv = buffer_of(recvbuf, "Allgather", receives=True)
+        recv = buffer_of(recvbuf, "Allgather", receives=True, blocks=self.Get_size())
         send = self._own_block(recv, "Allgather") if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allgather")
         fill(recv, current_fabric().allgather(send, self._group()), "Allgather")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         is_root = self.Get_rank() == self._rank_checked(root, "Gather")
-        recv = buffer_of(recvbuf, "Gather", receives=True) if is_root else None
+        recv = buffer_of(recvbuf, "Gather", receives=True, blocks=self.Get_size()) if is_root else None
         if sendbuf is IN_PLACE:
             if recv is None:
                 raise ValueError("Gather: only the root may pass MPI.IN_PLACE")
@@ -263,7 +263,7 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
         recv = buffer_of(recvbuf, "Scatter", receives=True)
         shape = (self.Get_size(), *recv.shape)
         if self.Get_rank() == self._rank_checked(root, "Scatter"):
-            send = buffer_of(sendbuf, "Scatter")
+            send = buffer_of(sendbuf, "Scatter", blocks=self.Get_size())
             if send.size != recv.size * self.Get_size():
                 raise ValueError(f"Scatter: the root's buffer holds {send.size} elements, "
                                  f"{self.Get_size()} ranks x {recv.size} are needed")
@@ -363,7 +363,25 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
         return int.from_bytes(digest, "little") + 2
 
     def Free(self) -> None:
-        return None
+        """This communicator becomes ``MPI.COMM_NULL``, as mpi4py's handle does (COMM_WORLD's and COMM_SELF's
+        cannot be freed)."""
+        if self._context in (0, 1):
+            raise MPIException(ERR_COMM, f"Free: {self._name} is predefined and cannot be freed")
+        self.__class__ = _NullComm
+        self._name, self._members = "MPI_COMM_NULL", ()
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        """The same communicator (as mpi4py compares handles): its ranks and its messages' context."""
+        if not isinstance(other, Comm):
+            return NotImplemented
+        return isinstance(self, _NullComm) == isinstance(other, _NullComm) and (
+            isinstance(self, _NullComm) or (self._members, self._context) == (other._members, other._context))
+
+    def __hash__(self) -> int:
+        return hash(None if isinstance(self, _NullComm) else (self._members, self._context))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -376,12 +394,12 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
 
 
 class _NullComm(Comm):
-    """``MPI.COMM_NULL``: what a rank that joined no communicator of a split gets; any call on it raises
-    ``MPI.Exception`` with ``MPI.ERR_COMM``, as on MPI's."""
+    """``MPI.COMM_NULL``: what a rank that joined no communicator of a split gets, and what a communicator
+    becomes when freed; false, and any call on it raises ``MPI.Exception`` with ``MPI.ERR_COMM``, as MPI's."""
 
     def _null(self) -> Any:
-        raise MPIException(ERR_COMM, "a call on MPI.COMM_NULL, which holds no rank: this rank joined no "
-                                     "communicator of that split (its color was MPI.UNDEFINED)")
+        raise MPIException(ERR_COMM, "a call on MPI.COMM_NULL, which holds no rank: a communicator after its "
+                                     "Free(), or what a split gives a rank whose color was MPI.UNDEFINED")
 
     def _group(self) -> tuple[int, ...] | None:
         return self._null()
@@ -397,6 +415,17 @@ class _NullComm(Comm):
 
     def _instance(self, rank: int, what: str) -> int:
         return self._null()
+
+    def Dup(self) -> Comm:
+        return self._null()
+
+    Clone = Dup
+
+    def Free(self) -> None:
+        self._null()
+
+    def __bool__(self) -> bool:
+        return False
 
     def __repr__(self) -> str:
         return "<mpi4py.MPI.Comm MPI_COMM_NULL (poprun-py)>"

@@ -193,14 +193,15 @@ def unpickled(message: Message) -> Any:
 
 
 def all_to_all(instances: Sequence[int], me: int, context: int, blocks: Sequence[np.ndarray],
-               rooms: Sequence[np.ndarray | None], what: str) -> list[Message]:
+               rooms: Sequence[np.ndarray | None], tag: int, what: str) -> list[Message]:
     """Block k (bytes) to ``instances[k]`` and its block for us (into ``rooms[k]`` when it fits), as messages in
-    ``context``: receives posted first, sends in turn from the one after us (``me``) on, so that no instance is
+    ``context`` with ``tag``: receives posted first (of any tag, so that a peer in another exchange is seen:
+    the caller compares the tags), sends in turn from the one after us (``me``) on, so that no instance is
     everyone's first, then every receive taken. A peer that called a collective meanwhile is the fabric's
     ``CollectiveMismatchError``, as in a collective."""
-    receives = [post(context, [instance], 0, room) for instance, room in zip(instances, rooms)]
+    receives = [post(context, [instance], ANY_TAG, room) for instance, room in zip(instances, rooms)]
     for k in [*range(me + 1, len(instances)), *range(me + 1)]:
-        send(blocks[k], context, 0, instances[k])
+        send(blocks[k], context, tag, instances[k])
     try:
         while any(receive.message is None for receive in receives):
             progress([receive for receive in receives if receive.message is None], True, what)

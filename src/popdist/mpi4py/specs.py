@@ -1,9 +1,10 @@
 """What mpi4py's calls take and give besides communicators: reductions, datatypes, buffer specs (read and
 written as they lie in memory, as MPI's are), ``IN_PLACE``, ``Status``, and the errors.
 
-A buffer spec is a C- or Fortran-contiguous array (a non-contiguous one raises ``BufferError``, as in
-mpi4py), ``[buffer, datatype]`` or ``[buffer, count, datatype]`` (its first ``count`` items), or any object
-with the buffer protocol or DLPack's (a CPU torch tensor); ``buffer_of`` makes it a one-dimensional view.
+A buffer is a C- or Fortran-contiguous array (a non-contiguous one raises ``BufferError``, as in mpi4py),
+or any object with the buffer protocol or DLPack's (a CPU torch tensor). A buffer spec is a buffer, or a list
+of it with a count, a displacement and a datatype in mpi4py's forms (``spec_parts``); ``buffer_of`` makes it
+a one-dimensional view.
 """
 
 from __future__ import annotations
@@ -146,17 +147,81 @@ def fill_status(status: Status | None, fields: tuple[int, int, int]) -> None:
         status.error = 0
 
 
-def buffer_of(spec: Any, what: str, receives: bool = False) -> np.ndarray:
-    """The memory of a buffer spec as a one-dimensional array, in memory order, sharing it: an array, or
-    ``[buffer, datatype]`` / ``[buffer, count, datatype]``, or any object with the buffer protocol; one that
-    ``receives`` must be writable (checked before anything moves, as mpi4py does)."""
-    datatype, count = None, None
-    if isinstance(spec, (list, tuple)):
-        if not spec:
-            raise TypeError(f"{what}: an empty buffer spec")
-        if len(spec) == 3 and isinstance(spec[1], (int, np.integer)) and not isinstance(spec[1], bool):
-            count = int(spec[1])
-        spec, datatype = spec[0], spec[-1] if isinstance(spec[-1], Datatype) else None
+def spec_parts(spec: Any, what: str,
+               pairs: tuple[type, ...] = (tuple, list)) -> tuple[Any, Any, Any, Datatype | None]:
+    """A buffer spec's buffer, count, displacement and datatype (None where it gives none), read as mpi4py reads
+    its forms: a buffer, ``[buffer, datatype]``, ``[buffer, count]``, ``[buffer, (count, displacement)]``,
+    ``[buffer, count, datatype]``, ``[buffer, (count, displacement), datatype]``,
+    ``[buffer, count, displacement, datatype]``; a count of the ``pairs`` types is (count, displacement).
+    The vector collectives read every rank's counts and displacements in the same places, and only a tuple
+    there is the pair (a list is counts), as in mpi4py."""
+    if not isinstance(spec, (list, tuple)):
+        return spec, None, None, None
+    if len(spec) == 2:
+        buffer, second = spec
+        if isinstance(second, (Datatype, str)):
+            return buffer, None, None, datatype_of(second, what)
+        if isinstance(second, pairs):
+            return (buffer, *_pair(second, what), None)
+        return buffer, second, None, None
+    if len(spec) == 3:
+        buffer, count, datatype = spec
+        return (buffer, *(_pair(count, what) if isinstance(count, pairs) else (count, None)),
+                datatype_of(datatype, what))
+    if len(spec) == 4:
+        buffer, count, displacement, datatype = spec
+        return buffer, count, displacement, datatype_of(datatype, what)
+    raise ValueError(f"{what}: a buffer spec is a buffer or a list of 2 to 4 items ([buffer, datatype], "
+                     f"[buffer, count, datatype], [buffer, count, displacement, datatype]), not {len(spec)}")
+
+
+def _pair(pair: Any, what: str) -> tuple[Any, Any]:
+    if len(pair) != 2:
+        raise ValueError(f"{what}: a tuple in a buffer spec is (count, displacement), here {len(pair)} items; "
+                         "give a vector collective's counts as a list")
+    return pair[0], pair[1]
+
+
+def datatype_of(datatype: Any, what: str) -> Datatype | None:
+    """A spec's datatype: an ``MPI`` datatype, or a NumPy type code as mpi4py takes one (``"d"``)."""
+    if datatype is None or isinstance(datatype, Datatype):
+        return datatype
+    try:
+        return Datatype(str(datatype), datatype)
+    except TypeError:
+        raise TypeError(f"{what}: {datatype!r} is not a datatype: pass one of MPI's (MPI.DOUBLE) or a NumPy type "
+                        "code (\"d\")") from None
+
+
+def buffer_of(spec: Any, what: str, receives: bool = False, blocks: int = 1) -> np.ndarray:
+    """The memory of a buffer spec (``spec_parts``) as a one-dimensional array, in memory order, sharing it:
+    from its displacement on, ``count`` items for each of ``blocks`` ranks if it gives a count (a collective's
+    count is one rank's, as MPI's), else the rest; one that ``receives`` must be writable (checked before
+    anything moves, as mpi4py does)."""
+    buffer, count, displacement, datatype = spec_parts(spec, what)
+    flat = _flat(buffer, datatype, what)
+    start = 0
+    if displacement is not None:
+        if not is_int(displacement) or not 0 <= displacement <= flat.size:
+            raise ValueError(f"{what}: displacement {displacement!r} is not an item of the buffer's {flat.size}")
+        start = int(displacement)
+    end = flat.size
+    if count is not None:
+        if not is_int(count) or count < 0:
+            raise ValueError(f"{what}: count {count!r} is not an int from 0")
+        end = start + int(count) * blocks
+        if end > flat.size:
+            each = f" for each of {blocks} ranks" if blocks > 1 else ""
+            raise ValueError(f"{what}: count {count}{each} from item {start} is more than the buffer's "
+                             f"{flat.size} items")
+    flat = flat[start:end]
+    if receives and not flat.flags.writeable:
+        raise BufferError(f"{what}: the receive buffer is read-only")
+    return flat
+
+
+def _flat(spec: Any, datatype: Datatype | None, what: str) -> np.ndarray:
+    """A buffer's whole memory as a one-dimensional array of ``datatype``'s items (or its own)."""
     if not isinstance(spec, np.ndarray) and hasattr(spec, "__dlpack__"):  # a torch tensor, as mpi4py 4 takes it
         try:
             spec = np.from_dlpack(spec)
@@ -171,20 +236,13 @@ def buffer_of(spec: Any, what: str, receives: bool = False) -> np.ndarray:
         flat = spec.ravel(order="K")  # (a view: in memory order, C or Fortran)
         if datatype is not None and flat.dtype != datatype.dtype:
             flat = flat.view(np.uint8).view(datatype.dtype)
-    else:
-        try:
-            view = memoryview(spec)
-        except TypeError:
-            raise TypeError(f"{what}: {type(spec).__name__} is not a buffer; pass a NumPy array (or use the "
-                            f"lowercase method for Python objects)") from None
-        flat = np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B")).reshape(-1)
-    if count is not None:
-        if not 0 <= count <= flat.size:
-            raise ValueError(f"{what}: count {count} is more than the buffer's {flat.size} items")
-        flat = flat[:count]
-    if receives and not flat.flags.writeable:
-        raise BufferError(f"{what}: the receive buffer is read-only")
-    return flat
+        return flat
+    try:
+        view = memoryview(spec)
+    except TypeError:
+        raise TypeError(f"{what}: {type(spec).__name__} is not a buffer; pass a NumPy array (or use the "
+                        f"lowercase method for Python objects)") from None
+    return np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B")).reshape(-1)
 
 
 def fill(recvbuf: np.ndarray, values: np.ndarray, what: str) -> None:

@@ -1,7 +1,7 @@
 """The vector collectives, ``Allgatherv``, ``Gatherv`` and ``Scatterv``: each rank's block of its own size,
-at its own place in the buffer, as ``[buffer, counts]``, ``[buffer, counts, displacements]``,
-``[buffer, (counts, displacements)]``, each optionally with a datatype last, as mpi4py takes them (counts and
-displacements in items; displacements default to the counts' running sum).
+at its own place in the buffer, as ``[buffer, counts]``, ``[buffer, counts, displacements, datatype]``,
+``[buffer, (counts, displacements)]``, with or without a datatype, or the buffer alone, as mpi4py takes them
+(counts and displacements in items; displacements default to the counts' running sum).
 
 ``Allgatherv`` and ``Gatherv`` gather every rank's block (``popdist.ragged.allgather_rows``: its size may
 differ from the others'), and each rank (the root) puts each block at its place. ``Scatterv`` sends each
@@ -16,24 +16,24 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from popdist.mpi4py import matching
-from popdist.mpi4py.specs import ERR_ARG, IN_PLACE, Datatype, MPIException, buffer_of, is_int
+from popdist.mpi4py.specs import ERR_ARG, IN_PLACE, MPIException, buffer_of, is_int, spec_parts
 from popdist.ragged import allgather_rows
 
 
 def vector_of(spec: Any, size: int, what: str, receives: bool = False) -> tuple[np.ndarray, list[slice]]:
-    """A vector buffer spec's memory (one-dimensional, as ``buffer_of``) and each rank's part of it."""
-    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
-        raise MPIException(ERR_ARG, f"{what}: a vector buffer is [buffer, counts], [buffer, counts, displacements] "
-                                    "or [buffer, (counts, displacements)], with a datatype last if wanted")
-    parts = list(spec)
-    datatype = parts.pop() if isinstance(parts[-1], Datatype) else None
-    buffer, rest = parts[0], parts[1:]
-    if len(rest) == 1 and isinstance(rest[0], tuple) and len(rest[0]) == 2 and not is_int(rest[0][0]):
-        rest = list(rest[0])  # ([buffer, (counts, displacements)])
-    counts = _ints(rest[0], size, "counts", what)
-    displacements = (_ints(rest[1], size, "displacements", what) if len(rest) > 1 and rest[1] is not None
-                     else [sum(counts[:k]) for k in range(size)])
-    flat = buffer_of([buffer, datatype] if datatype is not None else buffer, what, receives)
+    """A vector buffer spec's memory (one-dimensional, as ``buffer_of``) and each rank's part of it, read as
+    mpi4py reads one: no counts, the buffer split as evenly as it goes (the first ranks one item more); an int
+    count or displacement, the same count for every rank, or blocks that far apart."""
+    buffer, counts, displacements, datatype = spec_parts(spec, what, pairs=(tuple,))
+    flat = buffer_of(buffer if datatype is None else [buffer, datatype], what, receives)
+    if counts is None:
+        counts = [flat.size // size + (flat.size % size > k) for k in range(size)]
+    counts = [int(counts)] * size if is_int(counts) else _ints(counts, size, "counts", what)
+    if displacements is None:
+        displacements = [sum(counts[:k]) for k in range(size)]
+    elif is_int(displacements):
+        displacements = [int(displacements) * k for k in range(size)]
+    displacements = _ints(displacements, size, "displacements", what)
     places = [slice(at, at + count) for at, count in zip(displacements, counts)]
     if any(place.stop > flat.size for place in places):
         raise ValueError(f"{what}: the counts and displacements reach past the buffer's {flat.size} items")
@@ -43,7 +43,8 @@ def vector_of(spec: Any, size: int, what: str, receives: bool = False) -> tuple[
 def _ints(values: Any, size: int, name: str, what: str) -> list[int]:
     if not isinstance(values, (list, tuple, np.ndarray)) or len(values) != size \
             or not all(is_int(v) and v >= 0 for v in values):
-        raise MPIException(ERR_ARG, f"{what}: {name} must be {size} ints from 0, one for each rank")
+        raise MPIException(ERR_ARG, f"{what}: {name} must be {size} ints from 0, one for each rank (or one int "
+                                    "for all)")
     return [int(v) for v in values]
 
 
@@ -56,7 +57,7 @@ class VectorCollectives:
         def _group(self) -> tuple[int, ...] | None: ...
         def _rank_checked(self, root: int, what: str) -> int: ...
         def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
-                        what: str) -> list[matching.Message]: ...
+                        what: str, root: int = -1) -> list[matching.Message]: ...
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         recv, places = vector_of(recvbuf, self.Get_size(), "Allgatherv", receives=True)
@@ -89,7 +90,7 @@ class VectorCollectives:
         else:
             blocks = [empty] * size
         rooms = [None if recv is None or k != root else recv.view(np.uint8) for k in range(size)]
-        received = self._all_to_all(blocks, rooms, "Scatterv")
+        received = self._all_to_all(blocks, rooms, "Scatterv", root)
         if recv is not None:
             matching.deliver(recv.view(np.uint8), received[root], "Scatterv", root)
 
