@@ -356,7 +356,7 @@ def test_a_split_whose_keys_reorder_the_ranks_stops_with_a_clear_error() -> None
 @pytest.mark.parametrize(("instances", "transport"), [(3, "auto"), (4, "tcp")])
 def test_alltoall_sends_each_rank_its_own_block(instances: int, transport: str) -> None:
     """alltoall of objects, Alltoall of 32 B and 256 KiB blocks, on COMM_WORLD beside a user's message with the
-    same tag, and on a Split communicator. Before: NotProvidedError."""
+    same tag, and on a Split communicator; Alltoallv. Before: NotProvidedError."""
     by_rank = records(run_poprun(*job(instances), f"--fabric-transport={transport}",
                                  *python_program("mpi_alltoall.py")))
     assert sorted(by_rank) == list(range(instances))
@@ -368,6 +368,9 @@ def test_alltoall_sends_each_rank_its_own_block(instances: int, transport: str) 
         # a spec's count is one rank's (2 items for each rank); before, the whole buffer's
         assert out["Alltoall_counted"] == [*[v for k in range(instances) for v in (k * 100 + 2 * r, k * 100 + 2 * r + 1)], -1]
         assert out["Allgather_counted"] == [*[v for k in range(instances) for v in (k * 100, k * 100 + 1)], -1]
+        takes = [k + r + 1 + (20000 if (k, r) == (0, instances - 1) else 0) for k in range(instances)]
+        assert out["Alltoallv"] == [[k * 100.0 + r, c] for k, c in enumerate(takes)]  # (was NotProvidedError)
+        assert out["Alltoallv_gaps"] == [-1.0] * instances
     last = instances - 1  # its blocks are larger: the others' receive names it (before: rank 0)
     for r in range(last):
         assert by_rank[r]["truncated"] == f"Alltoall: message truncated: rank {last} sent 16 bytes, the receive " \

@@ -1,8 +1,9 @@
 """mpi4py's all-to-all (3 or more instances): ``alltoall`` of objects, ``Alltoall`` of small and large
 blocks, both beside a user's message with the same tag, and on a ``Split`` communicator; ``Alltoall`` and
-``Allgather`` with a count in the spec (one rank's, as MPI's); an ``Alltoall`` whose last rank sends larger
-blocks. Each rank prints its results as JSON. With the argument ``mismatch``, rank 0 calls ``alltoall`` while
-the others call ``Barrier``; with ``exchange``, rank 0 calls ``Alltoall`` while the others call ``Scatterv``."""
+``Allgather`` with a count in the spec (one rank's, as MPI's); ``Alltoallv`` with blocks of every size; an
+``Alltoall`` whose last rank sends larger blocks. Each rank prints its results as JSON. With the argument
+``mismatch``, rank 0 calls ``alltoall`` while the others call ``Barrier``; with ``exchange``, rank 0 calls
+``Alltoall`` while the others call ``Scatterv``."""
 
 import json
 import sys
@@ -41,6 +42,18 @@ out["Alltoall_counted"] = into.tolist()
 into[:] = -1
 comm.Allgather([counted, 2, MPI.INT], [into, 2, MPI.INT])
 out["Allgather_counted"] = into.tolist()
+def count(source, dest):  # (rank 0's block for the last rank above a message's inline size)
+    return source + dest + 1 + (20000 if (source, dest) == (0, n - 1) else 0)
+
+
+sends = [count(r, k) for k in range(n)]
+varied = np.concatenate([np.full(c, r * 100.0 + k) for k, c in enumerate(sends)])
+takes = [count(k, r) for k in range(n)]
+places = [sum(takes[:k]) + k for k in range(n)]  # (a gap of one item after each block)
+gathered = np.full(sum(takes) + n, -1.0)
+comm.Alltoallv([varied, sends], [gathered, takes, places, MPI.DOUBLE])
+out["Alltoallv"] = [sorted(set(gathered[at:at + c].tolist())) + [c] for at, c in zip(places, takes)]
+out["Alltoallv_gaps"] = [gathered[at + c] for at, c in zip(places, takes)]
 larger = 2 if r == n - 1 else 1
 try:
     comm.Alltoall(np.zeros(n * larger), np.zeros(n * larger))

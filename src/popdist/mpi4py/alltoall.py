@@ -1,6 +1,6 @@
-"""``alltoall`` and ``Alltoall``: each rank's block for rank k travels as a message (``matching.all_to_all``)
-in a context of the communicator's collectives: messages' contexts are from 0, so the user's never match these.
-Equal blocks only (``Alltoallv`` is not provided).
+"""``alltoall``, ``Alltoall`` and ``Alltoallv``: each rank's block for rank k travels as a message
+(``matching.all_to_all``) in a context of the communicator's collectives: messages' contexts are from 0, so the
+user's never match these.
 
 Each exchange's messages carry a tag that names the call (and its root), so a rank that made another
 exchange (``Scatterv`` against ``Alltoall``, or another root) is named with both calls, on every rank,
@@ -15,10 +15,11 @@ import numpy as np
 
 from popdist.mpi4py import matching
 from popdist.mpi4py.specs import IN_PLACE, NotProvidedError, buffer_of
+from popdist.mpi4py.vectors import vector_of
 from simipu.fabric.errors import CollectiveMismatchError
 
 #: The calls that exchange blocks as messages; a call's tag is its index here, plus as many for each root.
-EXCHANGES = ("alltoall", "Alltoall", "Scatterv")
+EXCHANGES = ("alltoall", "Alltoall", "Scatterv", "Alltoallv")
 
 
 def exchange_tag(what: str, root: int = -1) -> int:
@@ -67,6 +68,20 @@ class AllToAll:
         received = self._all_to_all([send[part] for part in parts], [recv[part] for part in parts], "Alltoall")
         for k, (part, message) in enumerate(zip(parts, received)):
             matching.deliver(recv[part], message, "Alltoall", k)
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block k of ``sendbuf`` (its count and displacement k) to rank k; rank k's block for us into place k
+        of ``recvbuf`` (collective). Both specs are the vector collectives' (``vectors.vector_of``)."""
+        if sendbuf is IN_PLACE:
+            raise NotProvidedError("Alltoallv with MPI.IN_PLACE is not provided by poprun-py's mpi4py: pass the "
+                                   "send buffer and a receive buffer apart from it")
+        size = self.Get_size()
+        send, sends = vector_of(sendbuf, size, "Alltoallv")
+        recv, receives = vector_of(recvbuf, size, "Alltoallv", receives=True)
+        rooms = [recv[place].view(np.uint8) for place in receives]
+        received = self._all_to_all([send[place].view(np.uint8) for place in sends], rooms, "Alltoallv")
+        for k, (room, message) in enumerate(zip(rooms, received)):
+            matching.deliver(room, message, "Alltoallv", k)
 
     def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
                     what: str, root: int = -1) -> list[matching.Message]:
