@@ -297,6 +297,9 @@ def test_mpi4py_nonblocking_and_any_source_match_as_mpi_does(transport: str) -> 
     assert sorted(order) == [1, 1, 1, 1, 1, 2] and order.index(2) < 2, order
     for r in range(3):  # (each hung forever when a send waiting for room took only its destination's messages)
         assert by_rank[r]["big_sendrecv"] == by_rank[r]["big_isend"] == [float((r - 1) % 3)] * 2
+    # an issend's request is not complete before its receiver matched it (before: NotProvidedError)
+    assert by_rank[0]["synchronous"] == [False, False, True, 64.0] and by_rank[0]["tag_too_high"] is True
+    assert by_rank[1]["synchronous"] == ["now receive it", "synchronous", [63.0]]
 
 
 def test_mpi4py_requests_and_statuses_in_their_corners(tmp_path: Path) -> None:

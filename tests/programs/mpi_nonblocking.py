@@ -2,8 +2,8 @@
 for the test to check (3 instances): a master gathering results from any worker, a halo exchange with
 ``Isend``/``Irecv`` and ``Waitall``, receives matched in the order they were posted, ``test`` before the
 message has come, ``probe``/``iprobe``, ``sendrecv``, ``waitany``, a truncating ``Irecv``, and rings of 8 MiB messages
-(``Sendrecv``; ``Irecv``, ``Isend`` and ``Waitall``), and large messages received straight into the
-buffers of the receives they match."""
+(``Sendrecv``; ``Irecv``, ``Isend`` and ``Waitall``), large messages received straight into the
+buffers of the receives they match, and synchronous sends (``issend``, ``Ssend``, ``Issend``)."""
 
 import json
 
@@ -158,5 +158,28 @@ elif r == 2:
     later = comm.irecv(source=0, tag=53)
     got = [comm.recv(source=0, tag=tag) for tag in (51, 52, 54)] + [later.wait()]
     out["scratch"] = [[g["tag"], g["array"].size, sorted(set(g["array"].tolist()))] for g in got]
+# synchronous sends: an issend's request completes only once the receiver has matched its message (rank 1
+# receives it only after rank 0's Test); an Ssend of a large buffer; an issend to ourselves
+if r == 0:
+    pending = comm.issend("synchronous", dest=1, tag=61)
+    before = pending.Test()
+    comm.send("now receive it", dest=1, tag=62)
+    pending.Wait()
+    comm.Ssend(np.full(1 << 15, 63.0), dest=1, tag=63)
+    to_self = comm.Issend(np.array([64.0]), dest=0, tag=64)
+    self_before = to_self.Test()
+    into = np.zeros(1)
+    comm.Recv(into, source=0, tag=64)
+    out["synchronous"] = [before, self_before, to_self.Test(), float(into[0])]
+    try:
+        comm.send("too high", dest=1, tag=1 << 31)
+    except MPI.Exception as exc:
+        out["tag_too_high"] = exc.Get_error_class() == MPI.ERR_TAG
+elif r == 1:
+    first = comm.recv(source=0, tag=62)
+    big = np.zeros(1 << 15)
+    out["synchronous"] = [first, comm.recv(source=0, tag=61)]
+    comm.Recv(big, source=0, tag=63)
+    out["synchronous"].append(sorted(set(big.tolist())))
 comm.Barrier()
 print(json.dumps(out), flush=True)

@@ -134,6 +134,14 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
         self.send(obj, dest, tag)
         return completed("isend")
 
+    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """MPI's synchronous send: returns once a receive on ``dest`` has taken the message."""
+        self.issend(obj, dest, tag).Wait()
+
+    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        """``ssend``, returning its request: complete once a receive on ``dest`` has taken the message."""
+        return self._synchronous(matching.pickled(obj), dest, tag, "issend")
+
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """A receive posted now; its request's ``wait`` returns the object."""
         return self._posted(source, tag, "irecv", matching.unpickled)
@@ -156,16 +164,24 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
 
     def _send_bytes(self, data: np.ndarray, dest: int, tag: int, what: str) -> None:
         """A message to ``dest`` (``PROC_NULL``: nowhere, as MPI's)."""
-        if not is_int(tag) or tag < 0:
-            raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: a message's tag is an int from 0")
         if dest != PROC_NULL:
-            matching.send(data, self._context, int(tag), self._instance(dest, what))
+            matching.send(data, self._context, _sent_tag(tag, what), self._instance(dest, what))
+
+    def _synchronous(self, data: np.ndarray, dest: int, tag: int, what: str) -> Request:
+        """A message to ``dest`` whose request completes once a receive there has matched it (MPI's
+        synchronous mode: ``matching.send_synchronous``)."""
+        tag = _sent_tag(tag, what)
+        if dest == PROC_NULL:
+            return completed(what)
+        reply = matching.send_synchronous(data, self._context, tag, self._instance(dest, what))
+        return Request(reply, lambda message: None, self._rank_of, what, sent=True)
 
     def _sources(self, source: int, tag: int, what: str) -> list[int]:
         """The instances a receive from ``source`` (a rank, ``ANY_SOURCE``, or ``PROC_NULL``: none) takes messages
         from."""
-        if not is_int(tag) or (tag < 0 and tag != ANY_TAG):
-            raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: an int from 0, or MPI.ANY_TAG")
+        if not is_int(tag) or (tag < 0 and tag != ANY_TAG) or tag > matching.TAG_UB:
+            raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: an int from 0 to {matching.TAG_UB}, or "
+                                        "MPI.ANY_TAG")
         if source == ANY_SOURCE:
             return [self._instance(rank, what) for rank in range(self.Get_size())]
         return [] if source == PROC_NULL else [self._instance(source, what)]
@@ -289,6 +305,14 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
         self.Send(buf, dest, tag)
         return completed("Isend")
 
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """``ssend`` of the buffer's bytes."""
+        self.Issend(buf, dest, tag).Wait()
+
+    def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        """``issend`` of the buffer's bytes (read as it lies when called: it is on its way then)."""
+        return self._synchronous(buffer_of(buf, "Issend").view(np.uint8), dest, tag, "Issend")
+
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """A receive posted now into ``buf``, filled when its request completes."""
         room = buffer_of(buf, "Irecv", receives=True).view(np.uint8)
@@ -391,6 +415,14 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
 
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Comm {self._name} (poprun-py)>"
+
+
+def _sent_tag(tag: Any, what: str) -> int:
+    """A send's tag, checked: an int from 0 to ``TAG_UB``."""
+    if not is_int(tag) or not 0 <= tag <= matching.TAG_UB:
+        raise MPIException(ERR_TAG, f"{what}: tag {tag!r} is not a tag: a message's tag is an int from 0 to "
+                                    f"{matching.TAG_UB}")
+    return int(tag)
 
 
 class _NullComm(Comm):

@@ -7,6 +7,11 @@ waits, an ``irecv`` until it completes) are matched in the order they were poste
 message that has come that it accepts (its source or any of its communicator's, its tag or any, its
 communicator): MPI's rule that messages from one sender do not overtake each other, and that a receive posted
 first is matched first.
+
+A synchronous send's message (``send_synchronous``) carries a number of its sender's, above the tag's
+``TAG_BITS``: when a receive matches it, the receiver sends that number back in ``REPLY_CONTEXT``, where the
+sender's request waits for it, so that request completes only once the message has been matched (MPI's
+synchronous mode).
 """
 
 from __future__ import annotations
@@ -32,6 +37,16 @@ INLINE_BYTES = 64 * 1024
 #: The largest message a blocking object receive takes into the scratch buffer, which keeps the size of the
 #: largest it took: its pages are faulted in once, not for every message (above it, a new array each time).
 SCRATCH_BYTES = 64 * 1024 * 1024
+#: A user's tag fits in this many bits (MPI's largest tag, ``TAG_UB``, is 2**31 - 1 here, as Open MPI's).
+TAG_BITS = 32
+TAG_UB = (1 << (TAG_BITS - 1)) - 1
+_TAG_MASK = (1 << TAG_BITS) - 1
+#: In an envelope's tag: a synchronous send's message, whose sender's number is the bits above ``TAG_BITS``.
+SYNCHRONOUS = 1 << 62
+_NUMBERS = 1 << 29
+#: The context of the replies to synchronous sends (communicators' contexts are from 0, collectives' to -2).
+REPLY_CONTEXT = -(1 << 62)
+_NOTHING = np.empty(0, np.uint8)
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,15 @@ class Message:
     tag: int
     data: np.ndarray
     placed: bool = False
+    #: A synchronous send's: the sender's number, to send back when a receive matches it (-1: none).
+    reply: int = -1
+
+    @classmethod
+    def of(cls, context: int, source: int, tag: int, data: np.ndarray, placed: bool = False) -> Message:
+        """A message as its envelope's tag says it, a synchronous send's number taken apart from the tag."""
+        if tag & SYNCHRONOUS:
+            return cls(context, source, tag & _TAG_MASK, data, placed, (tag ^ SYNCHRONOUS) >> TAG_BITS)
+        return cls(context, source, tag, data, placed)
 
 
 @dataclass(eq=False)
@@ -81,6 +105,8 @@ class _Matching:
     turn: int = -1
     #: The blocking object receives' buffer (``Receive.scratch``).
     scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint8))
+    #: The number of this process's last synchronous send (``send_synchronous``).
+    synchronous: int = 0
 
 
 _state = _Matching()
@@ -99,7 +125,7 @@ os.register_at_fork(after_in_child=_forget_all)
 def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
     """``data`` (bytes) to instance ``peer`` (ourselves: straight to our own arrivals, copied)."""
     if peer == fabric_place()[0]:
-        _arrive(Message(context, peer, tag, data.copy()))
+        _arrive(Message.of(context, peer, tag, data.copy()))
         return
     fabric = current_fabric()
     envelope = _ENVELOPE.pack(tag, data.size, context)
@@ -108,6 +134,15 @@ def send(data: np.ndarray, context: int, tag: int, peer: int) -> None:
         return
     fabric.send(np.frombuffer(envelope, np.uint8), peer)
     fabric.send(data, peer)
+
+
+def send_synchronous(data: np.ndarray, context: int, tag: int, peer: int) -> Receive:
+    """``send``'s message to ``peer``, marked for a reply once a receive there matches it (module docstring);
+    the receive that takes the reply, posted first (an ``issend``'s request)."""
+    _state.synchronous = _state.synchronous % _NUMBERS + 1
+    reply = post(REPLY_CONTEXT, [peer], _state.synchronous)
+    send(data, context, tag | SYNCHRONOUS | _state.synchronous << TAG_BITS, peer)
+    return reply
 
 
 def post(context: int, sources: Iterable[int], tag: int, room: np.ndarray | None = None,
@@ -172,13 +207,13 @@ def _take(source: int) -> None:
     first = fabric.take_waiting(source)
     tag, nbytes, context = _ENVELOPE.unpack_from(first)
     if len(first) > ENVELOPE_BYTES or not nbytes:
-        _arrive(Message(context, source, tag, np.frombuffer(first, np.uint8, offset=ENVELOPE_BYTES)))
+        _arrive(Message.of(context, source, tag, np.frombuffer(first, np.uint8, offset=ENVELOPE_BYTES)))
         return
-    room = _room_for(context, source, tag, nbytes)
+    room = _room_for(context, source, tag & _TAG_MASK, nbytes)
     if room is None:
-        _arrive(Message(context, source, tag, fabric.recv(np.empty(nbytes, np.uint8), source)))
+        _arrive(Message.of(context, source, tag, fabric.recv(np.empty(nbytes, np.uint8), source)))
     else:
-        _arrive(Message(context, source, tag, fabric.recv(room, source, out=room), placed=True))
+        _arrive(Message.of(context, source, tag, fabric.recv(room, source, out=room), placed=True))
 
 
 def pickled(obj: Any) -> np.ndarray:
@@ -249,10 +284,15 @@ def _match() -> None:
     arrived, posted = _state.arrived, _state.posted
     if not arrived or not posted:
         return
+    replies = []
     for receive in list(posted):
         found = next((k for k, m in enumerate(arrived) if receive.accepts(m)), None)
         if found is not None:
-            receive.message = arrived.pop(found)
+            receive.message = message = arrived.pop(found)
             posted.remove(receive)
+            if message.reply >= 0:
+                replies.append(message)
             if not arrived:
-                return
+                break
+    for message in replies:  # (after the loop: a reply to ourselves is matched here again)
+        send(_NOTHING, REPLY_CONTEXT, message.reply, message.source)

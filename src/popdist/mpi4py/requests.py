@@ -1,8 +1,9 @@
-"""``MPI.Request``: what ``isend``/``irecv`` (and ``Isend``/``Irecv``) return.
+"""``MPI.Request``: what ``isend``/``irecv``/``issend`` (and ``Isend``/``Irecv``/``Issend``) return.
 
 A send is on its way when ``isend`` returns (the fabric's standard send: ``comm.py``), so its request is
-complete at once. A receive is posted when ``irecv`` returns and matched, in post order, to the messages
-as they come (``matching``); ``Wait`` waits for its message, ``Test`` takes what has come without waiting.
+complete at once; a synchronous send's completes when the receiver's reply comes (``matching``). A receive
+is posted when ``irecv`` returns and matched, in post order, to the messages as they come (``matching``);
+``Wait`` waits for its message, ``Test`` takes what has come without waiting.
 A request that has completed (or whose completion raised) is then MPI's null request: false, equal to
 ``REQUEST_NULL``, and waiting on it again returns at once with an empty status.
 """
@@ -42,8 +43,9 @@ class Request(metaclass=_NotProvided):
     def __init__(self, receive: matching.Receive | None = None,
                  finish: Callable[[matching.Message], Any] | None = None,
                  rank_of: Callable[[int], int] | None = None, what: str = "request",
-                 status: tuple[int, int, int] = EMPTY_STATUS, active: bool = True) -> None:
+                 status: tuple[int, int, int] = EMPTY_STATUS, active: bool = True, sent: bool = False) -> None:
         self._receive = receive
+        self._sent = sent  # (a synchronous send's: ``receive`` takes the reply; its status says nothing)
         self._finish = finish
         self._rank_of = rank_of
         self._what = what
@@ -101,7 +103,10 @@ class Request(metaclass=_NotProvided):
         return True
 
     def _fields_of(self, message: matching.Message) -> tuple[int, int, int]:
-        """What a status says of ``message``: its source as a rank of the communicator, its tag, its bytes."""
+        """What a status says of ``message``: its source as a rank of the communicator, its tag, its bytes
+        (nothing, for a synchronous send's reply, as MPI's status of a send)."""
+        if self._sent:
+            return EMPTY_STATUS
         assert self._rank_of is not None, "a receive's request"
         return self._rank_of(message.source), message.tag, message.data.size
 
