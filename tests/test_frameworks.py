@@ -88,6 +88,10 @@ def test_outside_poprun_the_process_is_0_of_1(monkeypatch: pytest.MonkeyPatch) -
         opts.Distributed.configureProcessId(1)
     assert type(opts).__name__ == "Options" and isinstance(opts, popdist.Options)
     assert isinstance(popdist.poptorch.Options(), popdist.Options) and popdist.poptorch.Options(1).ipus_per_replica == 1
+    # a PopTorch setter these options lack says why (a bare AttributeError before); hasattr stays False
+    with pytest.raises(AttributeError, match=r"has no 'enableExecutableCaching' here: PopTorch is not installed"):
+        opts.enableExecutableCaching("cache")
+    assert not hasattr(opts, "showCompilationProgressBar")
 
 
 def test_popart_options_outside_poprun_are_one_replica(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,7 +113,8 @@ def test_popart_options_outside_poprun_are_one_replica(monkeypatch: pytest.Monke
 
 
 def test_with_poptorch_installed_the_options_are_a_real_subclass() -> None:
-    """PopTorch needs the Poplar SDK, so a stand-in with PopTorch's option names plays it (tests/programs/stand_ins)."""
+    """PopTorch needs the Poplar SDK, so a stand-in with PopTorch's option names plays it (tests/programs/stand_ins).
+    The options pickle, and popdist.data.DataLoader takes them before any randomSeed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(STAND_INS), os.environ.get("PYTHONPATH", "")])}
     result = run_poprun("--offline-mode=1", "--num-replicas", "4", "--num-instances", "2", sys.executable, "-c",
                         "import poptorch, popdist.poptorch as p, json; o = p.Options(); "
@@ -118,9 +123,16 @@ def test_with_poptorch_installed_the_options_are_a_real_subclass() -> None:
                         "lambda: o.Distributed.configureProcessId(1)):\n"
                         "    try: call()\n"
                         "    except RuntimeError as e: blocked.append(str(e).split(' with ')[0])\n"
+                        "import pickle, numpy, popdist.data\n"
+                        "try: p.Options(2)\n"
+                        "except Exception as e: conflict = type(e).__name__\n"
+                        "copy = pickle.loads(pickle.dumps(o))\n"
+                        "loader = popdist.data.DataLoader(o, numpy.arange(32.0), batch_size=2)\n"
                         "print('frameworks: ' + json.dumps({'instance': o.Distributed.processId, "
                         "'real': isinstance(o, poptorch.Options), 'set': o.calls, 'blocked': blocked, "
-                        "'process': [o.Distributed.processId, o.Distributed.numProcesses]}))",
+                        "'process': [o.Distributed.processId, o.Distributed.numProcesses], "
+                        "'pickled': [copy.Distributed.processId, type(copy).__name__], 'conflict': conflict, "
+                        "'batches': [list(map(list, item)) for item in loader][0]}))",
                         env=env)
     found = reports(result)
     for index, r in enumerate(found):
@@ -128,3 +140,7 @@ def test_with_poptorch_installed_the_options_are_a_real_subclass() -> None:
         assert r["set"] == [["replicationFactor", 2]]  # offline: no useIpuId
         assert r["blocked"] == ["Cannot call `useIpuId`", "Cannot call `replicationFactor`",
                                 "Cannot call `Distributed.configureProcessId`"]
+        assert r["pickled"] == [index, "Options"]  # (PicklingError before: the blocked class had no home)
+        assert r["conflict"] == "LaunchConflict"  # (offline, 2 IPUs per replica against 1: accepted before)
+        first = 4 * index  # (no randomSeed: a TypeError before; 2 local replicas of 4, 2 rows each)
+        assert r["batches"] == [[float(first), float(first + 1)], [float(first + 2), float(first + 3)]]

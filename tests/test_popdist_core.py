@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import popdist
@@ -140,6 +141,7 @@ def test_non_uniform_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     launch(monkeypatch, total=8, ipus=1, instances=4, index=0)
     monkeypatch.setenv(env.UNIFORM_REPLICAS, "0")
     assert popdist.isUniformReplicasPerInstance() is False
+    assert popdist.isPopdistEnvSet() is True  # (a yes or no: it raised with the getters before)
     with pytest.raises(ValueError, match=env.UNIFORM_REPLICAS):
         popdist.getInstanceIndex()
 
@@ -154,6 +156,20 @@ def test_init_twice_raises_then_finalize_allows_init() -> None:
     popdist.finalizeBackend()  # a no-op when not initialised
     popdist.init()
     assert popdist.isBackendInitialized() is True
+
+
+def test_init_after_the_first_collective_finds_it_done() -> None:
+    """The first collective (or hvd's, or ``import mpi4py``) initialises PopDist; the program's own init()
+    after it is then the one Graphcore's PopDist expects, not a second (it raised before)."""
+    import popdist.collectives
+
+    popdist.finalizeBackend()
+    assert popdist.collectives.allreduce(np.ones(2)).tolist() == [1.0, 1.0]
+    popdist.init()
+    assert popdist.isBackendInitialized() is True
+    with pytest.raises(RuntimeError, match="already initialised"):
+        popdist.init()
+    popdist.finalizeBackend()
 
 
 def test_init_under_a_launch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -101,6 +101,9 @@ class _Backend:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.initialised = False
+        #: Initialised by a collective (or ``import mpi4py``), not by the program's ``popdist.init()``: the
+        #: program may still call that once, as with Graphcore's PopDist, where the others do not initialise it.
+        self.implicitly = False
         self.fabric: Collectives | None = None
         self.device: object | None = None  # a simipu Device held for the life of the process
         self.groups = _InstanceGroup()
@@ -175,10 +178,14 @@ def held_device(launch: InstanceEnv | None) -> object | None:
         return _backend.device
 
 
-def initialise() -> None:
+def initialise(implicitly: bool = False) -> None:
     """``popdist.init()``: adopt this instance's device and connect the fabric, for the launch in
-    ``os.environ`` (here, beside the state it sets, so that the first collective can call it too)."""
+    ``os.environ`` (here, beside the state it sets, so that the first collective can call it too:
+    ``implicitly``, after which the program's own ``init()`` finds everything done)."""
     with _backend.lock:
+        if _backend.initialised and _backend.implicitly and not implicitly:
+            _backend.implicitly = False
+            return
         if _backend.initialised:
             raise RuntimeError(
                 "popdist is already initialised; call popdist.finalizeBackend() "
@@ -189,7 +196,7 @@ def initialise() -> None:
         _backend.fabric = connect(launch)
         _backend.hot_allreduces = getattr(_backend.fabric, "hot_allreduces", {})
         _backend.hot_copies = getattr(_backend.fabric, "hot_copies", {})
-        _backend.initialised = True
+        _backend.initialised, _backend.implicitly = True, implicitly
     if launch is None:
         logger.debug("popdist initialised outside poprun (single instance)")
     else:
@@ -218,7 +225,7 @@ def current_fabric() -> Collectives:
         with _backend.lock:
             already = _backend.initialised
         if not already:
-            initialise()
+            initialise(implicitly=True)
         fabric = _backend.fabric
         assert fabric is not None
     return fabric

@@ -12,6 +12,7 @@ import os
 
 from popdist.backend import _backend, initialise
 from popdist.env import InstanceEnv, is_uniform_replicas
+from popdist.env_names import TOTAL_REPLICAS
 from simipu.hardware import parent_device_id
 
 __all__ = [
@@ -40,8 +41,9 @@ def _launch() -> InstanceEnv | None:
 
 
 def isPopdistEnvSet() -> bool:
-    """True when this process was launched by poprun."""
-    return _launch() is not None
+    """True when this process was launched by poprun: the PopDist environment is there (a yes or no, as
+    Graphcore's; the getters say what is wrong with a malformed one, or with replicas not uniform)."""
+    return TOTAL_REPLICAS in os.environ
 
 
 def isUniformReplicasPerInstance() -> bool:

@@ -61,7 +61,7 @@ class ReplicaSettings:
             replication_factor=options.replication_factor,
             device_iterations=options.device_iterations,
             gradient_accumulation=options.Training.gradient_accumulation,
-            random_seed=options.random_seed,
+            random_seed=getattr(options, "random_seed", None),  # (PopTorch's exists once ``randomSeed`` is called)
             process_id=options.Distributed.processId,
             num_processes=options.Distributed.numProcesses,
         )
@@ -75,6 +75,20 @@ class ReplicaSettings:
     def replica_offset(self) -> int:
         """Global index of this process's first replica."""
         return self.process_id * self.replication_factor
+
+
+def check_ipus_per_replica(ipus_per_replica: int | None, launch: InstanceEnv | None) -> None:
+    """An options class's ``ipus_per_replica`` (None: the launch's): a count, and the launch's under poprun,
+    online or offline (``popdist.Options`` and ``popdist.poptorch.Options`` over PopTorch alike)."""
+    if ipus_per_replica is None:
+        return
+    _check_count("ipus_per_replica", ipus_per_replica)
+    if launch is not None and ipus_per_replica != launch.num_ipus_per_replica:
+        launch_ipus = launch.num_ipus_per_replica
+        raise LaunchConflict(
+            f"Options(ipus_per_replica={ipus_per_replica}) contradicts the launch, which has {launch_ipus} "
+            f"IPU(s) per replica; pass {launch_ipus} or None, or relaunch with --ipus-per-replica {ipus_per_replica}"
+        )
 
 
 class _TrainingOptions:
@@ -161,14 +175,7 @@ class Options:
             launched = (launch.instance_index, launch.num_instances)
             self._replication_factor = launch.num_local_replicas
             launch_ipus = launch.num_ipus_per_replica
-        if ipus_per_replica is not None:
-            _check_count("ipus_per_replica", ipus_per_replica)
-            if self._under_poprun and ipus_per_replica != launch_ipus:
-                raise LaunchConflict(
-                    f"Options(ipus_per_replica={ipus_per_replica}) contradicts the launch, which has {launch_ipus} "
-                    f"IPU(s) per replica; pass {launch_ipus} or None, or relaunch with "
-                    f"--ipus-per-replica {ipus_per_replica}"
-                )
+        check_ipus_per_replica(ipus_per_replica, launch)
         self._ipus_per_replica = ipus_per_replica or launch_ipus
         self._device_iterations = 1
         self._random_seed: int | None = None

@@ -26,7 +26,7 @@ from typing import Any, Mapping, NoReturn
 from popdist.core import getDeviceId, getInstanceIndex, getNumInstances
 from popdist.env import InstanceEnv
 from popdist.options import Options as _PopdistOptions
-from popdist.options import _DistributedOptions
+from popdist.options import _DistributedOptions, check_ipus_per_replica
 
 try:  # the real PopTorch needs the Poplar SDK; without it the options build on popdist.Options
     import poptorch as _poptorch
@@ -93,14 +93,25 @@ class _OwnOptions(_PopdistOptions):
         _seed_torch(random_seed)
         return self
 
+    def __getattr__(self, name: str) -> Any:
+        """A PopTorch option these options lack: say why, where a bare AttributeError would not."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"popdist.poptorch.Options has no {name!r} here: PopTorch is not installed, so the options build on "
+            "popdist.Options, which holds what poprun decides and what popdist.data reads (replication, "
+            "device iterations, gradient accumulation, the seed). Install the Poplar SDK's poptorch for the "
+            "rest of PopTorch's options, or drop the call when running without it")
+
 
 def _poptorch_options(base: Any) -> type:
     """A subclass of the real ``poptorch.Options`` configured from the launch."""
 
     class Options(base):
         def __init__(self, ipus_per_replica: int | None = None, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
             launch = InstanceEnv.from_environ(os.environ)
+            check_ipus_per_replica(ipus_per_replica, launch)
+            super().__init__(**kwargs)
             if launch is not None:
                 base.replicationFactor(self, launch.num_local_replicas)
                 if not launch.offline:
@@ -122,12 +133,21 @@ def _poptorch_options(base: Any) -> type:
 
 
 def _blocking(distributed: type) -> type:
-    """PopTorch's ``Distributed`` options class with the launch-decided setters blocked."""
-    return type("Distributed", (distributed,), {
-        "configureProcessId": lambda self, *a, **k: _blocked("Distributed.configureProcessId"),
-        "setEnvVarNames": lambda self, *a, **k: _blocked("Distributed.setEnvVarNames"),
-        "disable": lambda self, *a, **k: _blocked("Distributed.disable"),
-    })
+    """PopTorch's ``Distributed`` options class with the launch-decided setters blocked: made once, and kept
+    as this module's ``_BlockedDistributed``, where pickle finds it (PopTorch's ``save`` and
+    ``compileAndExport`` pickle the options)."""
+    global _BlockedDistributed
+    if _BlockedDistributed is None or _BlockedDistributed.__bases__ != (distributed,):
+        _BlockedDistributed = type("_BlockedDistributed", (distributed,), {
+            "__module__": __name__,
+            "configureProcessId": lambda self, *a, **k: _blocked("Distributed.configureProcessId"),
+            "setEnvVarNames": lambda self, *a, **k: _blocked("Distributed.setEnvVarNames"),
+            "disable": lambda self, *a, **k: _blocked("Distributed.disable"),
+        })
+    return _BlockedDistributed
+
+
+_BlockedDistributed: type | None = None
 
 
 _OwnOptions.__name__ = _OwnOptions.__qualname__ = "Options"

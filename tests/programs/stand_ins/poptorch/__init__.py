@@ -1,6 +1,9 @@
-"""A stand-in for PopTorch's option classes (the real one needs the Poplar SDK): the names popdist.poptorch uses.
+"""A stand-in for PopTorch's option classes (the real one needs the Poplar SDK): the names popdist.poptorch and
+popdist.data use.
 
-It records each setter call in ``calls`` so a test can see what the subclass set.
+It records each setter call in ``calls`` so a test can see what the subclass set. As PopTorch's, its
+``random_seed`` exists only once ``randomSeed`` is called, and its options pickle (PopTorch's ``save`` pickles
+them).
 """
 
 
@@ -19,13 +22,25 @@ class _DistributedOptions:
         return self
 
 
+class _TrainingOptions:
+    def __init__(self):
+        self.gradient_accumulation = 1
+
+
 class Options:
     def __init__(self):
         self.calls = []
         self.Distributed = _DistributedOptions()
+        self.Training = _TrainingOptions()
+        self.replication_factor, self.device_iterations = 1, 1
 
     def replicationFactor(self, value):
         self.calls.append(["replicationFactor", value])
+        self.replication_factor = value
+        return self
+
+    def randomSeed(self, value):
+        self.random_seed = value
         return self
 
     def useIpuId(self, value):
