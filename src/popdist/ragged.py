@@ -21,6 +21,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from popdist.backend import current_fabric, current_group
+from simipu.fabric.errors import CollectiveMismatchError
+
+
+class RowsMismatchError(CollectiveMismatchError, ValueError):
+    """Members gathered arrays whose dtypes or trailing dimensions differ: a mismatched collective (a
+    RuntimeError, as Horovod's allgather raises) and a ValueError (as this module raised before)."""
 
 __all__ = ["allgather_bytes", "allgather_objects", "allgather_rows", "broadcast_bytes", "broadcast_object"]
 
@@ -114,11 +120,11 @@ def _check_same_rows(headers: np.ndarray, x: np.ndarray) -> None:
     first = headers[0]
     for k, header in enumerate(headers):
         if header[0] != first[0]:
-            raise ValueError(f"allgather: members 0 and {k} pass different dtypes "
+            raise RowsMismatchError(f"allgather: members 0 and {k} pass different dtypes "
                              f"({np.dtype(_dtype_of(first[0]))} and {np.dtype(_dtype_of(header[0]))})")
         if header[1] != first[1] or not np.array_equal(header[3:], first[3:]):
             shapes = [tuple(int(d) for d in h[2:2 + int(h[1])]) for h in (first, header)]
-            raise ValueError(f"allgather: members 0 and {k} pass shapes {shapes[0]} and {shapes[1]}; "
+            raise RowsMismatchError(f"allgather: members 0 and {k} pass shapes {shapes[0]} and {shapes[1]}; "
                              "only the first dimension may differ")
 
 

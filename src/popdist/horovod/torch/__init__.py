@@ -11,8 +11,12 @@ from popdist.horovod.common import (
     Product,
     ReduceOp,
     Sum,
+    barrier,
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
     gloo_built,
     gloo_enabled,
     init,
@@ -25,9 +29,11 @@ from popdist.horovod.common import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    rocm_built,
     shutdown,
     size,
 )
+from popdist.horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from popdist.horovod.torch.compression import Compression
 from popdist.horovod.torch.functions import (
     allgather_object,
@@ -48,19 +54,22 @@ from popdist.horovod.torch.mpi_ops import (
     broadcast_async_,
     grouped_allreduce,
     grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
     poll,
     synchronize,
 )
 from popdist.horovod.torch.optimizer import DistributedOptimizer
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "Product", "ReduceOp", "Sum",
-    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
-    "allreduce_async_", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "cross_rank", "cross_size", "gloo_built",
-    "gloo_enabled", "grouped_allreduce", "grouped_allreduce_", "init", "is_homogeneous", "is_initialized",
-    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll",
-    "rank", "shutdown", "size", "synchronize",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "Max", "Min", "Product", "ReduceOp", "Sum", "allgather", "allgather_async", "allgather_object", "allreduce",
+    "allreduce_", "allreduce_async", "allreduce_async_", "barrier", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "ccl_built",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_homogeneous",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "poll", "rank", "rocm_built", "shutdown", "size", "synchronize",
 ]
 
 

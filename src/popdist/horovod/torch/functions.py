@@ -21,13 +21,15 @@ from popdist.ragged import broadcast_object as _broadcast_object
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
 
 
-def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
                          root_rank: int, process_set: object = None) -> None:
-    """Overwrite each tensor with its value on ``root_rank``: a ``state_dict()`` or ``named_parameters()``.
+    """Overwrite each tensor with its value on ``root_rank``: a ``state_dict()``, ``named_parameters()`` or
+    ``parameters()``.
 
     A dict is taken in sorted key order, as Horovod does, so every instance sends the same tensor at once.
     """
-    items = sorted(params.items()) if isinstance(params, Mapping) else list(params)
+    items = sorted(params.items()) if isinstance(params, Mapping) else [
+        item if isinstance(item, tuple) else (None, item) for item in params]  # (``parameters()``: no names)
     for name, tensor in items:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"broadcast_parameters: {name!r} is a {type(tensor).__name__}, not a tensor; "
@@ -35,15 +37,37 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[tuple[str
         broadcast_(tensor, root_rank, name, process_set)
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, process_set: object = None) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: torch.nn.Module | None = None,
+                              process_set: object = None) -> None:
     """Give every instance the root's optimizer state and hyperparameters (``state_dict``/``load_state_dict``).
 
-    Unlike Horovod, which broadcasts tensor by tensor, the root's whole state dict travels as one object:
-    the other instances need not have taken a step first.
+    An optimizer with no state yet gets it first as Horovod's does: every gradient zero (sparse for a sparse
+    embedding of ``model``, and for ``SparseAdam``), then one step of the optimizer itself, not reduced, so the
+    numbers that follow are Horovod's. The root's whole state dict then travels as one object (Horovod sends it
+    tensor by tensor), so ``LBFGS`` works too.
     """
+    if not optimizer.state_dict()["state"]:
+        _initialise_state(optimizer, model)
     state = broadcast_object(optimizer.state_dict() if _is_root(root_rank) else None, root_rank)
     if not _is_root(root_rank):
         optimizer.load_state_dict(state)
+
+
+def _initialise_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> None:
+    """Horovod's start of an optimizer's state: zero gradients, then one step of the wrapped optimizer alone."""
+    sparse = {id(p) for m in (model.modules() if model is not None else ())
+              if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if id(p) in sparse or isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    base = getattr(optimizer, "_hvd_base", None)
+    if base is not None:  # (a DistributedOptimizer's own step would reduce, and only instances with no state
+        base.step(optimizer)  # come here)
+    else:
+        optimizer.step()
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: object = None) -> Any:

@@ -20,14 +20,40 @@ import torch
 from torch.autograd.graph import increment_version
 
 from popdist.backend import _backend, current_fabric, current_group
-from popdist.horovod.common import ReduceOp, allreduce_array, rank, resolve_op, size
+from popdist.horovod.common import (  # (Horovod's mpi_ops has these names too: programs import them from it)
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    Sum,
+    allreduce_array,
+    barrier,
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    resolve_op,
+    shutdown,
+    size,
+)
+from popdist.horovod.common.exceptions import HorovodInternalError
 from popdist.horovod.torch.compression import Compression, NoneCompressor
 from popdist.ragged import allgather_rows
 
 __all__ = [
-    "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allreduce",
-    "grouped_allreduce_", "poll", "synchronize",
+    "Adasum", "Average", "HorovodInternalError", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
+    "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "barrier", "broadcast",
+    "broadcast_", "broadcast_async", "broadcast_async_", "cross_rank", "cross_size", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_initialized",
+    "local_rank", "local_size", "mpi_threads_supported", "nccl_built", "poll", "rank", "shutdown", "size",
+    "synchronize",
 ]
 
 
@@ -246,11 +272,11 @@ def _no_process_set(process_set: object) -> None:
 
 
 # -- async forms: done at once (see the module docstring) ------------------------------------------------------
-_handles: dict[int, torch.Tensor] = {}
+_handles: dict[int, Any] = {}  # (a tensor, or a grouped call's list of them)
 _next_handle = [0]
 
 
-def _handle(result: torch.Tensor) -> int:
+def _handle(result: Any) -> int:
     _next_handle[0] += 1
     _handles[_next_handle[0]] = result
     return _next_handle[0]
@@ -267,6 +293,19 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: object = None) -> int:
     return _handle(allreduce_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                            op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0, process_set: object = None) -> int:
+    return _handle(grouped_allreduce(tensors, average, name, Compression.none, op, prescale_factor,
+                                     postscale_factor, process_set))
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                             op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0, process_set: object = None) -> int:
+    return _handle(grouped_allreduce_(tensors, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: object = None) -> int:
@@ -290,6 +329,6 @@ def poll(handle: int) -> bool:
     return True
 
 
-def synchronize(handle: int) -> torch.Tensor | None:
+def synchronize(handle: int) -> Any:
     """The result of the async operation ``handle``; None for a handle already synchronized (as Horovod's)."""
     return _handles.pop(handle, None)

@@ -10,6 +10,7 @@ so a model of many small tensors costs one collective per dtype, not one per ten
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
@@ -30,13 +31,15 @@ class _DistributedOptimizer:
     _hvd_predivide: float
     _hvd_skip: bool
     _hvd_sparse_as_dense: bool
+    _hvd_synchronized: bool
+    backward_passes_per_step: int
     param_groups: list[dict[str, Any]]
 
     def synchronize(self) -> None:
         """Reduce every gradient over the instances now (a parameter without one gets zeros first, as in
         Horovod, so every instance reduces the same tensors)."""
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        grads = []
+        grads, made_dense = [], []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -45,6 +48,7 @@ class _DistributedOptimizer:
                     p.grad = _sparse_allreduce(p.grad, self._hvd_op)
                     continue
                 p.grad = p.grad.to_dense()
+                made_dense.append(p)
             grads.append(p.grad)
         by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for grad in grads:
@@ -63,6 +67,14 @@ class _DistributedOptimizer:
                     n = grad.numel()
                     grad.copy_(reduced[offset:offset + n].view_as(grad))
                     offset += n
+        for p in made_dense:  # (sparse again, as Horovod gives them back: SparseAdam takes no other)
+            p.grad = p.grad.to_sparse()
+        self._hvd_synchronized = True
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Horovod's: backward passes whose gradients accumulate before they are reduced. Here they always
+        accumulate until ``step()``, which reduces them once, so only the number is kept."""
+        self.backward_passes_per_step = _passes(passes)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -75,8 +87,35 @@ class _DistributedOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         if not self._hvd_skip:
+            if self._hvd_synchronized:
+                warnings.warn("optimizer.step() after optimizer.synchronize() reduces the gradients again; call "
+                              "step() inside optimizer.skip_synchronize() after synchronize()", stacklevel=2)
             self.synchronize()
+        self._hvd_synchronized = False
         return self._hvd_base.step(self, closure)  # type: ignore[attr-defined]
+
+
+def _passes(passes: Any) -> int:
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"backward_passes_per_step must be an int of at least 1, got {passes!r}")
+    return passes
+
+
+def _check_names(optimizer: torch.optim.Optimizer, named_parameters: Iterable[Any]) -> None:
+    """Horovod's checks of ``named_parameters``: (name, parameter) pairs, unique names, every parameter of
+    the optimizer named (Horovod names the gradients' allreduces by them, so it refuses the rest)."""
+    named = list(named_parameters)
+    if any(not isinstance(pair, tuple) or len(pair) != 2 for pair in named):
+        raise ValueError("named_parameters must be (name, parameter) tuples, as model.named_parameters() gives")
+    names = [name for name, _ in named]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"named_parameters must name each parameter once; repeated: {', '.join(repeated)}")
+    unnamed = [p for group in optimizer.param_groups for p in group["params"]
+               if all(p is not q for _, q in named)]
+    if unnamed:
+        raise ValueError(f"named_parameters was given but leaves {len(unnamed)} of the optimizer's parameters "
+                         "unnamed; pass model.named_parameters() of the model the optimizer trains")
 
 
 def _sparse_allreduce(grad: torch.Tensor, op: ReduceOp) -> torch.Tensor:
@@ -118,13 +157,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
     resolved = resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.Average:
         raise ValueError("gradient_predivide_factor needs op=hvd.Average (as in Horovod)")
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be at least 1, got {backward_passes_per_step}")
+    passes = _passes(backward_passes_per_step)
+    if named_parameters is not None:
+        _check_names(optimizer, named_parameters)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {
         name: value for name, value in vars(_DistributedOptimizer).items()
-        if name in ("synchronize", "skip_synchronize", "step")} | {"_hvd_base": optimizer.__class__})
+        if name in ("synchronize", "skip_synchronize", "step", "set_backward_passes_per_step")}
+        | {"_hvd_base": optimizer.__class__})
     wrapped: Any = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same parameter groups, state and hooks: nothing rebuilt
+    for name in ("step", "synchronize", "skip_synchronize"):  # (an LR scheduler made first wraps ``step`` in
+        wrapped.__dict__.pop(name, None)  # the optimizer's own attributes: kept, it would skip the reduction)
+    wrapped.backward_passes_per_step, wrapped._hvd_synchronized = passes, False
     wrapped._hvd_op, wrapped._hvd_compression = resolved, compression
     wrapped._hvd_predivide, wrapped._hvd_skip = float(gradient_predivide_factor), False
     wrapped._hvd_sparse_as_dense = bool(sparse_as_dense)

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
-    "allreduce_array", "cross_rank", "cross_size", "init", "is_homogeneous", "is_initialized", "local_rank",
-    "local_size", "resolve_op", "rank", "shutdown", "size",
+    "allreduce_array", "barrier", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "init",
+    "is_homogeneous", "is_initialized", "local_rank", "local_size", "resolve_op", "rank", "rocm_built",
+    "shutdown", "size",
 ]
 
 
@@ -141,6 +142,30 @@ def nccl_built() -> bool:
     return False
 
 
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def barrier(process_set: object = None) -> None:
+    """Wait until every instance has called it (Horovod's ``barrier``)."""
+    _require()
+    if process_set is not None:
+        raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
+    current_fabric().barrier(current_group())
+
+
 def resolve_op(op: object, average: object) -> ReduceOp:
     """Horovod's rules: ``op`` and the deprecated ``average`` not both; neither means Average."""
     if op is not None and average is not None:
@@ -169,16 +194,21 @@ def allreduce_array(x: np.ndarray, op: ReduceOp, prescale_factor: float = 1.0,
     Average of an integer array sums, scales once by ``postscale_factor / size`` and truncates toward zero, as
     Horovod's scaling does (dividing and truncating first, then scaling, lost what the division had left).
     """
-    import numpy as np
-
     fabric, group = current_fabric(), current_group()
     if prescale_factor != 1.0:
-        x = (x * prescale_factor).astype(x.dtype, copy=False)
+        x = _scaled(x, prescale_factor)
     if op is ReduceOp.Average and x.dtype.kind in "iu":
         members = len(group) if group else fabric.num_instances
         return (fabric.allreduce(x, "sum", group) * (postscale_factor / members)).astype(x.dtype)
-    else:
-        out = fabric.allreduce(x, _FABRIC_OPS[op], group)
-    if postscale_factor != 1.0:
-        np.multiply(out, postscale_factor, out=out, casting="unsafe")
-    return out
+    out = fabric.allreduce(x, _FABRIC_OPS[op], group)
+    return out if postscale_factor == 1.0 else _scaled(out, postscale_factor)
+
+
+def _scaled(x: np.ndarray, factor: float) -> np.ndarray:
+    """``x`` times ``factor``, in ``x``'s dtype, as Horovod scales a buffer: float16 in float32, rounded back
+    once (NumPy alone would round the factor to float16 first), integers through float64, truncated."""
+    import numpy as np
+
+    if x.dtype == np.float16:
+        return (x.astype(np.float32) * np.float32(factor)).astype(np.float16)
+    return (x * factor).astype(x.dtype, copy=False)
