@@ -1,11 +1,10 @@
 """Communicators made by splitting COMM_WORLD, as MPI programs find their local rank and their groups
 (4 instances on one host): ``Split_type(COMM_TYPE_SHARED)``, ``Split`` by parity, one rank left out
 (``MPI.UNDEFINED``: ``COMM_NULL``), and collectives and messages inside each; a freed communicator, and
-what may not be freed. Each rank prints its results as JSON. With the argument ``reversed``, a ``Split``
-whose keys reverse the ranks' order (not provided)."""
+what may not be freed; a ``Split`` whose keys reverse the ranks' order. Each rank prints its results as
+JSON."""
 
 import json
-import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -14,8 +13,14 @@ comm = MPI.COMM_WORLD
 r, n = comm.Get_rank(), comm.Get_size()
 out = {"rank": r, "size": n}
 
-if sys.argv[1:] == ["reversed"]:
-    comm.Split(color=0, key=-r)
+# keys that reverse the ranks' order: every collective's ranks in that order
+backwards = comm.Split(color=0, key=-r)
+gathered = np.zeros(n)
+backwards.Allgather(np.array([float(r)]), gathered)
+prefix = np.zeros(1)
+backwards.Scan(np.array([float(r)]), prefix)
+out["reversed"] = [backwards.Get_rank(), backwards.allgather(r), gathered.tolist(), float(prefix[0]),
+                   backwards.bcast(r, root=0)]
 
 local = comm.Split_type(MPI.COMM_TYPE_SHARED)
 out["local"] = [local.Get_rank(), local.Get_size(), local.allreduce(1)]

@@ -2,7 +2,7 @@
 
 As in mpi4py, lowercase methods take any picklable Python object (they travel pickled, as mpi4py's do,
 between this job's instances only: see ``popdist.ragged``), and uppercase methods take buffer specs
-(``specs.buffer_of``). Reductions run in rank order, so every rank gets the same bits. Rooted operations
+(``specs.buffer_of``). Reductions run in one order on every rank, so all get the same bits. Rooted operations
 (``Gather``, ``Reduce``, ``Scatter``) run as their all-to-all forms and keep the root's part: simpler, and
 the same result.
 
@@ -59,10 +59,19 @@ FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
 class Comm(AllToAll, VectorCollectives, PrefixReductions):
-    """A communicator: ``members`` are instance indices in rank order (None: every instance)."""
+    """A communicator: ``members`` are instance indices in rank order (None: every instance).
+
+    The fabric's groups are instances in increasing order; a communicator whose ranks are in another
+    (``Split`` keys that reorder them) hands its collectives that order and puts what they gather back in rank
+    order (``_in_rank_order``)."""
 
     def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD", context: int = 0) -> None:
         self._members = None if members is None else tuple(members)
+        self._fabric_group = None if members is None else tuple(sorted(members))
+        #: For each rank, where its instance is in ``_fabric_group`` (None: the same place).
+        self._places = None
+        if self._members is not None and self._fabric_group is not None and self._members != self._fabric_group:
+            self._places = [self._fabric_group.index(member) for member in self._members]
         self._name = name
         #: Whose messages a ``recv`` here takes: 0 COMM_WORLD, 1 COMM_SELF, a ``Dup``'s derived from its parent's
         #: and the parent's count of ``Dup`` calls (collective in MPI: its ranks call it alike, whatever a rank
@@ -72,7 +81,15 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
 
     # -- who ----------------------------------------------------------------------------------------------
     def _group(self) -> tuple[int, ...] | None:
-        return self._members
+        return self._fabric_group
+
+    def _in_rank_order(self, gathered: Any) -> Any:
+        """What a collective gathered in the fabric's order (a list, or an array's rows), in rank order."""
+        if self._places is None:
+            return gathered
+        if isinstance(gathered, np.ndarray):
+            return gathered[self._places]
+        return [gathered[place] for place in self._places]
 
     def Get_size(self) -> int:
         return fabric_place()[1] if self._members is None else len(self._members)
@@ -103,7 +120,7 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
         return broadcast_object(obj, self._instance(root, "bcast"), self._group(), copied=True)
 
     def allgather(self, sendobj: Any) -> list[Any]:
-        return allgather_objects(sendobj, self._group(), copied=True)
+        return self._in_rank_order(allgather_objects(sendobj, self._group(), copied=True))
 
     def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
         gathered = self.allgather(sendobj)
@@ -252,7 +269,7 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         recv = buffer_of(recvbuf, "Allgather", receives=True, blocks=self.Get_size())
         send = self._own_block(recv, "Allgather") if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allgather")
-        fill(recv, current_fabric().allgather(send, self._group()), "Allgather")
+        fill(recv, self._in_rank_order(current_fabric().allgather(send, self._group())), "Allgather")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         is_root = self.Get_rank() == self._rank_checked(root, "Gather")
@@ -265,7 +282,7 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
             send = buffer_of(sendbuf, "Gather")
         gathered = current_fabric().allgather(send, self._group())
         if recv is not None:
-            fill(recv, gathered, "Gather")
+            fill(recv, self._in_rank_order(gathered), "Gather")
 
     def _own_block(self, recv: np.ndarray, what: str) -> np.ndarray:
         """With ``MPI.IN_PLACE``: this rank's block of the receive buffer, where MPI takes its contribution from."""
@@ -362,18 +379,15 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
         return self._split("host " + (membership.me.host_id if membership is not None else ""), key, "Split_type")
 
     def _split(self, color: Any, key: int, what: str) -> Comm:
-        """The communicator of the ranks whose ``color`` equals ours (None: none, ``COMM_NULL``): one allgather
-        here, as MPI's split is collective, and a context of its own for its messages."""
+        """The communicator of the ranks whose ``color`` equals ours (None: none, ``COMM_NULL``), in the order of
+        their keys, then of their ranks here: one allgather here, as MPI's split is collective, and a context of
+        its own for its messages."""
         if not is_int(key):
             raise MPIException(ERR_ARG, f"{what}: key {key!r} is not an int")
         everyone = self.allgather((color, int(key)))
         self._dups += 1
         orders = {c: [rank for _, rank in sorted((k, rank) for rank, (c2, k) in enumerate(everyone) if c2 == c)]
                   for c, _ in everyone if c is not None}
-        if any(order != sorted(order) for order in orders.values()):  # (every rank sees it, and raises)
-            raise MPIException(ERR_ARG, f"{what}: keys that order a new communicator's ranks unlike "
-                                        f"{self._name}'s are not provided (poprun-py's communicators keep the "
-                                        "instances' order): give every rank key=0, or its own rank")
         if color is None:
             return COMM_NULL
         return Comm([self._instance(rank, what) for rank in orders[color]], f"{self._name} {what}",

@@ -19,6 +19,7 @@ class PrefixReductions:
     if TYPE_CHECKING:  # (what they use of ``Comm``)
         def Get_rank(self) -> int: ...
         def _group(self) -> tuple[int, ...] | None: ...
+        def _in_rank_order(self, gathered: Any) -> Any: ...
         def allgather(self, sendobj: Any) -> list[Any]: ...
 
     def scan(self, sendobj: Any, op: Op | None = None) -> Any:
@@ -38,6 +39,6 @@ class PrefixReductions:
         """The reduction of the first ``ranks`` ranks' buffers into ``recvbuf`` (none: left as it was)."""
         recv = buffer_of(recvbuf, what, receives=True)
         send = recv.copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, what)
-        gathered = current_fabric().allgather(send, self._group())
+        gathered = self._in_rank_order(current_fabric().allgather(send, self._group()))
         if ranks:
             fill(recv, functools.reduce(op or SUM, list(gathered[:ranks])), what)

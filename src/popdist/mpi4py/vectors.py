@@ -55,6 +55,7 @@ class VectorCollectives:
         def Get_size(self) -> int: ...
         def Get_rank(self) -> int: ...
         def _group(self) -> tuple[int, ...] | None: ...
+        def _in_rank_order(self, gathered: Any) -> Any: ...
         def _rank_checked(self, root: int, what: str) -> int: ...
         def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
                         what: str, root: int = -1) -> list[matching.Message]: ...
@@ -62,7 +63,7 @@ class VectorCollectives:
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         recv, places = vector_of(recvbuf, self.Get_size(), "Allgatherv", receives=True)
         send = recv[places[self.Get_rank()]].copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allgatherv")
-        _put(recv, places, allgather_rows(send, self._group()), "Allgatherv")
+        _put(recv, places, self._in_rank_order(allgather_rows(send, self._group())), "Allgatherv")
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         is_root = self.Get_rank() == self._rank_checked(root, "Gatherv")
@@ -73,7 +74,7 @@ class VectorCollectives:
             send = recv[places[self.Get_rank()]].copy()
         else:
             send = buffer_of(sendbuf, "Gatherv")
-        blocks = allgather_rows(send, self._group())
+        blocks = self._in_rank_order(allgather_rows(send, self._group()))
         if recv is not None:
             _put(recv, places, blocks, "Gatherv")
 
