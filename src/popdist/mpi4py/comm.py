@@ -27,6 +27,7 @@ import numpy as np
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import matching
 from popdist.mpi4py.alltoall import AllToAll
+from popdist.mpi4py.nonblocking import NonblockingCollectives
 from popdist.mpi4py.requests import Request, completed
 from popdist.mpi4py.scans import PrefixReductions
 from popdist.mpi4py.specs import (
@@ -58,7 +59,7 @@ from popdist.ragged import allgather_objects, broadcast_object
 FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
-class Comm(AllToAll, VectorCollectives, PrefixReductions):
+class Comm(AllToAll, VectorCollectives, PrefixReductions, NonblockingCollectives):
     """A communicator: ``members`` are instance indices in rank order (None: every instance).
 
     The fabric's groups are instances in increasing order; a communicator whose ranks are in another
@@ -78,6 +79,7 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions):
         #: does with other communicators, such as COMM_SELF, alone).
         self._context = context
         self._dups = 0
+        self._nonblocking_calls = 0  # (their place in its messages' tags: ``nonblocking``)
 
     # -- who ----------------------------------------------------------------------------------------------
     def _group(self) -> tuple[int, ...] | None:

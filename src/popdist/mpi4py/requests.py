@@ -55,6 +55,10 @@ class Request(metaclass=_NotProvided):
     def _done(self) -> bool:
         return self._receive is None or self._receive.message is not None
 
+    def _pending(self) -> list[matching.Receive]:
+        """The receives whose messages it still waits for."""
+        return [self._receive] if self._receive is not None and self._receive.message is None else []
+
     def _completed(self, block: bool, status: Status | None) -> tuple[bool, Any]:
         """(done, the receive's value) once done, waiting for it with ``block``; fills ``status``. An inactive
         (null) request is done, with nothing."""
@@ -162,7 +166,7 @@ class Request(metaclass=_NotProvided):
     @classmethod
     def testall(cls, requests: Sequence[Request], statuses: list[Status] | None = None) -> tuple[bool, list | None]:
         """All complete, with their values; or (False, None), every request left as it was (MPI's Testall)."""
-        pending = [r._receive for r in requests if r._receive is not None]
+        pending = [receive for r in requests if r._active for receive in r._pending()]
         for receive in pending:  # (take what has come for each, completing none yet)
             if receive.message is None:
                 matching.progress([receive], False, "testall")
@@ -182,8 +186,8 @@ class Request(metaclass=_NotProvided):
         if not active:
             fill_status(status, EMPTY_STATUS)
             return UNDEFINED, None
-        if not any(r._done() for r in active):
-            matching.progress([r._receive for r in active if r._receive is not None], True, "waitany")
+        while not any(r._done() for r in active):  # (a collective's request is done when all its parts are)
+            matching.progress([receive for r in active for receive in r._pending()], True, "waitany")
         index = next(k for k, r in enumerate(requests) if r._active and r._done())
         return index, requests[index].wait(status)
 

@@ -1,0 +1,262 @@
+"""The nonblocking collectives, ``Ibarrier``, ``Ibcast``, ``Iallreduce``, ``Iallgather``, ``Igather``,
+``Ireduce``, ``Iscatter`` and ``Ialltoall``: each sends its part at once, as messages in a context of the
+communicator's own, to the ranks that need it, and posts a receive for each part it needs; its request
+completes when they have all come (``Wait``, ``Test``, ``Request.Waitall``...), and every MPI call that waits
+takes their messages meanwhile, as MPI's progress engine does. So no rank waits for another until it waits
+on the request, and the pattern made of them (``Issend``s, then an ``Ibarrier`` tested while receiving)
+works. Each part goes straight to the ranks that need it (a broadcast's root sends to every rank), which
+suits the small calls these are used for.
+
+A call's messages carry its place among the communicator's nonblocking calls, its kind and its root, so a
+rank that made another call is named with both (``CollectiveMismatchError``). Reductions run in rank order
+once every part is there: the same bits on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from popdist.mpi4py import matching
+from popdist.mpi4py.requests import Request
+from popdist.mpi4py.specs import ANY_TAG, IN_PLACE, README_SECTION, SUM, NotProvidedError, Op, buffer_of, fill
+from simipu.fabric.errors import CollectiveMismatchError
+
+#: The calls; a call's messages' tag holds its place among the communicator's nonblocking calls (from bit
+#: ``_PLACE_SHIFT``), its root plus one (from bit ``_ROOT_SHIFT``; 0: none) and its index here.
+KINDS = ("Ibarrier", "Ibcast", "Iallreduce", "Iallgather", "Igather", "Ireduce", "Iscatter", "Ialltoall")
+_ROOT_SHIFT, _PLACE_SHIFT = 8, 32
+#: The contexts of their messages, one for each communicator: below its own, its collectives' and the replies
+#: to synchronous sends.
+CONTEXT_BASE = -(1 << 61)
+
+
+def call_named(tag: int) -> str:
+    """The call whose messages have ``tag``, as a user would write it, with its place."""
+    place, root = tag >> _PLACE_SHIFT, (tag >> _ROOT_SHIFT & (1 << (_PLACE_SHIFT - _ROOT_SHIFT)) - 1) - 1
+    what = KINDS[tag & (1 << _ROOT_SHIFT) - 1]
+    return f"{what}{f'(root={root})' if root >= 0 else ''} as nonblocking collective #{place}"
+
+
+class CollectiveRequest(Request):
+    """A nonblocking collective's request: complete when every part it needs has come; ``finish`` then takes
+    them (in rank order) and fills the receive buffer."""
+
+    def __init__(self, receives: list[matching.Receive], finish: Callable[[list[matching.Message]], None],
+                 what: str) -> None:
+        super().__init__(None, what=what)
+        self._parts = receives
+        self._finish_all = finish
+
+    def _pending(self) -> list[matching.Receive]:
+        return [receive for receive in self._parts if receive.message is None]
+
+    def _done(self) -> bool:
+        return not self._pending()
+
+    def _completed(self, block: bool, status: Any) -> tuple[bool, Any]:
+        if self._active:
+            pending = self._pending()
+            while pending:
+                matching.progress(pending, block, self._what)
+                pending = self._pending()
+                if pending and not block:
+                    return False, None
+            self._active = False  # (null from now on, even if ``finish`` raises)
+            self._finish_all([receive.message for receive in self._parts])  # type: ignore[misc]
+        return super()._completed(block, status)
+
+    def Get_status(self, status: Any = None) -> bool:
+        """Whether every part has come (taking what has), without completing the request."""
+        pending = self._pending() if self._active else []
+        if pending:
+            matching.progress(pending, False, self._what)
+            if self._pending():
+                return False
+        return super().Get_status(status)
+
+    get_status = Get_status
+
+    def Free(self) -> None:
+        if self._active and self._pending():
+            raise NotProvidedError(f"Request.Free of {self._what} that has not completed is not provided by "
+                                   f"poprun-py's mpi4py (its parts would be taken and dropped): Wait for it first "
+                                   f"({README_SECTION})")
+        self._active = False
+
+
+class NonblockingCollectives:
+    """``Comm``'s nonblocking collectives (see the module docstring)."""
+
+    if TYPE_CHECKING:  # (what they use of ``Comm``)
+        _context: int
+        _nonblocking_calls: int
+
+        def Get_size(self) -> int: ...
+        def Get_rank(self) -> int: ...
+        def _instance(self, rank: int, what: str) -> int: ...
+        def _rank_checked(self, root: int, what: str) -> int: ...
+
+    def Ibarrier(self) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        nothing = np.empty(0, np.uint8)
+        return self._started("Ibarrier", -1, [None if k == me else nothing for k in range(size)],
+                             [k != me for k in range(size)], lambda parts: None)
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        root = self._rank_checked(root, "Ibcast")
+        array = buffer_of(buf, "Ibcast", receives=me != root)
+        mine = array.view(np.uint8)
+        sends = [mine if me == root and k != me else None for k in range(size)]
+
+        def finish(parts: list[matching.Message]) -> None:
+            if me != root:
+                matching.deliver(mine, parts[0], "Ibcast", root)
+        return self._started("Ibcast", root, sends, [me != root and k == root for k in range(size)], finish)
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        recv = buffer_of(recvbuf, "Iallreduce", receives=True)
+        send = recv.copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, "Iallreduce")
+        return self._started("Iallreduce", -1, [None if k == me else send.view(np.uint8) for k in range(size)],
+                             [k != me for k in range(size)],
+                             lambda parts: fill(recv, _reduced(parts, send, me, op, "Iallreduce"), "Iallreduce"))
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        root = self._rank_checked(root, "Ireduce")
+        recv = buffer_of(recvbuf, "Ireduce", receives=True) if me == root else None
+        if sendbuf is IN_PLACE:
+            if recv is None:
+                raise ValueError("Ireduce: only the root may pass MPI.IN_PLACE")
+            send = recv.copy()
+        else:
+            send = buffer_of(sendbuf, "Ireduce")
+
+        def finish(parts: list[matching.Message]) -> None:
+            if recv is not None:
+                fill(recv, _reduced(parts, send, me, op, "Ireduce"), "Ireduce")
+        return self._started("Ireduce", root, [send.view(np.uint8) if me != root and k == root else None
+                                               for k in range(size)],
+                             [me == root and k != me for k in range(size)], finish)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        recv = buffer_of(recvbuf, "Iallgather", receives=True, blocks=size)
+        blocks = _blocks(recv, size, "Iallgather")
+        send = blocks[me].copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, "Iallgather")
+        return self._started("Iallgather", -1, [None if k == me else send.view(np.uint8) for k in range(size)],
+                             [k != me for k in range(size)],
+                             lambda parts: _place(blocks, parts, send, me, "Iallgather"))
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        root = self._rank_checked(root, "Igather")
+        blocks = _blocks(buffer_of(recvbuf, "Igather", receives=True, blocks=size), size, "Igather") \
+            if me == root else []
+        if sendbuf is IN_PLACE:
+            if not blocks:
+                raise ValueError("Igather: only the root may pass MPI.IN_PLACE")
+            send = blocks[me].copy()
+        else:
+            send = buffer_of(sendbuf, "Igather")
+        return self._started("Igather", root, [send.view(np.uint8) if me != root and k == root else None
+                                               for k in range(size)],
+                             [me == root and k != me for k in range(size)],
+                             lambda parts: _place(blocks, parts, send, me, "Igather") if blocks else None)
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        root = self._rank_checked(root, "Iscatter")
+        recv = None if recvbuf is IN_PLACE and me == root else buffer_of(recvbuf, "Iscatter", receives=True)
+        sends: list[np.ndarray | None] = [None] * size
+        if me == root:
+            blocks = _blocks(buffer_of(sendbuf, "Iscatter", blocks=size), size, "Iscatter")
+            sends = [None if k == me else block.view(np.uint8) for k, block in enumerate(blocks)]
+            if recv is not None:
+                fill(recv, blocks[me], "Iscatter")
+
+        def finish(parts: list[matching.Message]) -> None:
+            if me != root and recv is not None:
+                matching.deliver(recv.view(np.uint8), parts[0], "Iscatter", root)
+        return self._started("Iscatter", root, sends, [me != root and k == root for k in range(size)], finish)
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        send = _blocks(buffer_of(sendbuf, "Ialltoall", blocks=size), size, "Ialltoall")
+        recv = _blocks(buffer_of(recvbuf, "Ialltoall", receives=True, blocks=size), size, "Ialltoall")
+        _own(recv[me], send[me], "Ialltoall")
+
+        def finish(parts: list[matching.Message]) -> None:
+            others = [k for k in range(size) if k != me]
+            for k, part in zip(others, parts):
+                matching.deliver(recv[k].view(np.uint8), part, "Ialltoall", k)
+        return self._started("Ialltoall", -1,
+                             [None if k == me else block.view(np.uint8) for k, block in enumerate(send)],
+                             [k != me for k in range(size)], finish)
+
+    def _started(self, what: str, root: int, sends: Sequence[np.ndarray | None], needs: Sequence[bool],
+                 finish: Callable[[list[matching.Message]], None]) -> Request:
+        """Post a receive from each rank that ``needs`` says, send each rank its part (None: nothing), and the
+        request that completes when the receives have; ``finish`` takes their messages in rank order."""
+        self._nonblocking_calls += 1
+        tag = self._nonblocking_calls << _PLACE_SHIFT | (root + 1) << _ROOT_SHIFT | KINDS.index(what)
+        context, me, size = CONTEXT_BASE - self._context, self.Get_rank(), self.Get_size()
+        ranks = [k for k in range(size) if needs[k]]
+        receives = [matching.post(context, [self._instance(k, what)], ANY_TAG) for k in ranks]
+        for k in [*range(me + 1, size), *range(me + 1)]:  # (from the one after us: no rank is everyone's first)
+            part = sends[k]
+            if part is not None:
+                matching.send(part, context, tag, self._instance(k, what))
+
+        def checked(messages: list[matching.Message]) -> None:
+            for k, message in zip(ranks, messages):
+                if message.tag != tag:
+                    raise CollectiveMismatchError(f"{what}: rank {k} called {call_named(message.tag)} where rank "
+                                                  f"{me} called {call_named(tag)}")
+            finish(messages)
+        return CollectiveRequest(receives, checked, what)
+
+
+def _blocks(flat: np.ndarray, size: int, what: str) -> list[np.ndarray]:
+    """A buffer's equal blocks, one for each rank."""
+    if flat.size % size:
+        raise ValueError(f"{what}: the buffer's {flat.size} items do not split into {size} ranks' blocks")
+    n = flat.size // size
+    return [flat[k * n:(k + 1) * n] for k in range(size)]
+
+
+def _own(block: np.ndarray, mine: np.ndarray, what: str) -> None:
+    """This rank's part into its own block, byte for byte, as the others' come."""
+    if block.nbytes != mine.nbytes:
+        raise ValueError(f"{what}: this rank's part has {mine.nbytes} bytes, its block in the receive buffer "
+                         f"{block.nbytes}")
+    block.view(np.uint8)[:] = mine.view(np.uint8)
+
+
+def _place(blocks: list[np.ndarray], parts: list[matching.Message], mine: np.ndarray, me: int, what: str) -> None:
+    """Each rank's part into its block (``parts``: the others', in rank order; ``mine``: this rank's)."""
+    others = iter(parts)
+    for k, block in enumerate(blocks):
+        if k == me:
+            _own(block, mine, what)
+        else:
+            matching.deliver(block.view(np.uint8), next(others), what, k)
+
+
+def _reduced(parts: list[matching.Message], mine: np.ndarray, me: int, op: Op | None, what: str) -> np.ndarray:
+    """Every rank's part reduced in rank order (``parts``: the others', in rank order; ``mine``: this rank's)."""
+    others = iter(parts)
+    contributions = []
+    for k in range(len(parts) + 1):
+        if k == me:
+            contributions.append(mine)
+            continue
+        data = next(others).data
+        if data.size != mine.nbytes:
+            raise ValueError(f"{what}: rank {k} gave {data.size} bytes, rank {me} {mine.nbytes}")
+        contributions.append(np.frombuffer(data, mine.dtype))
+    return functools.reduce(op or SUM, contributions)

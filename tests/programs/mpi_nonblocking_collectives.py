@@ -1,0 +1,76 @@
+"""mpi4py's nonblocking collectives (3 instances or more), as MPI programs use them: the sparse exchange that
+needs them (``Issend``s, then an ``Ibarrier`` tested while receiving whatever comes), an ``Iallreduce`` left
+running across point-to-point messages, a rank that sends after its ``Ibarrier`` to one that receives before
+its own, every kind posted together and completed by one ``Waitall``, and ``MPI.IN_PLACE``. Each rank prints
+its results as JSON. With the argument ``mismatch``, rank 0 calls ``Ibarrier`` while the others call
+``Iallreduce``."""
+
+import json
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+r, n = comm.Get_rank(), comm.Get_size()
+if sys.argv[1:] == ["mismatch"]:
+    if r == 0:
+        comm.Ibarrier().Wait()
+    else:
+        comm.Iallreduce(np.ones(1), np.zeros(1)).Wait()
+    sys.exit(0)
+out = {"rank": r, "size": n}
+
+# the sparse exchange (NBX): each rank knows whom it sends to, not who sends to it
+sends = [comm.issend(f"from {r}", dest=(r + hop) % n, tag=5) for hop in (1, 2)]
+barrier, heard, status = None, [], MPI.Status()
+while True:
+    if comm.iprobe(source=MPI.ANY_SOURCE, tag=5, status=status):
+        heard.append(comm.recv(source=status.Get_source(), tag=5))
+    if barrier is None:
+        if MPI.Request.Testall(sends):
+            barrier = comm.Ibarrier()
+    elif barrier.Test():
+        break
+out["nbx"] = sorted(heard)
+
+# an Iallreduce left running while the ranks pass messages around a ring
+total = np.zeros(2)
+running = comm.Iallreduce(np.array([r, 1.0]), total, op=MPI.SUM)
+comm.send(r, dest=(r + 1) % n, tag=6)
+out["ring"] = comm.recv(source=(r - 1) % n, tag=6)
+running.Wait()
+out["iallreduce"] = total.tolist()
+
+# rank 0 sends after its Ibarrier; rank 1 receives it before its own (an Ibarrier that waited would hang)
+if r == 0:
+    first = comm.Ibarrier()
+    comm.send("after my Ibarrier", dest=1, tag=7)
+    first.Wait()
+elif r == 1:
+    out["before_ibarrier"] = comm.recv(source=0, tag=7)
+    comm.Ibarrier().Wait()
+else:
+    comm.Ibarrier().Wait()
+
+# every kind at once, completed together
+bcast = np.full(3, float(r))
+gathered_all = np.zeros(2 * n)
+gathered = np.zeros(n) if r == 2 else None
+scattered = np.zeros(1)
+reduced = np.zeros(1)
+exchanged = np.zeros(n)
+in_place = np.array([float(r + 1)])
+requests = [comm.Ibcast(bcast, root=1),
+            comm.Iallgather(np.array([r, r + 0.5]), gathered_all),
+            comm.Igather(np.array([float(r * r)]), gathered, root=2),
+            comm.Iscatter(np.arange(n, dtype=np.float64) * 10 if r == 0 else None, scattered, root=0),
+            comm.Ireduce(np.array([float(r)]), reduced if r == 1 else None, op=MPI.MAX, root=1),
+            comm.Ialltoall(np.arange(n, dtype=np.float64) + 100 * r, exchanged),
+            comm.Iallreduce(MPI.IN_PLACE, in_place, op=MPI.PROD)]
+MPI.Request.Waitall(requests)
+out["all_kinds"] = [bcast.tolist(), gathered_all.tolist(), None if gathered is None else gathered.tolist(),
+                    scattered.tolist(), reduced.tolist() if r == 1 else None, exchanged.tolist(), in_place.tolist(),
+                    all(not request for request in requests)]
+comm.Barrier()
+print(json.dumps(out), flush=True)
