@@ -114,6 +114,21 @@ def test_attach_is_exclusive_within_a_process(p16: Partition, tmp_path: Path) ->
     attach(p16, device_dir=devices).detach()  # the whole partition is free again
 
 
+def test_a_detached_device_attaches_again_unless_another_holds_it(p16: Partition, tmp_path: Path) -> None:
+    devices = tmp_path / "devices"
+    device = attach(p16, 24, device_dir=devices, job="job-a")
+    device.detach()
+    other = attach(p16, 24, device_dir=devices, job="job-b")
+    with pytest.raises(DeviceBusy) as busy:
+        device.attach()
+    assert busy.value.holder.job == "job-b" and not device.attached  # type: ignore[union-attr]
+    other.detach()
+    device.attach()
+    assert device.attached and ipu_holder("cluster0", 16, devices).job == "job-a"  # type: ignore[union-attr]
+    device.attach()  # (attached: nothing to do)
+    device.detach()
+
+
 def test_attach_ipus_directly(tmp_path: Path) -> None:
     with attach_ipus("cluster0", [5, 6], device_dir=tmp_path) as device:
         with pytest.raises(DeviceBusy):

@@ -37,7 +37,9 @@ def test_hello_poprun_shape_on_a_partition() -> None:
         assert r["session"] == {"enableReplicatedGraphs": True, "replicatedGraphCount": 2,
                                 "enableDistributedReplicatedGraphs": True, "globalReplicaOffset": 2 * index,
                                 "globalReplicationFactor": 8}
-        assert r["popart_device"] == [24 + index, 4, True]  # the 4 IPUs poprun attached for this instance
+        # the 4 IPUs poprun attached for this instance; after a detach, getDevice attaches them again (it
+        # returned a detached device before)
+        assert r["popart_device"] == [24 + index, 4, True, False, True]
         assert r["tensorflow"] == [[24 + index], 4, index]
     # popdist.data.DataLoader reads these options: the 8 replicas' first batches tile 16 distinct samples
     batches = [row for r in found for batch in r["first_batches"] for row in batch]
@@ -49,7 +51,7 @@ def test_offline_launch_attaches_nothing() -> None:
                                *python_program("frameworks_check.py")))
     for index, r in enumerate(found):
         assert r["device_id"] is None and r["process"] == [index, 2] and r["replication_factor"] == 1
-        assert r["popart_device"][2] is False
+        assert r["popart_device"][2] is False and r["popart_device"][4] is False
 
 
 def test_blocked_setters_raise_graphcore_messages_under_poprun() -> None:

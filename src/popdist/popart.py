@@ -57,6 +57,13 @@ class DeviceInfo:
         if self._held is not None:
             self._held.detach()
 
+    def attach(self) -> bool:
+        """Take the IPUs again after ``detach()``, as PopART's ``DeviceInfo.attach``: True if attached (False
+        with nothing to attach: offline, or outside poprun); raises if another process has taken them."""
+        if self._held is not None:
+            self._held.attach()
+        return self.isAttached
+
     def __repr__(self) -> str:
         state = "attached" if self.isAttached else "not attached"
         return f"<popdist.popart.DeviceInfo id={self.id} numIpus={self.numIpus} {state}>"
@@ -85,4 +92,6 @@ def _simulated_device(device_id: int, ipus_per_replica: int | None) -> DeviceInf
     launch = InstanceEnv.from_environ(os.environ)
     if launch is None:
         return DeviceInfo(device_id, ipus_per_replica or 1)
-    return DeviceInfo(device_id, launch.num_local_replicas * launch.num_ipus_per_replica, held_device(launch))
+    device = DeviceInfo(device_id, launch.num_local_replicas * launch.num_ipus_per_replica, held_device(launch))
+    device.attach()  # (the guide's "an attached device", also after the program detached an earlier one)
+    return device

@@ -183,11 +183,15 @@ def ipu_holder(cluster: str, ipu: int, device_dir: Optional[os.PathLike[str] | s
 
 
 class Device:
-    """An attached device: its IPUs are this process's until ``detach()`` or the process ends."""
+    """An attached device: its IPUs are this process's until ``detach()`` or the process ends; ``attach()``
+    takes them again (PopART's devices can be detached and attached again)."""
 
-    def __init__(self, info: DeviceInfo, fds: list[int]) -> None:
+    def __init__(self, info: DeviceInfo, fds: list[int], device_dir: Optional[Path] = None,
+                 job: Optional[str] = None) -> None:
         self.info = info
         self._fds = fds
+        self._device_dir = device_dir or default_device_dir()  # (where its locks are, to take them again)
+        self._job = job
 
     @property
     def id(self) -> int:
@@ -216,6 +220,12 @@ class Device:
     def handed_over(self) -> tuple[int, ...]:
         """Descriptors for a child to inherit (``pass_fds``): see :func:`hand_over`."""
         return hand_over(self)
+
+    def attach(self) -> None:
+        """Take the IPUs again after ``detach()`` (nothing if attached); DeviceBusy if another process has."""
+        if not self._fds:
+            self._fds = _lock_ipus(self.info, self._device_dir, self._job)
+            log.debug("attached again to device %d of %s", self.info.id, self.info.partition)
 
     def detach(self) -> None:
         """Release the IPUs (idempotent)."""
@@ -283,9 +293,10 @@ def attach(partition: Partition, device_id: Optional[int] = None, *,
             f"(simipu vipu reset partition {partition.name}) before attaching"
         )
     info = device_info(partition, device_id)
-    fds = _lock_ipus(info, Path(device_dir) if device_dir else default_device_dir(), job)
+    directory = Path(device_dir) if device_dir else default_device_dir()
+    fds = _lock_ipus(info, directory, job)
     log.debug("attached to device %d of %s: IPUs %s", info.id, info.partition, list(info.ipus))
-    return Device(info, fds)
+    return Device(info, fds, directory, job)
 
 
 def hand_over(device: Device) -> tuple[int, ...]:
@@ -300,7 +311,7 @@ def hand_over(device: Device) -> tuple[int, ...]:
 
 def adopt(fds: Sequence[int], device_id: int, partition: str, *, job: Optional[str] = None) -> Device:
     """Take over IPU locks inherited from the launcher (see :func:`hand_over`), naming this process as holder."""
-    ipus, cluster = [], ""
+    ipus, cluster, directory = [], "", None
     for fd in fds:
         try:
             path = Path(os.readlink(f"/proc/self/fd/{fd}"))
@@ -309,14 +320,14 @@ def adopt(fds: Sequence[int], device_id: int, partition: str, *, job: Optional[s
         if not path.name.startswith("ipu") or not path.name.endswith(".lock"):
             raise NoSuchDevice(f"descriptor {fd} handed over for device {device_id} is not an IPU lock ({path})")
         ipus.append(int(path.name[3:-5]))
-        cluster = path.parent.name
+        cluster, directory = path.parent.name, path.parent.parent
         os.set_inheritable(fd, False)  # the program's own children do not keep the IPUs
     info = DeviceInfo(id=device_id, partition=partition, cluster=cluster, ipus=tuple(ipus))
     record = _holder_record(info, job)
     for fd in fds:
         os.ftruncate(fd, 0)
         os.pwrite(fd, record, 0)
-    return Device(info, list(fds))
+    return Device(info, list(fds), directory, job)
 
 
 def attach_ipus(cluster: str, ipus: Sequence[int], *, device_dir: Optional[os.PathLike[str] | str] = None,
@@ -327,7 +338,8 @@ def attach_ipus(cluster: str, ipus: Sequence[int], *, device_dir: Optional[os.Pa
     if len(set(ipus)) != len(ipus):
         raise NoSuchDevice(f"cannot attach to IPUs {list(ipus)!r}: an IPU appears twice")
     info = DeviceInfo(id=-1, partition="", cluster=cluster, ipus=tuple(ipus))
-    return Device(info, _lock_ipus(info, Path(device_dir) if device_dir else default_device_dir(), job))
+    directory = Path(device_dir) if device_dir else default_device_dir()
+    return Device(info, _lock_ipus(info, directory, job), directory, job)
 
 
 def _where(cluster: str, ipu: int) -> str:

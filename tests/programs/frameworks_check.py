@@ -65,6 +65,10 @@ def main() -> None:
     device = popdist.popart.getDevice(args.ipus_per_replica)
     report["popart_device"] = [device.id, device.numIpus, device.isAttached]
     device.detach()
+    report["popart_device"].append(device.isAttached)
+    again = popdist.popart.getDevice(args.ipus_per_replica)  # (the guide's "an attached device" again)
+    report["popart_device"].append(again.isAttached)
+    again.detach()
     config = stand_in_ipu_config()
     assert popdist.tensorflow.set_ipu_config(config, args.ipus_per_replica, configure_device=True) is config
     distribution = config.experimental.multi_replica_distribution
