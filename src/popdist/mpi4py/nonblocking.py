@@ -28,8 +28,8 @@ from simipu.fabric.errors import CollectiveMismatchError
 #: ``_PLACE_SHIFT``), its root plus one (from bit ``_ROOT_SHIFT``; 0: none) and its index here.
 KINDS = ("Ibarrier", "Ibcast", "Iallreduce", "Iallgather", "Igather", "Ireduce", "Iscatter", "Ialltoall")
 _ROOT_SHIFT, _PLACE_SHIFT = 8, 32
-#: The contexts of their messages, one for each communicator: below its own, its collectives' and the replies
-#: to synchronous sends.
+#: The contexts of their messages, one for each communicator, apart from its own (from 0 up), its blocking
+#: collectives' (from -2 down) and the replies to synchronous sends (``matching.REPLY_CONTEXT``).
 CONTEXT_BASE = -(1 << 61)
 
 
