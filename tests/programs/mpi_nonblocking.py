@@ -181,5 +181,10 @@ elif r == 1:
     out["synchronous"] = [first, comm.recv(source=0, tag=61)]
     comm.Recv(big, source=0, tag=63)
     out["synchronous"].append(sorted(set(big.tolist())))
+# a ring of issends, each rank waiting on its own send's request before its receive's: the wait takes the
+# message for the receive posted meanwhile (MPI's progress), so every send is matched (it hung at 3 ranks)
+ring_in = comm.irecv(source=(r - 1) % n, tag=65)
+ring_out = comm.issend(f"ring from {r}", dest=(r + 1) % n, tag=65)
+out["issend_ring"] = MPI.Request.waitall([ring_out, ring_in])[1]
 comm.Barrier()
 print(json.dumps(out), flush=True)

@@ -1,9 +1,9 @@
 """mpi4py's nonblocking collectives (3 instances or more), as MPI programs use them: the sparse exchange that
 needs them (``Issend``s, then an ``Ibarrier`` tested while receiving whatever comes), an ``Iallreduce`` left
 running across point-to-point messages, a rank that sends after its ``Ibarrier`` to one that receives before
-its own, every kind posted together and completed by one ``Waitall``, and ``MPI.IN_PLACE``. Each rank prints
-its results as JSON. With the argument ``mismatch``, rank 0 calls ``Ibarrier`` while the others call
-``Iallreduce``."""
+its own, every kind posted together and completed by one ``Waitall``, ``Get_status``, and ``MPI.IN_PLACE``
+(in the all-to-alls too). Each rank prints its results as JSON. With the argument ``mismatch``, rank 0 calls
+``Ibarrier`` while the others call ``Iallreduce``."""
 
 import json
 import sys
@@ -52,6 +52,30 @@ elif r == 1:
     comm.Ibarrier().Wait()
 else:
     comm.Ibarrier().Wait()
+
+# Get_status says complete only with the receive buffer filled (it said so before the buffer was)
+probed = np.zeros(3)
+pending = comm.Iallreduce(np.ones(3), probed)
+while not pending.Get_status():
+    pass
+out["get_status_filled"] = probed.tolist()
+pending.Wait()
+
+# MPI.IN_PLACE in the all-to-alls (None means it too, as in mpi4py), and the root's in Scatter
+swapped = np.arange(n, dtype=np.float64) + 10 * r
+comm.Ialltoall(MPI.IN_PLACE, swapped).Wait()
+blocking = np.arange(n, dtype=np.float64) + 10 * r
+comm.Alltoall(None, blocking)
+varied = np.arange(n, dtype=np.float64) + 10 * r
+comm.Alltoallv(MPI.IN_PLACE, [varied, [1] * n])
+kept = np.array([-1.0])
+comm.Scatter(np.arange(n, dtype=np.float64) if r == 0 else None, MPI.IN_PLACE if r == 0 else kept, root=0)
+try:
+    comm.Bcast(MPI.IN_PLACE, root=0)
+    not_a_buffer = None
+except MPI.Exception as exc:
+    not_a_buffer = exc.Get_error_class() == MPI.ERR_ARG
+out["in_place"] = [swapped.tolist(), blocking.tolist(), varied.tolist(), kept.tolist(), not_a_buffer]
 
 # every kind at once, completed together
 bcast = np.full(3, float(r))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from popdist.mpi4py import matching
-from popdist.mpi4py.specs import IN_PLACE, NotProvidedError, buffer_of
+from popdist.mpi4py.specs import buffer_of, in_place
 from popdist.mpi4py.vectors import vector_of
 from simipu.fabric.errors import CollectiveMismatchError
 
@@ -54,12 +54,9 @@ class AllToAll:
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         """Block k of ``sendbuf`` (its items split into as many equal blocks as ranks) to rank k; rank k's block
         for us into block k of ``recvbuf`` (collective)."""
-        if sendbuf is IN_PLACE:
-            raise NotProvidedError("Alltoall with MPI.IN_PLACE is not provided by poprun-py's mpi4py: pass the "
-                                   "send buffer and a receive buffer apart from it")
         size = self.Get_size()
-        send = buffer_of(sendbuf, "Alltoall", blocks=size).view(np.uint8)
         recv = buffer_of(recvbuf, "Alltoall", receives=True, blocks=size).view(np.uint8)
+        send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, "Alltoall", blocks=size).view(np.uint8)
         if send.size % size or recv.size != send.size:
             raise ValueError(f"Alltoall: the send buffer's {send.size} bytes must split into {size} equal blocks, "
                              f"and the receive buffer must hold as many ({recv.size})")
@@ -72,12 +69,9 @@ class AllToAll:
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
         """Block k of ``sendbuf`` (its count and displacement k) to rank k; rank k's block for us into place k
         of ``recvbuf`` (collective). Both specs are the vector collectives' (``vectors.vector_of``)."""
-        if sendbuf is IN_PLACE:
-            raise NotProvidedError("Alltoallv with MPI.IN_PLACE is not provided by poprun-py's mpi4py: pass the "
-                                   "send buffer and a receive buffer apart from it")
         size = self.Get_size()
-        send, sends = vector_of(sendbuf, size, "Alltoallv")
         recv, receives = vector_of(recvbuf, size, "Alltoallv", receives=True)
+        send, sends = (recv.copy(), receives) if in_place(sendbuf) else vector_of(sendbuf, size, "Alltoallv")
         rooms = [recv[place].view(np.uint8) for place in receives]
         received = self._all_to_all([send[place].view(np.uint8) for place in sends], rooms, "Alltoallv")
         for k, (room, message) in enumerate(zip(rooms, received)):

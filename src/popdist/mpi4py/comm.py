@@ -37,7 +37,6 @@ from popdist.mpi4py.specs import (
     ERR_ARG,
     ERR_COMM,
     ERR_TAG,
-    IN_PLACE,
     PROC_NULL,
     README_SECTION,
     SUM,
@@ -50,6 +49,7 @@ from popdist.mpi4py.specs import (
     buffer_of,
     fill,
     fill_status,
+    in_place,
     is_int,
 )
 from popdist.mpi4py.vectors import VectorCollectives
@@ -252,13 +252,13 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions, NonblockingCollectives
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
         recv = buffer_of(recvbuf, "Allreduce", receives=True)
-        send = recv if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allreduce")
+        send = recv if in_place(sendbuf) else buffer_of(sendbuf, "Allreduce")
         fill(recv, current_fabric().allreduce(send, (op or SUM).fabric_op, self._group()), "Allreduce")
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> None:
         is_root = self.Get_rank() == root
         recv = buffer_of(recvbuf, "Reduce", receives=True) if is_root else None
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             if recv is None:
                 raise ValueError("Reduce: only the root may pass MPI.IN_PLACE")
             send = recv
@@ -270,13 +270,13 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions, NonblockingCollectives
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         recv = buffer_of(recvbuf, "Allgather", receives=True, blocks=self.Get_size())
-        send = self._own_block(recv, "Allgather") if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allgather")
+        send = self._own_block(recv, "Allgather") if in_place(sendbuf) else buffer_of(sendbuf, "Allgather")
         fill(recv, self._in_rank_order(current_fabric().allgather(send, self._group())), "Allgather")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         is_root = self.Get_rank() == self._rank_checked(root, "Gather")
         recv = buffer_of(recvbuf, "Gather", receives=True, blocks=self.Get_size()) if is_root else None
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             if recv is None:
                 raise ValueError("Gather: only the root may pass MPI.IN_PLACE")
             send = self._own_block(recv, "Gather")
@@ -295,18 +295,23 @@ class Comm(AllToAll, VectorCollectives, PrefixReductions, NonblockingCollectives
         return recv[self.Get_rank() * block:(self.Get_rank() + 1) * block].copy()
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        recv = buffer_of(recvbuf, "Scatter", receives=True)
-        shape = (self.Get_size(), *recv.shape)
-        if self.Get_rank() == self._rank_checked(root, "Scatter"):
-            send = buffer_of(sendbuf, "Scatter", blocks=self.Get_size())
-            if send.size != recv.size * self.Get_size():
-                raise ValueError(f"Scatter: the root's buffer holds {send.size} elements, "
-                                 f"{self.Get_size()} ranks x {recv.size} are needed")
-            send = np.ascontiguousarray(send, dtype=recv.dtype).reshape(shape)
+        """Block k of the root's ``sendbuf`` into rank k's ``recvbuf`` (the root's ``MPI.IN_PLACE``: its own
+        block stays where it is)."""
+        size, is_root = self.Get_size(), self.Get_rank() == self._rank_checked(root, "Scatter")
+        recv = None if is_root and in_place(recvbuf) else buffer_of(recvbuf, "Scatter", receives=True)
+        if is_root:
+            send = buffer_of(sendbuf, "Scatter", blocks=size)
+            block = send.size // size if recv is None else recv.size
+            if send.size != block * size:
+                raise ValueError(f"Scatter: the root's buffer holds {send.size} elements, {size} ranks x {block} "
+                                 "are needed")
+            send = np.ascontiguousarray(send, dtype=send.dtype if recv is None else recv.dtype).reshape(size, block)
         else:
-            send = np.empty(shape, recv.dtype)
+            assert recv is not None
+            send = np.empty((size, recv.size), recv.dtype)
         everything = current_fabric().broadcast(send, self._instance(root, "Scatter"), self._group())
-        fill(recv, everything[self.Get_rank()], "Scatter")
+        if recv is not None:
+            fill(recv, everything[self.Get_rank()], "Scatter")
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """``send``'s standard mode, of the buffer's bytes."""

@@ -184,21 +184,34 @@ def probe(context: int, sources: Iterable[int], tag: int, block: bool, what: str
 
 def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], block: bool, what: str) -> bool:
     """Take the messages that come from ``sources`` until ``done()`` (True), or none has come (False; with
-    ``block``, wait)."""
-    peers = sorted(sources - {fabric_place()[0]})
+    ``block``, wait). Meanwhile the messages of the other ranks that posted receives are waiting for are
+    taken and matched too (MPI's progress: a synchronous send to a receive posted here completes while this
+    rank waits for something else)."""
+    me = fabric_place()[0]
+    peers = sorted(sources - {me})
     while not done():
         if not peers:
             if block:
                 raise ValueError(f"{what}: no message this rank sent itself matches, and no other rank can send one")
             return False
         after = bisect.bisect_right(peers, _state.turn)  # (in turn: see ``_Matching.turn``)
-        source = current_fabric().message_waiting(peers[after:] + peers[:after], block)
+        source = current_fabric().message_waiting(peers[after:] + peers[:after], block, _watched(peers, me))
         if source is None:
             return False
         _take(source)
         if len(peers) > 1:
             _state.turn = source
     return True
+
+
+def _watched(peers: list[int], me: int) -> list[int]:
+    """The ranks that posted receives wait for besides ``peers`` (and us), whose messages a wait takes too."""
+    posted = _state.posted
+    if not posted:
+        return []
+    extra = set().union(*(receive.sources for receive in posted)).difference(peers)
+    extra.discard(me)
+    return sorted(extra)
 
 
 def _take(source: int) -> None:

@@ -8,8 +8,9 @@ works. Each part goes straight to the ranks that need it (a broadcast's root sen
 suits the small calls these are used for.
 
 A call's messages carry its place among the communicator's nonblocking calls, its kind and its root, so a
-rank that made another call is named with both (``CollectiveMismatchError``). Reductions run in rank order
-once every part is there: the same bits on every rank.
+rank that made a call of another kind is named with both (``CollectiveMismatchError``); calls of one kind
+with different roots may send nothing to the rank that would see it, so they go unnamed, as with Open MPI.
+Reductions run in rank order once every part is there: the same bits on every rank.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from popdist.mpi4py import matching
 from popdist.mpi4py.requests import Request
-from popdist.mpi4py.specs import ANY_TAG, IN_PLACE, README_SECTION, SUM, NotProvidedError, Op, buffer_of, fill
+from popdist.mpi4py.specs import ANY_TAG, README_SECTION, SUM, NotProvidedError, Op, buffer_of, fill, in_place
 from simipu.fabric.errors import CollectiveMismatchError
 
 #: The calls; a call's messages' tag holds its place among the communicator's nonblocking calls (from bit
@@ -49,6 +50,13 @@ class CollectiveRequest(Request):
         super().__init__(None, what=what)
         self._parts = receives
         self._finish_all = finish
+        self._filled = False
+
+    def _fill(self) -> None:
+        """``finish`` with every part, once (``Get_status`` fills the buffers as soon as it says complete)."""
+        if not self._filled:
+            self._finish_all([receive.message for receive in self._parts])  # type: ignore[misc]
+            self._filled = True
 
     def _pending(self) -> list[matching.Receive]:
         return [receive for receive in self._parts if receive.message is None]
@@ -65,16 +73,18 @@ class CollectiveRequest(Request):
                 if pending and not block:
                     return False, None
             self._active = False  # (null from now on, even if ``finish`` raises)
-            self._finish_all([receive.message for receive in self._parts])  # type: ignore[misc]
+            self._fill()
         return super()._completed(block, status)
 
     def Get_status(self, status: Any = None) -> bool:
         """Whether every part has come (taking what has), without completing the request."""
-        pending = self._pending() if self._active else []
-        if pending:
-            matching.progress(pending, False, self._what)
-            if self._pending():
-                return False
+        if self._active:
+            pending = self._pending()
+            if pending:
+                matching.progress(pending, False, self._what)
+                if self._pending():
+                    return False
+            self._fill()
         return super().Get_status(status)
 
     get_status = Get_status
@@ -120,7 +130,7 @@ class NonblockingCollectives:
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> Request:
         size, me = self.Get_size(), self.Get_rank()
         recv = buffer_of(recvbuf, "Iallreduce", receives=True)
-        send = recv.copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, "Iallreduce")
+        send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, "Iallreduce")
         return self._started("Iallreduce", -1, [None if k == me else send.view(np.uint8) for k in range(size)],
                              [k != me for k in range(size)],
                              lambda parts: fill(recv, _reduced(parts, send, me, op, "Iallreduce"), "Iallreduce"))
@@ -129,7 +139,7 @@ class NonblockingCollectives:
         size, me = self.Get_size(), self.Get_rank()
         root = self._rank_checked(root, "Ireduce")
         recv = buffer_of(recvbuf, "Ireduce", receives=True) if me == root else None
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             if recv is None:
                 raise ValueError("Ireduce: only the root may pass MPI.IN_PLACE")
             send = recv.copy()
@@ -147,7 +157,7 @@ class NonblockingCollectives:
         size, me = self.Get_size(), self.Get_rank()
         recv = buffer_of(recvbuf, "Iallgather", receives=True, blocks=size)
         blocks = _blocks(recv, size, "Iallgather")
-        send = blocks[me].copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, "Iallgather")
+        send = blocks[me].copy() if in_place(sendbuf) else buffer_of(sendbuf, "Iallgather")
         return self._started("Iallgather", -1, [None if k == me else send.view(np.uint8) for k in range(size)],
                              [k != me for k in range(size)],
                              lambda parts: _place(blocks, parts, send, me, "Iallgather"))
@@ -157,7 +167,7 @@ class NonblockingCollectives:
         root = self._rank_checked(root, "Igather")
         blocks = _blocks(buffer_of(recvbuf, "Igather", receives=True, blocks=size), size, "Igather") \
             if me == root else []
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             if not blocks:
                 raise ValueError("Igather: only the root may pass MPI.IN_PLACE")
             send = blocks[me].copy()
@@ -171,7 +181,7 @@ class NonblockingCollectives:
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
         size, me = self.Get_size(), self.Get_rank()
         root = self._rank_checked(root, "Iscatter")
-        recv = None if recvbuf is IN_PLACE and me == root else buffer_of(recvbuf, "Iscatter", receives=True)
+        recv = None if in_place(recvbuf) and me == root else buffer_of(recvbuf, "Iscatter", receives=True)
         sends: list[np.ndarray | None] = [None] * size
         if me == root:
             blocks = _blocks(buffer_of(sendbuf, "Iscatter", blocks=size), size, "Iscatter")
@@ -186,8 +196,9 @@ class NonblockingCollectives:
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
         size, me = self.Get_size(), self.Get_rank()
-        send = _blocks(buffer_of(sendbuf, "Ialltoall", blocks=size), size, "Ialltoall")
         recv = _blocks(buffer_of(recvbuf, "Ialltoall", receives=True, blocks=size), size, "Ialltoall")
+        send = ([block.copy() for block in recv] if in_place(sendbuf)  # (MPI.IN_PLACE: the blocks to send are there)
+                else _blocks(buffer_of(sendbuf, "Ialltoall", blocks=size), size, "Ialltoall"))
         _own(recv[me], send[me], "Ialltoall")
 
         def finish(parts: list[matching.Message]) -> None:

@@ -51,6 +51,7 @@ class Request(metaclass=_NotProvided):
         self._what = what
         self._status = status
         self._active = active  # (until waited for, or tested complete: then MPI's null request)
+        self._outcome: tuple[Any] | None = None  # (``finish``'s value, once it has run: ``_finished``)
 
     def _done(self) -> bool:
         return self._receive is None or self._receive.message is not None
@@ -74,10 +75,18 @@ class Request(metaclass=_NotProvided):
             self._receive, self._active = None, False  # (null from now on, even if ``finish`` raises)
             self._status = self._fields_of(message)
             fill_status(status, self._status)
-            return True, self._finish(message)
+            return True, self._finished(message)
         self._active = False
         fill_status(status, self._status)
         return True, None
+
+    def _finished(self, message: matching.Message) -> Any:
+        """``finish``'s value for the matched ``message``, worked out once: ``Get_status`` fills the buffer as
+        soon as it says complete, as MPI's, and ``Wait`` then returns the same value."""
+        if self._outcome is None:
+            assert self._finish is not None
+            self._outcome = (self._finish(message),)
+        return self._outcome[0]
 
     def Wait(self, status: Status | None = None) -> bool:
         self._completed(True, status)
@@ -102,7 +111,8 @@ class Request(metaclass=_NotProvided):
         if receive is not None and receive.message is None and not matching.progress([receive], False, self._what):
             return False
         message = None if receive is None else receive.message
-        assert message is None or self._rank_of is not None
+        if message is not None:
+            self._finished(message)
         fill_status(status, self._status if message is None else self._fields_of(message))
         return True
 

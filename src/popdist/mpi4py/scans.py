@@ -10,7 +10,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from popdist.backend import current_fabric
-from popdist.mpi4py.specs import IN_PLACE, SUM, Op, buffer_of, fill
+from popdist.mpi4py.specs import SUM, Op, buffer_of, fill, in_place
 
 
 class PrefixReductions:
@@ -38,7 +38,7 @@ class PrefixReductions:
     def _prefix(self, sendbuf: Any, recvbuf: Any, op: Op | None, ranks: int, what: str) -> None:
         """The reduction of the first ``ranks`` ranks' buffers into ``recvbuf`` (none: left as it was)."""
         recv = buffer_of(recvbuf, what, receives=True)
-        send = recv.copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, what)
+        send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, what)
         gathered = self._in_rank_order(current_fabric().allgather(send, self._group()))
         if ranks:
             fill(recv, functools.reduce(op or SUM, list(gathered[:ranks])), what)

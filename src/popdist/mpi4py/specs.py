@@ -99,6 +99,11 @@ class _InPlace:
 
 
 IN_PLACE = _InPlace()
+
+
+def in_place(buffer: Any) -> bool:
+    """Whether a collective's buffer argument says "in place": ``MPI.IN_PLACE``, or None, as mpi4py reads it."""
+    return buffer is None or buffer is IN_PLACE
 ANY_SOURCE = -1
 ANY_TAG = -1
 PROC_NULL = -2  # (Open MPI's values: a send to it does nothing, a receive from it gets nothing at once)
@@ -198,6 +203,8 @@ def buffer_of(spec: Any, what: str, receives: bool = False, blocks: int = 1) -> 
     from its displacement on, ``count`` items for each of ``blocks`` ranks if it gives a count (a collective's
     count is one rank's, as MPI's), else the rest; one that ``receives`` must be writable (checked before
     anything moves, as mpi4py does)."""
+    if spec is IN_PLACE:
+        raise MPIException(ERR_ARG, f"{what}: MPI.IN_PLACE is not a buffer this call can take in that place")
     buffer, count, displacement, datatype = spec_parts(spec, what)
     flat = _flat(buffer, datatype, what)
     start = 0

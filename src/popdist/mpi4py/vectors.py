@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from popdist.mpi4py import matching
-from popdist.mpi4py.specs import ERR_ARG, IN_PLACE, MPIException, buffer_of, is_int, spec_parts
+from popdist.mpi4py.specs import ERR_ARG, MPIException, buffer_of, in_place, is_int, spec_parts
 from popdist.ragged import allgather_rows
 
 
@@ -35,7 +35,7 @@ def vector_of(spec: Any, size: int, what: str, receives: bool = False) -> tuple[
         displacements = [int(displacements) * k for k in range(size)]
     displacements = _ints(displacements, size, "displacements", what)
     places = [slice(at, at + count) for at, count in zip(displacements, counts)]
-    if any(place.stop > flat.size for place in places):
+    if any(place.stop > flat.size for place in places if place.stop > place.start):  # (an empty one goes anywhere)
         raise ValueError(f"{what}: the counts and displacements reach past the buffer's {flat.size} items")
     return flat, places
 
@@ -62,13 +62,13 @@ class VectorCollectives:
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         recv, places = vector_of(recvbuf, self.Get_size(), "Allgatherv", receives=True)
-        send = recv[places[self.Get_rank()]].copy() if sendbuf is IN_PLACE else buffer_of(sendbuf, "Allgatherv")
+        send = recv[places[self.Get_rank()]].copy() if in_place(sendbuf) else buffer_of(sendbuf, "Allgatherv")
         _put(recv, places, self._in_rank_order(allgather_rows(send, self._group())), "Allgatherv")
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         is_root = self.Get_rank() == self._rank_checked(root, "Gatherv")
         recv, places = vector_of(recvbuf, self.Get_size(), "Gatherv", receives=True) if is_root else (None, [])
-        if sendbuf is IN_PLACE:
+        if in_place(sendbuf):
             if recv is None:
                 raise ValueError("Gatherv: only the root may pass MPI.IN_PLACE")
             send = recv[places[self.Get_rank()]].copy()
@@ -81,9 +81,9 @@ class VectorCollectives:
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         size, me = self.Get_size(), self.Get_rank()
         is_root = me == self._rank_checked(root, "Scatterv")
-        if recvbuf is IN_PLACE and not is_root:
+        if in_place(recvbuf) and not is_root:
             raise ValueError("Scatterv: only the root may pass MPI.IN_PLACE")
-        recv = buffer_of(recvbuf, "Scatterv", receives=True) if recvbuf is not IN_PLACE else None
+        recv = buffer_of(recvbuf, "Scatterv", receives=True) if not in_place(recvbuf) else None
         empty = np.empty(0, np.uint8)
         if is_root:
             send, places = vector_of(sendbuf, size, "Scatterv")

@@ -311,23 +311,27 @@ class Fabric(PlannedPaths):
         self._exchange(call, Phase.FIRST, [], [(link, to_bytes(result))])
         return result
 
-    def message_waiting(self, sources: Sequence[int], block: bool = False) -> int | None:
-        """The first of ``sources`` whose next message to us has come (so that ``recv`` from it returns without
-        waiting for that message's first frame), or None if none has; with ``block``, waits for one (as long as
-        it takes, as ``recv``, taking meanwhile every other peer's messages into its kept queue: a peer waiting
-        for room for a message to us is not left waiting on this wait). When every source has called a
-        collective first, none can send before we join it: ``CollectiveMismatchError``, here and (by notice) on
-        them, rather than a wait that never ends."""
+    def message_waiting(self, sources: Sequence[int], block: bool = False, watched: Sequence[int] = ()) -> int | None:
+        """The first of ``sources`` (then of ``watched``) whose next message to us has come (so that ``recv``
+        from it returns without waiting for that message's first frame), or None if none has; with ``block``,
+        waits for one (as long as it takes, as ``recv``, taking meanwhile every other peer's messages into its
+        kept queue: a peer waiting for room for a message to us is not left waiting on this wait). ``watched``
+        peers' messages end the wait too, for a caller that has receives of theirs to match (MPI's progress),
+        but it is not for them: when every one of ``sources`` has called a collective first, none can send
+        before we join it: ``CollectiveMismatchError``, here and (by notice) on them, rather than a wait that
+        never ends."""
         self._check_usable()
-        if self.instance in sources:
+        if self.instance in sources or self.instance in watched:
             raise ValueError(f"a message needs two instances; instance {self.instance} waits for one from itself")
-        scope = sorted({self.instance, *sources})
+        waited = [*sources, *watched]
+        scope = sorted({self.instance, *waited})
         try:
-            wanted = [self._source(peer) for peer in sources]
+            wanted = [self._source(peer) for peer in waited]
             found = take_first(wanted, self._watch, self._mailboxes, scope, False)
             if found is None and block:  # (the others' sources made only for a wait: a message there is the rule)
-                others = [self._source(peer) for peer in self._links if peer not in sources]
-                found = take_first(wanted, self._watch, self._mailboxes, scope, True, others, SPIN_SECONDS)
+                others = [self._source(peer) for peer in self._links if peer not in waited]
+                found = take_first(wanted, self._watch, self._mailboxes, scope, True, others, SPIN_SECONDS,
+                                   len(sources))
         except NoMessageCanCome as stuck:
             called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
                                   for k, theirs in sorted(stuck.calls.items()))
@@ -336,7 +340,7 @@ class Fabric(PlannedPaths):
                 f"but {called} first: no message can come before this instance joins it"), scope) from None
         except BaseException as exc:
             raise self._broken_by_message(exc, scope) from None
-        return None if found is None else sources[found]
+        return None if found is None else waited[found]
 
     def _broken_by_message(self, exc: BaseException, scope: Sequence[int]) -> BaseException:
         """What stopped a point-to-point wait among ``scope`` (``send``, ``message_waiting``) breaks the fabric,

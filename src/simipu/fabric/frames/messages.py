@@ -294,7 +294,7 @@ class NoMessageCanCome(Exception):
 
 
 def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegment | None, members: Sequence[int],
-               block: bool, others: Sequence[Source] = (), spin: float = 0.0) -> int | None:
+               block: bool, others: Sequence[Source] = (), spin: float = 0.0, must: int | None = None) -> int | None:
     """The position in ``sources`` of the first whose next message has come: already kept, or taken now into its
     ``kept``. None if none has and not ``block``; with ``block``, waits for one, taking meanwhile the messages
     that come from ``others`` into their kept queues (so that a peer waiting for room for one to us goes on,
@@ -304,13 +304,15 @@ def take_first(sources: Sequence[Source], watch: LossWatch, sleeper: MailboxSegm
     the first one's ``LinkClosed`` when all have closed, and what a notice on any link says. A wait first looks
     again for ``spin`` seconds, yielding the CPU between looks, as the collectives do (``exchange._spin``): a
     message that comes within it is taken without the sleep and the wake-up, which cost a reply tens of
-    microseconds."""
+    microseconds. ``must``: how many of the first ``sources`` the wait is for (the rest only wake it), the
+    ones ``NoMessageCanCome`` is about (default: all)."""
     waits = FdPoll(watch)
     wanted = len(sources)
     every = [*sources, *others]
+    needed = wanted if must is None else must
 
     def check(seen: Look) -> None:
-        _raise_if_none_can_come(seen, wanted)
+        _raise_if_none_can_come(seen, needed)
     deadline = 0.0
     while True:
         seen = look(sources, NOTHING_WAITS)
