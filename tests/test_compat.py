@@ -148,7 +148,8 @@ def test_horovod_under_the_pytest_marker() -> None:
 @pytest.mark.poprun(num_instances=2)
 def test_mpi4py_messages_and_splits_under_the_pytest_marker() -> None:
     """The marker's instances (forked) start with no message state of the parent's: a ping-pong of a small
-    object and of a 256 KiB buffer (received straight into it), a local communicator, an alltoall."""
+    object and of a 256 KiB buffer (received straight into it), a local communicator, an alltoall, a
+    synchronous send and nonblocking collectives."""
     import numpy as np
     from mpi4py import MPI
 
@@ -166,6 +167,13 @@ def test_mpi4py_messages_and_splits_under_the_pytest_marker() -> None:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     assert (local.Get_rank(), local.Get_size()) == (comm.rank, 2)
     assert comm.alltoall([f"{comm.rank}->{k}" for k in range(2)]) == [f"{k}->{comm.rank}" for k in range(2)]
+    sent = comm.issend(comm.rank, dest=other, tag=9)  # (synchronous: its reply comes once the peer matched it)
+    assert comm.recv(source=other, tag=9) == other and sent.wait() is None
+    total = np.zeros(1)
+    running = comm.Iallreduce(np.array([comm.rank + 1.0]), total)
+    comm.Ibarrier().Wait()
+    running.Wait()
+    assert total.tolist() == [3.0]
 
 
 @pytest.mark.poprun(num_instances=2)
