@@ -96,6 +96,8 @@ def test_horovod_semantics_over_three_instances() -> None:
         assert adasum.startswith("NotImplementedError: hvd.Adasum is not provided")
         assert root == "ValueError: root_rank=3 is not a rank of this job (0 to 2)"
         assert out["missing"].startswith("horovod.torch.join is not provided by poprun-py's Horovod; see README")
+        assert out["root_mismatch"] == ("broadcast: mismatched root ranks: instances named [0, 1, 0], in rank "
+                                        "order; every one must name the same root_rank")
     assert '{"rank": 0, "initialized_after_shutdown": false}' in lines_of(result)
 
 

@@ -100,6 +100,11 @@ try:
     hvd.join()
 except AttributeError as exc:
     out["missing"] = str(exc)
+try:  # instances naming different roots: Horovod's error on every one (at three, each kept its own before)
+    hvd.broadcast(torch.ones(1), root_rank=r % 2)
+    out["root_mismatch"] = None
+except RuntimeError as exc:
+    out["root_mismatch"] = str(exc)
 print(json.dumps(out), flush=True)
 hvd.shutdown()
 out_after = hvd.is_initialized()

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from popdist.backend import current_group
-from popdist.horovod.torch.mpi_ops import _root, broadcast_
+from popdist.horovod.torch.mpi_ops import _root, agreed_root, broadcast_
 from popdist.ragged import allgather_objects
 from popdist.ragged import broadcast_object as _broadcast_object
 
@@ -74,7 +74,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
     """``obj`` as it is on ``root_rank``, on every instance (any picklable object)."""
     if process_set is not None:
         raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
-    return _broadcast_object(obj, _root(root_rank), current_group(), _dumps)
+    return _broadcast_object(obj, agreed_root(root_rank), current_group(), _dumps)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: object = None) -> list[Any]:

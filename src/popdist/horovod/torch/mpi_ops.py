@@ -46,6 +46,7 @@ from popdist.horovod.common import (  # (Horovod's mpi_ops has these names too: 
 from popdist.horovod.common.exceptions import HorovodInternalError
 from popdist.horovod.torch.compression import Compression, NoneCompressor
 from popdist.ragged import allgather_rows
+from simipu.fabric.errors import CollectiveMismatchError
 
 __all__ = [
     "Adasum", "Average", "HorovodInternalError", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
@@ -232,7 +233,7 @@ class HorovodBroadcast(torch.autograd.Function):
 
 
 def _broadcast(tensor: torch.Tensor, root_rank: int) -> torch.Tensor:
-    root = _root(root_rank)
+    root = agreed_root(root_rank)
     return to_tensor(current_fabric().broadcast(to_array(tensor), root, current_group()), tensor)
 
 
@@ -240,6 +241,20 @@ def _root(root_rank: Any) -> int:
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size():
         raise ValueError(f"root_rank={root_rank!r} is not a rank of this job (0 to {size() - 1})")
     return int(root_rank)
+
+
+def agreed_root(root_rank: Any) -> int:
+    """``root_rank``, once every instance has named the same one, as Horovod's coordinator checks (its error
+    otherwise, on every instance). From three instances the fabric's small broadcast does not compare roots
+    (the root writes and goes on), so the instances compare them here first; two compare them in the call."""
+    root = _root(root_rank)
+    fabric, members = current_fabric(), current_group()
+    if (len(members) if members else fabric.num_instances) >= 3:
+        roots = fabric.allgather(np.array([root], np.int64), members).reshape(-1)
+        if (roots != root).any():
+            raise CollectiveMismatchError(f"broadcast: mismatched root ranks: instances named {roots.tolist()}, "
+                                          "in rank order; every one must name the same root_rank")
+    return root
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -256,7 +271,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     fabric = _backend.fabric
     array = _own_array(tensor.detach()) if fabric is not None else None
     if array is not None:  # (into the tensor's memory, as ``allreduce_``; a parameter's too: its data, as copy_)
-        fabric.broadcast(array, _root(root_rank), _backend.groups.members, array)  # type: ignore[union-attr]
+        fabric.broadcast(array, agreed_root(root_rank), _backend.groups.members, array)  # type: ignore[union-attr]
         increment_version(tensor)
         return tensor
     result = _broadcast(tensor, root_rank)
