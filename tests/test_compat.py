@@ -486,6 +486,12 @@ def test_nonblocking_collectives_complete_while_the_ranks_do_other_work(instance
         assert out["get_status_filled"] == [float(n)] * 3
         column = [float(r + 10 * k) for k in range(n)]
         assert out["in_place"] == [column, column, column, [-1.0 if r == 0 else float(r)], True]
+        packed = [float(k) for k in range(n) for _ in range(k + 1)]
+        start = sum(range(1, r + 1))  # (rank r's block of the scattered range: r + 1 items from here)
+        assert out["prefix_and_vectors"] == [  # (NotProvidedError before)
+            [float(sum(range(1, r + 2)))], [-1.0] if r == 0 else [float(np.prod(range(1, r + 1)))], packed,
+            packed if r == 1 else None, [float(start + i) for i in range(r + 1)],
+            [10.0 * k + r for k in range(n) for _ in range(r + 1)]]
 
 
 def test_nonblocking_collectives_of_different_kinds_name_both() -> None:

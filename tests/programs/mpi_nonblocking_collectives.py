@@ -77,6 +77,25 @@ except MPI.Exception as exc:
     not_a_buffer = exc.Get_error_class() == MPI.ERR_ARG
 out["in_place"] = [swapped.tolist(), blocking.tolist(), varied.tolist(), kept.tolist(), not_a_buffer]
 
+# the prefix reductions and the vector calls (rank k's block holds k + 1 items)
+mine = np.full(r + 1, float(r))
+counts = [k + 1 for k in range(n)]
+prefix, before = np.zeros(1), np.full(1, -1.0)
+packed = np.full(sum(counts), -1.0)
+to_one = np.full(sum(counts), -1.0) if r == 1 else None
+part = np.full(r + 1, -1.0)
+swapped = np.full(n * (r + 1), -1.0)  # from each rank k: r + 1 items of value 10k + r
+MPI.Request.Waitall([
+    comm.Iscan(np.array([r + 1.0]), prefix),
+    comm.Iexscan(np.array([r + 1.0]), before, op=MPI.PROD),
+    comm.Iallgatherv(mine, [packed, counts]),
+    comm.Igatherv(mine, [to_one, counts] if r == 1 else None, root=1),
+    comm.Iscatterv([np.arange(sum(counts), dtype=np.float64), counts] if r == 2 else None, part, root=2),
+    comm.Ialltoallv([np.concatenate([np.full(k + 1, 10.0 * r + k) for k in range(n)]), [k + 1 for k in range(n)]],
+                    [swapped, [r + 1] * n])])
+out["prefix_and_vectors"] = [prefix.tolist(), before.tolist(), packed.tolist(),
+                             None if to_one is None else to_one.tolist(), part.tolist(), swapped.tolist()]
+
 # every kind at once, completed together
 bcast = np.full(3, float(r))
 gathered_all = np.zeros(2 * n)

@@ -28,6 +28,7 @@ from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import matching
 from popdist.mpi4py.alltoall import AllToAll
 from popdist.mpi4py.nonblocking import NonblockingCollectives
+from popdist.mpi4py.nonblocking_vectors import NonblockingVectorCollectives
 from popdist.mpi4py.requests import Request, completed
 from popdist.mpi4py.scans import PrefixReductions
 from popdist.mpi4py.specs import (
@@ -59,7 +60,7 @@ from popdist.ragged import allgather_objects, broadcast_object
 FROM_NOWHERE = (PROC_NULL, ANY_TAG, 0)
 
 
-class Comm(AllToAll, VectorCollectives, PrefixReductions, NonblockingCollectives):
+class Comm(AllToAll, VectorCollectives, PrefixReductions, NonblockingCollectives, NonblockingVectorCollectives):
     """A communicator: ``members`` are instance indices in rank order (None: every instance).
 
     The fabric's groups are instances in increasing order; a communicator whose ranks are in another

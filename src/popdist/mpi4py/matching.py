@@ -263,9 +263,12 @@ def all_to_all(instances: Sequence[int], me: int, context: int, blocks: Sequence
 def deliver(room: np.ndarray, message: Message, what: str, sender: int) -> None:
     """A message's bytes into the start of a receive buffer's (bytes), which must have room (MPI_ERR_TRUNCATE),
     unless they were received there already (``Message.placed``)."""
-    data = message.data
-    if message.placed:
-        return
+    if not message.placed:
+        copy_into(room, message.data, what, sender)
+
+
+def copy_into(room: np.ndarray, data: np.ndarray, what: str, sender: int) -> None:
+    """Bytes that rank ``sender`` sent into the start of a receive buffer's, which must have room for them."""
     if data.size > room.size:
         raise MPIException(ERR_TRUNCATE, f"{what}: message truncated: rank {sender} sent {data.size} bytes, the "
                            f"receive buffer holds {room.size}")

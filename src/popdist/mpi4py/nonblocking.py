@@ -1,5 +1,6 @@
 """The nonblocking collectives, ``Ibarrier``, ``Ibcast``, ``Iallreduce``, ``Iallgather``, ``Igather``,
-``Ireduce``, ``Iscatter`` and ``Ialltoall``: each sends its part at once, as messages in a context of the
+``Ireduce``, ``Iscatter``, ``Ialltoall``, ``Iscan`` and ``Iexscan`` (the vector ones: ``nonblocking_vectors``):
+each sends its part at once, as messages in a context of the
 communicator's own, to the ranks that need it, and posts a receive for each part it needs; its request
 completes when they have all come (``Wait``, ``Test``, ``Request.Waitall``...), and every MPI call that waits
 takes their messages meanwhile, as MPI's progress engine does. So no rank waits for another until it waits
@@ -27,7 +28,8 @@ from simipu.fabric.errors import CollectiveMismatchError
 
 #: The calls; a call's messages' tag holds its place among the communicator's nonblocking calls (from bit
 #: ``_PLACE_SHIFT``), its root plus one (from bit ``_ROOT_SHIFT``; 0: none) and its index here.
-KINDS = ("Ibarrier", "Ibcast", "Iallreduce", "Iallgather", "Igather", "Ireduce", "Iscatter", "Ialltoall")
+KINDS = ("Ibarrier", "Ibcast", "Iallreduce", "Iallgather", "Igather", "Ireduce", "Iscatter", "Ialltoall", "Iscan",
+         "Iexscan", "Iallgatherv", "Igatherv", "Iscatterv", "Ialltoallv")
 _ROOT_SHIFT, _PLACE_SHIFT = 8, 32
 #: The contexts of their messages, one for each communicator, apart from its own (from 0 up), its blocking
 #: collectives' (from -2 down) and the replies to synchronous sends (``matching.REPLY_CONTEXT``).
@@ -154,45 +156,53 @@ class NonblockingCollectives:
                              [me == root and k != me for k in range(size)], finish)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
-        size, me = self.Get_size(), self.Get_rank()
+        size = self.Get_size()
         recv = buffer_of(recvbuf, "Iallgather", receives=True, blocks=size)
-        blocks = _blocks(recv, size, "Iallgather")
-        send = blocks[me].copy() if in_place(sendbuf) else buffer_of(sendbuf, "Iallgather")
-        return self._started("Iallgather", -1, [None if k == me else send.view(np.uint8) for k in range(size)],
-                             [k != me for k in range(size)],
-                             lambda parts: _place(blocks, parts, send, me, "Iallgather"))
+        return self._gathered("Iallgather", None, _blocks(recv, size, "Iallgather"), sendbuf)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        size, me = self.Get_size(), self.Get_rank()
-        root = self._rank_checked(root, "Igather")
+        size, root = self.Get_size(), self._rank_checked(root, "Igather")
         blocks = _blocks(buffer_of(recvbuf, "Igather", receives=True, blocks=size), size, "Igather") \
-            if me == root else []
+            if self.Get_rank() == root else []
+        return self._gathered("Igather", root, blocks, sendbuf)
+
+    def _gathered(self, what: str, root: int | None, blocks: list[np.ndarray], sendbuf: Any) -> Request:
+        """Every rank's part into its block of ``blocks``, on every rank (``root`` None) or on ``root`` alone
+        (the others' ``blocks`` empty): the gathers, equal or vector (``nonblocking_vectors``)."""
+        size, me = self.Get_size(), self.Get_rank()
         if in_place(sendbuf):
             if not blocks:
-                raise ValueError("Igather: only the root may pass MPI.IN_PLACE")
+                raise ValueError(f"{what}: only the root may pass MPI.IN_PLACE")
             send = blocks[me].copy()
         else:
-            send = buffer_of(sendbuf, "Igather")
-        return self._started("Igather", root, [send.view(np.uint8) if me != root and k == root else None
-                                               for k in range(size)],
-                             [me == root and k != me for k in range(size)],
-                             lambda parts: _place(blocks, parts, send, me, "Igather") if blocks else None)
+            send = buffer_of(sendbuf, what)
+        gets = [k != me and (root is None or me == root) for k in range(size)]
+        sends = [send.view(np.uint8) if k != me and (root is None or k == root) else None for k in range(size)]
+        return self._started(what, -1 if root is None else root, sends, gets,
+                             lambda parts: place_parts(blocks, parts, send, me, what) if blocks else None)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
+        size, root = self.Get_size(), self._rank_checked(root, "Iscatter")
+        blocks = _blocks(buffer_of(sendbuf, "Iscatter", blocks=size), size, "Iscatter") \
+            if self.Get_rank() == root else []
+        return self._scattered("Iscatter", root, blocks, recvbuf)
+
+    def _scattered(self, what: str, root: int, blocks: list[np.ndarray], recvbuf: Any) -> Request:
+        """Block k of the root's ``blocks`` (the others' empty) into rank k's ``recvbuf`` (the root's
+        ``MPI.IN_PLACE``: its own block stays where it is): the scatters, equal or vector."""
         size, me = self.Get_size(), self.Get_rank()
-        root = self._rank_checked(root, "Iscatter")
-        recv = None if in_place(recvbuf) and me == root else buffer_of(recvbuf, "Iscatter", receives=True)
-        sends: list[np.ndarray | None] = [None] * size
-        if me == root:
-            blocks = _blocks(buffer_of(sendbuf, "Iscatter", blocks=size), size, "Iscatter")
-            sends = [None if k == me else block.view(np.uint8) for k, block in enumerate(blocks)]
-            if recv is not None:
-                fill(recv, blocks[me], "Iscatter")
+        if in_place(recvbuf) and me != root:
+            raise ValueError(f"{what}: only the root may pass MPI.IN_PLACE")
+        recv = None if in_place(recvbuf) else buffer_of(recvbuf, what, receives=True)
+        if blocks and recv is not None:
+            matching.copy_into(recv.view(np.uint8), blocks[me].view(np.uint8), what, me)
 
         def finish(parts: list[matching.Message]) -> None:
             if me != root and recv is not None:
-                matching.deliver(recv.view(np.uint8), parts[0], "Iscatter", root)
-        return self._started("Iscatter", root, sends, [me != root and k == root for k in range(size)], finish)
+                matching.deliver(recv.view(np.uint8), parts[0], what, root)
+        return self._started(what, root, [blocks[k].view(np.uint8) if blocks and k != me else None
+                                          for k in range(size)],
+                             [me != root and k == root for k in range(size)], finish)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
         size, me = self.Get_size(), self.Get_rank()
@@ -208,6 +218,28 @@ class NonblockingCollectives:
         return self._started("Ialltoall", -1,
                              [None if k == me else block.view(np.uint8) for k, block in enumerate(send)],
                              [k != me for k in range(size)], finish)
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> Request:
+        """``Scan``'s prefix reduction: the parts of the ranks before this one and its own, in rank order."""
+        return self._started_prefix(sendbuf, recvbuf, op, "Iscan")
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> Request:
+        """``Exscan``'s: the parts of the ranks before this one (rank 0's buffer is left as it was)."""
+        return self._started_prefix(sendbuf, recvbuf, op, "Iexscan")
+
+    def _started_prefix(self, sendbuf: Any, recvbuf: Any, op: Op | None, what: str) -> Request:
+        size, me = self.Get_size(), self.Get_rank()
+        recv = buffer_of(recvbuf, what, receives=True)
+        send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, what)
+
+        def finish(parts: list[matching.Message]) -> None:
+            contributions = [_part_as(part, send, k, what) for k, part in enumerate(parts)]
+            if what == "Iscan":
+                contributions.append(send)
+            if contributions:
+                fill(recv, functools.reduce(op or SUM, contributions), what)
+        return self._started(what, -1, [send.view(np.uint8) if k > me else None for k in range(size)],
+                             [k < me for k in range(size)], finish)
 
     def _started(self, what: str, root: int, sends: Sequence[np.ndarray | None], needs: Sequence[bool],
                  finish: Callable[[list[matching.Message]], None]) -> Request:
@@ -248,7 +280,7 @@ def _own(block: np.ndarray, mine: np.ndarray, what: str) -> None:
     block.view(np.uint8)[:] = mine.view(np.uint8)
 
 
-def _place(blocks: list[np.ndarray], parts: list[matching.Message], mine: np.ndarray, me: int, what: str) -> None:
+def place_parts(blocks: list[np.ndarray], parts: list[matching.Message], mine: np.ndarray, me: int, what: str) -> None:
     """Each rank's part into its block (``parts``: the others', in rank order; ``mine``: this rank's)."""
     others = iter(parts)
     for k, block in enumerate(blocks):
@@ -261,13 +293,12 @@ def _place(blocks: list[np.ndarray], parts: list[matching.Message], mine: np.nda
 def _reduced(parts: list[matching.Message], mine: np.ndarray, me: int, op: Op | None, what: str) -> np.ndarray:
     """Every rank's part reduced in rank order (``parts``: the others', in rank order; ``mine``: this rank's)."""
     others = iter(parts)
-    contributions = []
-    for k in range(len(parts) + 1):
-        if k == me:
-            contributions.append(mine)
-            continue
-        data = next(others).data
-        if data.size != mine.nbytes:
-            raise ValueError(f"{what}: rank {k} gave {data.size} bytes, rank {me} {mine.nbytes}")
-        contributions.append(np.frombuffer(data, mine.dtype))
+    contributions = [mine if k == me else _part_as(next(others), mine, k, what) for k in range(len(parts) + 1)]
     return functools.reduce(op or SUM, contributions)
+
+
+def _part_as(part: matching.Message, mine: np.ndarray, rank: int, what: str) -> np.ndarray:
+    """Rank ``rank``'s part as an array like this rank's own (its bytes, of the same size)."""
+    if part.data.size != mine.nbytes:
+        raise ValueError(f"{what}: rank {rank} gave {part.data.size} bytes, this rank {mine.nbytes}")
+    return np.frombuffer(part.data, mine.dtype)
