@@ -118,44 +118,14 @@ def is_homogeneous() -> bool:
     return size() == local_size() * cross_size()
 
 
-def mpi_threads_supported() -> bool:
+def _not_here() -> bool:
+    """False: none of the libraries Horovod is built with or can use (MPI, Gloo, NCCL, CUDA, ROCm, DDL, oneCCL)
+    is poprun-py's; its collectives run over the fabric."""
     return False
 
 
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
+mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = _not_here
+nccl_built = cuda_built = rocm_built = ddl_built = ccl_built = _not_here
 
 
 def barrier(process_set: object = None) -> None:
