@@ -31,6 +31,8 @@ from simipu.fabric.errors import CollectiveMismatchError
 KINDS = ("Ibarrier", "Ibcast", "Iallreduce", "Iallgather", "Igather", "Ireduce", "Iscatter", "Ialltoall", "Iscan",
          "Iexscan", "Iallgatherv", "Igatherv", "Iscatterv", "Ialltoallv")
 _ROOT_SHIFT, _PLACE_SHIFT = 8, 32
+#: Places wrap round below this, so that a tag never reaches ``matching.SYNCHRONOUS``'s bit.
+_PLACES = 1 << 29
 #: The contexts of their messages, one for each communicator, apart from its own (from 0 up), its blocking
 #: collectives' (from -2 down) and the replies to synchronous sends (``matching.REPLY_CONTEXT``).
 CONTEXT_BASE = -(1 << 61)
@@ -246,7 +248,8 @@ class NonblockingCollectives:
         """Post a receive from each rank that ``needs`` says, send each rank its part (None: nothing), and the
         request that completes when the receives have; ``finish`` takes their messages in rank order."""
         self._nonblocking_calls += 1
-        tag = self._nonblocking_calls << _PLACE_SHIFT | (root + 1) << _ROOT_SHIFT | KINDS.index(what)
+        place = self._nonblocking_calls % _PLACES
+        tag = place << _PLACE_SHIFT | (root + 1) << _ROOT_SHIFT | KINDS.index(what)
         context, me, size = CONTEXT_BASE - self._context, self.Get_rank(), self.Get_size()
         ranks = [k for k in range(size) if needs[k]]
         receives = [matching.post(context, [self._instance(k, what)], ANY_TAG) for k in ranks]
