@@ -364,6 +364,7 @@ def test_a_large_isend_returns_while_its_receiver_waits_for_another_rank(transpo
                                  *python_program("mpi_isend_then_wait_elsewhere.py")))
     assert sorted(by_rank) == [0, 1, 2]
     assert by_rank[1]["heard"] == "go on" and by_rank[2]["heard"] == "go" and by_rank[1]["chain"] is True
+    assert by_rank[1]["iprobe"] == ["polled by iprobe", True] and by_rank[1]["test"] == ["polled by test", True]
     assert [by_rank[r]["ring"] for r in range(3)] == [2.0, 0.0, 1.0]
     assert [by_rank[r]["allreduce"] for r in range(3)] == [3, 3, 3]
 

@@ -107,6 +107,9 @@ class _Matching:
     scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint8))
     #: The number of this process's last synchronous send (``send_synchronous``).
     synchronous: int = 0
+    #: For each source, how many posted receives take its messages: the ranks a wait watches (``_watched``),
+    #: kept as receives come and go, so that a wait among many posted receives does not count them again.
+    watching: dict[int, int] = field(default_factory=dict)
 
 
 _state = _Matching()
@@ -116,6 +119,7 @@ def _forget_all() -> None:
     """A forked instance (``launch()``'s) is not its parent: it starts with nothing arrived or posted."""
     _state.arrived.clear()
     _state.posted.clear()
+    _state.watching.clear()
     _state.turn = -1
 
 
@@ -152,6 +156,7 @@ def post(context: int, sources: Iterable[int], tag: int, room: np.ndarray | None
     accepts has come."""
     receive = Receive(context, frozenset(sources), tag, room=room, scratch=scratch)
     _state.posted.append(receive)
+    _count(receive, 1)
     _match()
     return receive
 
@@ -160,6 +165,18 @@ def withdraw(receive: Receive) -> None:
     """Forget a receive that will not be waited for (its blocking wait was interrupted): it takes nothing more."""
     if receive in _state.posted:
         _state.posted.remove(receive)
+        _count(receive, -1)
+
+
+def _count(receive: Receive, change: int) -> None:
+    """A receive posted (1) or gone (-1), in ``_Matching.watching``."""
+    watching = _state.watching
+    for source in receive.sources:
+        left = watching.get(source, 0) + change
+        if left:
+            watching[source] = left
+        else:
+            del watching[source]
 
 
 def progress(receives: Iterable[Receive], block: bool, what: str) -> bool:
@@ -206,12 +223,10 @@ def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], 
 
 def _watched(peers: list[int], me: int) -> list[int]:
     """The ranks that posted receives wait for besides ``peers`` (and us), whose messages a wait takes too."""
-    posted = _state.posted
-    if not posted:
+    watching = _state.watching
+    if not watching:
         return []
-    extra = set().union(*(receive.sources for receive in posted)).difference(peers)
-    extra.discard(me)
-    return sorted(extra)
+    return sorted(source for source in watching if source != me and source not in peers)
 
 
 def _take(source: int) -> None:
@@ -306,6 +321,7 @@ def _match() -> None:
         if found is not None:
             receive.message = message = arrived.pop(found)
             posted.remove(receive)
+            _count(receive, -1)
             if message.reply >= 0:
                 replies.append(message)
             if not arrived:

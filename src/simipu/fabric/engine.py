@@ -79,7 +79,7 @@ from .frames.header import (
     mismatch_message,
 )
 from .frames.link import Link, LinkClosed, post
-from .frames.messages import NOTHING_WAITS, NoMessageCanCome, Source, send_taking, take_first, take_message
+from .frames.messages import NOTHING_WAITS, NoMessageCanCome, Source, look, send_taking, take_first, take_message
 from .planned import PlannedPaths
 from .runner import SPIN_SECONDS
 
@@ -328,10 +328,13 @@ class Fabric(PlannedPaths):
         try:
             wanted = [self._source(peer) for peer in waited]
             found = take_first(wanted, self._watch, self._mailboxes, scope, False)
-            if found is None and block:  # (the others' sources made only for a wait: a message there is the rule)
+            if found is None:  # (the others' sources made only for a wait: a message there is the rule)
                 others = [self._source(peer) for peer in self._links if peer not in waited]
-                found = take_first(wanted, self._watch, self._mailboxes, scope, True, others, SPIN_SECONDS,
-                                   len(sources))
+                if block:
+                    found = take_first(wanted, self._watch, self._mailboxes, scope, True, others, SPIN_SECONDS,
+                                       len(sources))
+                else:  # (one more of the others' messages taken into its kept queue at each look: a program
+                    look(others, NOTHING_WAITS, 0)  # polling for one rank lets another's large send go on)
         except NoMessageCanCome as stuck:
             called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
                                   for k, theirs in sorted(stuck.calls.items()))
