@@ -276,7 +276,7 @@ def test_mpi4py_buffers_are_read_and_written_in_memory_order() -> None:
         assert out["count_spec"] == [0.0, 0.0] + [float(r)] * 2
         assert out["allgather_in_place"] == [0.0, 10.0, 20.0] and out["torch"] == [6.0] * 3
         assert out["not_contiguous"].startswith("Allreduce: the array is not contiguous in memory")
-        assert out["op_create"][0] == "NotProvidedError" and "MPI.Op.Create is not provided" in out["op_create"][1]
+        assert out["alltoallw"][0] == "NotProvidedError" and "MPI.Comm.Alltoallw is not provided" in out["alltoallw"][1]
     assert by_rank[1]["recv_larger"] == [[0.0, 1.0, 2.0, -1.0, -1.0], 3, 24, 0]
     assert by_rank[1]["recv_shaped"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     assert by_rank[1]["read_only"] == "Recv: the receive buffer is read-only"
@@ -685,3 +685,66 @@ def test_a_vector_spec_is_read_as_mpi4py_reads_it_and_a_wrong_one_says_what_one_
         vector_of([np.zeros(4), [1]], 2, "Gatherv")
     with pytest.raises(ValueError, match=r"^Scatterv: the counts and displacements reach past the buffer's 4 items"):
         vector_of([np.zeros(4), [2, 3]], 2, "Scatterv")
+
+
+def test_mpi4py_reductions_beyond_the_arithmetic_four_give_what_open_mpi_gives() -> None:
+    """LAND/LOR/LXOR/BAND/BOR/BXOR, MAXLOC/MINLOC on objects and on the pair types, a user's ``Op.Create``,
+    ``Reduce_local`` and the reduce-scatters: the values Open MPI 4.1 with mpi4py 4 gave for the same program.
+    Before: each raised NotProvidedError."""
+    by_rank = records(run_poprun(*job(3), *python_program("mpi_reductions.py")))
+    assert sorted(by_rank) == [0, 1, 2]
+    refused = ["Allreduce: MPI.LAND does not reduce a buffer of float64", "Allreduce: MPI.BOR does not reduce a "
+               "buffer of bool", "Allreduce: MPI.MAXLOC does not reduce a buffer of int32 (it reduces (value, "
+               "index) pairs", "Allreduce: MPI.REPLACE does not reduce", "Op.Free: <mpi4py.MPI.Op SUM> is predefined"]
+    for r, out in by_rank.items():
+        assert out["objects"] == [True, False, False, 7, 4, 0, True]
+        assert out["locations"][:3] == [[1, 1], [0, 0], [5, 1]] and out["locations"][3] == ([3.0, 2] if r == 1 else None)
+        assert out["buffers"] == [[0, 1, 1], [0, 1, 1], [0, 0, 1], [4, 7, 6], [7, 1, 2], [0, 1, 2],
+                                  [True, False, True], [False, True]]
+        assert [ok for ok, _ in out["refused"]] == [True] * 5
+        assert all(message.startswith(start) for (_, message), start in zip(out["refused"], refused))
+        assert out["pairs"] == [[[1.0, 1], [2.0, 2], [1.0, 0]], [[0.0, 0], [0.0, 0], [1.0, 0]], [[1, 1], [2, 2]], 12, 16]
+        assert out["packed_pairs"] == "Allreduce: the buffer's 36 bytes are not a whole number of DOUBLE_INT items " \
+                                      "(16 bytes apart)"
+        assert out["user"][0] == "((0.1).2)" and out["user"][1:3] == [["0", "(0.1)", "((0.1).2)"][r],
+                                                                        [None, "0", "(0.1)"][r]]
+        assert out["user"][3:] == [[12, 123], [[0, 1], [1, 12], [12, 123]][r], [31, 42], [11, 22],
+                                   [False, True, False, True]]
+        assert out["user_nonblocking"] == [12, 123]  # (Open MPI's libnbc: [1012, 23]; the op does not associate)
+        assert out["freed"][:3] == [True, False, False] and out["freed"][3][0] is True
+        assert out["reduce_scatter"] == [
+            [[300, 303], [306, 309], [312, 315]][r],
+            [[300, 303, 2, 3, 4, 5], [306, 309, 102, 103, 104, 105], [312, 315, 202, 203, 204, 205]][r],
+            [[300], [303, 306], [309, 312, 315]][r], [[200], [201, 202], [203, 204, 205]][r],
+            [[300, 1, 2, 3, 4, 5], [303, 306, 102, 103, 104, 105], [309, 312, 315, 203, 204, 205]][r],
+            [[236, 237], [238, 239], [236, 237]][r], [[300], [303, 306], [309, 312, 315]][r]]
+        assert out["bad_count"] == f"Reduce_scatter: the receive buffer holds 4 items, recvcounts[{r}] is {r + 1}"
+
+
+def test_reduction_operations_on_one_rank_and_on_objects() -> None:
+    """mpi4py's ``Op`` outside poprun (a world of one): calls on objects, ``Reduce_local``, a pair type's size
+    and extent, what is refused; unhashable and compared by handle, as mpi4py's."""
+    import numpy as np
+
+    from popdist.mpi4py import MPI
+
+    assert MPI.MAXLOC((1, 2), (1, 0)) == (1, 0) and MPI.MINLOC((1, 5), (1, 2)) == (1, 2)
+    assert [MPI.LAND(3, 0), MPI.LOR(0, []), MPI.BXOR(5, 3), MPI.REPLACE(1, 2), MPI.NO_OP(1, 2)] == [False, False, 6, 2, 1]
+    inout = np.array([10, 20])
+    MPI.PROD.Reduce_local(np.array([2, 3]), inout)
+    assert inout.tolist() == [20, 60]
+    flags = np.array([0, 5, 0], np.int16)
+    MPI.LOR.Reduce_local(np.array([1, 0, 0], np.int16), flags)
+    assert flags.tolist() == [1, 1, 0] and flags.dtype == np.int16
+    assert (MPI.DOUBLE_INT.Get_size(), MPI.DOUBLE_INT.Get_extent(), MPI.SHORT_INT.size, MPI.TWOINT.extent) == (12, (0, 16), 6, 8)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(MPI.SUM)
+    assert MPI.SUM == MPI.SUM and MPI.SUM != MPI.MAX and not MPI.OP_NULL and MPI.OP_NULL != MPI.SUM
+    with pytest.raises(MPI.Exception, match=r"^a reduction: the operation is MPI.OP_NULL") as raised:
+        MPI.OP_NULL(1, 2)
+    assert raised.value.Get_error_code() == MPI.ERR_OP
+    with pytest.raises(TypeError, match=r"^Allreduce: op 'sum' is not an MPI.Op"):
+        MPI.COMM_WORLD.Allreduce(np.zeros(1), np.zeros(1), op="sum")
+    assert MPI.COMM_WORLD.allreduce(4, op=lambda x, y: x + y) == 4  # (a plain function, as before)
+    with pytest.raises(TypeError, match=r"^Op.Create: 3 is not callable"):
+        MPI.Op.Create(3)

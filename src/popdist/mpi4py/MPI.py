@@ -11,9 +11,29 @@ import socket
 import time
 from typing import Any
 
+import numpy as np
+
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import rc
 from popdist.mpi4py.comm import COMM_NULL, Comm
+from popdist.mpi4py.reductions import (
+    BAND,
+    BOR,
+    BXOR,
+    LAND,
+    LOR,
+    LXOR,
+    MAX,
+    MAXLOC,
+    MIN,
+    MINLOC,
+    NO_OP,
+    OP_NULL,
+    PROD,
+    REPLACE,
+    SUM,
+    Op,
+)
 from popdist.mpi4py.requests import REQUEST_NULL, Request
 from popdist.mpi4py.specs import (
     ANY_SOURCE,
@@ -22,34 +42,32 @@ from popdist.mpi4py.specs import (
     ERR_ARG,
     ERR_COMM,
     ERR_IN_STATUS,
+    ERR_OP,
     ERR_RANK,
     ERR_TAG,
     ERR_TRUNCATE,
     IN_PLACE,
-    MAX,
-    MIN,
     PROC_NULL,
-    PROD,
     README_SECTION,
-    SUM,
     UNDEFINED,
     Datatype,
     MPIException,
     NotProvidedError,
-    Op,
     RankError,
     Status,
 )
 
 __all__ = [
-    "ANY_SOURCE", "ANY_TAG", "BOOL", "BYTE", "CHAR", "COMM_NULL", "COMM_SELF", "COMM_TYPE_SHARED", "COMM_WORLD",
-    "Comm", "DOUBLE", "Datatype", "ERR_ARG", "ERR_COMM", "ERR_IN_STATUS", "ERR_RANK", "ERR_TAG", "ERR_TRUNCATE",
-    "Exception", "FLOAT", "Finalize", "Get_processor_name", "Get_version", "INFO_NULL", "INT", "INT16_T", "INT32_T",
-    "INT64_T", "INT8_T", "IN_PLACE", "Init",
-    "Intracomm", "Is_finalized", "Is_initialized", "LONG", "LONG_LONG", "MAX", "MIN", "NotProvidedError", "Op",
-    "PROC_NULL", "PROD", "Query_thread", "REQUEST_NULL", "Request", "SHORT", "SUM", "Status", "THREAD_MULTIPLE",
-    "THREAD_SINGLE", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR",
-    "UNSIGNED_LONG", "Wtick", "Wtime",
+    "ANY_SOURCE", "ANY_TAG", "BAND", "BOOL", "BOR", "BXOR", "BYTE", "CHAR", "COMM_NULL", "COMM_SELF",
+    "COMM_TYPE_SHARED", "COMM_WORLD", "COMPLEX", "C_BOOL", "C_DOUBLE_COMPLEX", "C_FLOAT_COMPLEX", "Comm", "DOUBLE",
+    "DOUBLE_COMPLEX", "DOUBLE_INT", "Datatype", "ERR_ARG", "ERR_COMM", "ERR_IN_STATUS", "ERR_OP", "ERR_RANK",
+    "ERR_TAG", "ERR_TRUNCATE", "Exception", "FLOAT", "FLOAT_INT", "Finalize", "Get_processor_name", "Get_version",
+    "INFO_NULL", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "INT_INT", "IN_PLACE", "Init", "Intracomm",
+    "Is_finalized", "Is_initialized", "LAND", "LONG", "LONG_DOUBLE", "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG",
+    "LOR", "LXOR", "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "NotProvidedError", "OP_NULL", "Op", "PROC_NULL",
+    "PROD", "Query_thread", "REPLACE", "REQUEST_NULL", "Request", "SHORT", "SHORT_INT", "SIGNED_CHAR", "SUM",
+    "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "TWOINT", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T",
+    "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "Wtick", "Wtime",
 ]
 
 Intracomm = Comm
@@ -96,19 +114,33 @@ class _NoInfo:
 
 INFO_NULL = _NoInfo()
 
+# (``inferred``: what a buffer of that dtype that names no datatype is, as mpi4py infers it from the type code)
+UNSIGNED_CHAR = UINT8_T = Datatype("UNSIGNED_CHAR", "u1", inferred=True)
 BYTE = Datatype("BYTE", "u1")
 CHAR = Datatype("CHAR", "i1")
-UNSIGNED_CHAR = UINT8_T = Datatype("UNSIGNED_CHAR", "u1")
-SHORT = INT16_T = Datatype("SHORT", "i2")
-INT = INT32_T = Datatype("INT", "i4")
-LONG = LONG_LONG = INT64_T = Datatype("LONG", "i8")
-INT8_T = Datatype("INT8_T", "i1")
-UINT16_T = Datatype("UINT16_T", "u2")
-UNSIGNED = UINT32_T = Datatype("UNSIGNED", "u4")
-UNSIGNED_LONG = UINT64_T = Datatype("UNSIGNED_LONG", "u8")
-FLOAT = Datatype("FLOAT", "f4")
-DOUBLE = Datatype("DOUBLE", "f8")
+SIGNED_CHAR = INT8_T = Datatype("SIGNED_CHAR", "i1", inferred=True)
+SHORT = INT16_T = Datatype("SHORT", "i2", inferred=True)
+INT = INT32_T = Datatype("INT", "i4", inferred=True)
+LONG = LONG_LONG = INT64_T = Datatype("LONG", "i8", inferred=True)
+UNSIGNED_SHORT = UINT16_T = Datatype("UNSIGNED_SHORT", "u2", inferred=True)
+UNSIGNED = UINT32_T = Datatype("UNSIGNED", "u4", inferred=True)
+UNSIGNED_LONG = UINT64_T = Datatype("UNSIGNED_LONG", "u8", inferred=True)
+FLOAT = Datatype("FLOAT", "f4", inferred=True)
+DOUBLE = Datatype("DOUBLE", "f8", inferred=True)
+LONG_DOUBLE = Datatype("LONG_DOUBLE", np.longdouble, inferred=True)
+C_FLOAT_COMPLEX = COMPLEX = Datatype("C_FLOAT_COMPLEX", "c8", inferred=True)
+C_DOUBLE_COMPLEX = DOUBLE_COMPLEX = Datatype("C_DOUBLE_COMPLEX", "c16", inferred=True)
+C_BOOL = Datatype("C_BOOL", "?", inferred=True)
 BOOL = Datatype("BOOL", "?")
+# MAXLOC's and MINLOC's (value, index) pairs, laid out as C's structs: a buffer of them is a structured array
+# of two fields (any names) or, for TWOINT, an int32 array of pairs
+FLOAT_INT = Datatype("FLOAT_INT", [("value", "f4"), ("index", "i4")], inferred=True)
+DOUBLE_INT = Datatype("DOUBLE_INT", np.dtype([("value", "f8"), ("index", "i4")], align=True), 12, inferred=True)
+LONG_INT = Datatype("LONG_INT", np.dtype([("value", "i8"), ("index", "i4")], align=True), 12, inferred=True)
+TWOINT = INT_INT = Datatype("TWOINT", [("value", "i4"), ("index", "i4")], inferred=True)
+SHORT_INT = Datatype("SHORT_INT", np.dtype([("value", "i2"), ("index", "i4")], align=True), 6, inferred=True)
+LONG_DOUBLE_INT = Datatype("LONG_DOUBLE_INT", np.dtype([("value", np.longdouble), ("index", "i4")], align=True),
+                           np.dtype(np.longdouble).itemsize + 4, inferred=True)
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 _finalized = [False]

@@ -4,8 +4,9 @@ As in mpi4py, lowercase methods take any picklable Python object (they travel pi
 between this job's instances only: see ``popdist.ragged``), and uppercase methods take buffer specs
 (``specs.buffer_of``). Reductions run in one order on every rank, so all get the same bits. Rooted operations
 (``Gather``, ``Reduce``, ``Scatter``) run as their all-to-all forms and keep the root's part: simpler, and
-the same result. Point to point, the all-to-alls, the vector and prefix collectives and the nonblocking ones
-are mixins of their own (``point_to_point``, ``alltoall``, ``vectors``, ``scans``, ``nonblocking``).
+the same result. Point to point, the all-to-alls, the vector and prefix collectives, the reduce-scatters and
+the nonblocking ones are mixins of their own (``point_to_point``, ``alltoall``, ``vectors``, ``scans``,
+``reduce_scatter``, ``nonblocking``); the reduction operations are ``reductions``.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from popdist.mpi4py.alltoall import AllToAll
 from popdist.mpi4py.nonblocking import NonblockingCollectives
 from popdist.mpi4py.nonblocking_vectors import NonblockingVectorCollectives
 from popdist.mpi4py.point_to_point import PointToPoint
+from popdist.mpi4py.reduce_scatter import ReduceScatter
+from popdist.mpi4py.reductions import Op, combiner, reduction
 from popdist.mpi4py.scans import PrefixReductions
 from popdist.mpi4py.specs import (
     COMM_TYPE_SHARED,
     ERR_ARG,
     ERR_COMM,
     README_SECTION,
-    SUM,
     UNDEFINED,
     MPIException,
     NotProvidedError,
-    Op,
     RankError,
     buffer_of,
     fill,
@@ -44,7 +45,7 @@ from popdist.mpi4py.vectors import VectorCollectives
 from popdist.ragged import allgather_objects, broadcast_object
 
 
-class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, NonblockingCollectives,
+class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceScatter, NonblockingCollectives,
            NonblockingVectorCollectives):
     """A communicator: ``members`` are instance indices in rank order (None: every instance).
 
@@ -123,10 +124,10 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, Nonblock
         return self.bcast(list(sendobj) if self.Get_rank() == root else None, root)[self.Get_rank()]  # type: ignore[arg-type]
 
     def allreduce(self, sendobj: Any, op: Op | None = None) -> Any:
-        return functools.reduce(op or SUM, self.allgather(sendobj))
+        return functools.reduce(combiner(op, "allreduce"), self.allgather(sendobj))
 
     def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
-        result = self.allreduce(sendobj, op)
+        result = functools.reduce(combiner(op, "reduce"), self.allgather(sendobj))
         return result if self.Get_rank() == root else None
 
     # -- buffers ------------------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, Nonblock
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
         recv = buffer_of(recvbuf, "Allreduce", receives=True)
         send = recv if in_place(sendbuf) else buffer_of(sendbuf, "Allreduce")
-        fill(recv, current_fabric().allreduce(send, (op or SUM).fabric_op, self._group()), "Allreduce")
+        fill(recv, self._reduced(send, op, "Allreduce"), "Allreduce")
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> None:
         is_root = self.Get_rank() == root
@@ -148,9 +149,19 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, Nonblock
             send = recv
         else:
             send = buffer_of(sendbuf, "Reduce")
-        result = current_fabric().allreduce(send, (op or SUM).fabric_op, self._group())
+        result = self._reduced(send, op, "Reduce")
         if recv is not None:
             fill(recv, result, "Reduce")
+
+    def _reduced(self, send: np.ndarray, op: Op | None, what: str) -> np.ndarray:
+        """Every rank's ``send`` reduced with ``op``, in rank order: by the fabric's own reduction for the
+        arithmetic operations, else from every rank's bytes, gathered (``reductions``)."""
+        operation = reduction(op, what)
+        if operation.fabric_op is not None:
+            return current_fabric().allreduce(send, operation.fabric_op, self._group())
+        operation.check_buffer(send.dtype, what)
+        rows = self._in_rank_order(current_fabric().allgather(send.view(np.uint8), self._group()))
+        return operation.reduce_arrays([row.view(send.dtype) for row in rows], what)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         recv = buffer_of(recvbuf, "Allgather", receives=True, blocks=self.Get_size())

@@ -1,5 +1,6 @@
 """The nonblocking collectives, ``Ibarrier``, ``Ibcast``, ``Iallreduce``, ``Iallgather``, ``Igather``,
-``Ireduce``, ``Iscatter``, ``Ialltoall``, ``Iscan`` and ``Iexscan`` (the vector ones: ``nonblocking_vectors``):
+``Ireduce``, ``Iscatter``, ``Ialltoall``, ``Iscan`` and ``Iexscan`` (the vector ones: ``nonblocking_vectors``; the
+reduce-scatters: ``reduce_scatter``):
 each sends its part at once, as messages in a context of the
 communicator's own, to the ranks that need it, and posts a receive for each part it needs; its request
 completes when they have all come (``Wait``, ``Test``, ``Request.Waitall``...), and every MPI call that waits
@@ -16,20 +17,20 @@ Reductions run in rank order once every part is there: the same bits on every ra
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from popdist.mpi4py import matching
+from popdist.mpi4py.reductions import Op, reduction
 from popdist.mpi4py.requests import Request
-from popdist.mpi4py.specs import ANY_TAG, README_SECTION, SUM, NotProvidedError, Op, buffer_of, fill, in_place
+from popdist.mpi4py.specs import ANY_TAG, README_SECTION, NotProvidedError, buffer_of, fill, in_place
 from simipu.fabric.errors import CollectiveMismatchError
 
 #: The calls; a call's messages' tag holds its place among the communicator's nonblocking calls (from bit
 #: ``_PLACE_SHIFT``), its root plus one (from bit ``_ROOT_SHIFT``; 0: none) and its index here.
 KINDS = ("Ibarrier", "Ibcast", "Iallreduce", "Iallgather", "Igather", "Ireduce", "Iscatter", "Ialltoall", "Iscan",
-         "Iexscan", "Iallgatherv", "Igatherv", "Iscatterv", "Ialltoallv")
+         "Iexscan", "Iallgatherv", "Igatherv", "Iscatterv", "Ialltoallv", "Ireduce_scatter_block", "Ireduce_scatter")
 _ROOT_SHIFT, _PLACE_SHIFT = 8, 32
 #: Places wrap round below this, so that a tag never reaches ``matching.SYNCHRONOUS``'s bit.
 _PLACES = 1 << 29
@@ -135,9 +136,11 @@ class NonblockingCollectives:
         size, me = self.Get_size(), self.Get_rank()
         recv = buffer_of(recvbuf, "Iallreduce", receives=True)
         send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, "Iallreduce")
+        operation = reduction(op, "Iallreduce")
+        operation.check_buffer(send.dtype, "Iallreduce")
         return self._started("Iallreduce", -1, [None if k == me else send.view(np.uint8) for k in range(size)],
                              [k != me for k in range(size)],
-                             lambda parts: fill(recv, _reduced(parts, send, me, op, "Iallreduce"), "Iallreduce"))
+                             lambda parts: fill(recv, reduced_parts(parts, send, me, operation, "Iallreduce"), "Iallreduce"))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> Request:
         size, me = self.Get_size(), self.Get_rank()
@@ -149,10 +152,12 @@ class NonblockingCollectives:
             send = recv.copy()
         else:
             send = buffer_of(sendbuf, "Ireduce")
+        operation = reduction(op, "Ireduce")
+        operation.check_buffer(send.dtype, "Ireduce")
 
         def finish(parts: list[matching.Message]) -> None:
             if recv is not None:
-                fill(recv, _reduced(parts, send, me, op, "Ireduce"), "Ireduce")
+                fill(recv, reduced_parts(parts, send, me, operation, "Ireduce"), "Ireduce")
         return self._started("Ireduce", root, [send.view(np.uint8) if me != root and k == root else None
                                                for k in range(size)],
                              [me == root and k != me for k in range(size)], finish)
@@ -233,13 +238,15 @@ class NonblockingCollectives:
         size, me = self.Get_size(), self.Get_rank()
         recv = buffer_of(recvbuf, what, receives=True)
         send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, what)
+        operation = reduction(op, what)
+        operation.check_buffer(send.dtype, what)
 
         def finish(parts: list[matching.Message]) -> None:
             contributions = [_part_as(part, send, k, what) for k, part in enumerate(parts)]
             if what == "Iscan":
                 contributions.append(send)
             if contributions:
-                fill(recv, functools.reduce(op or SUM, contributions), what)
+                fill(recv, operation.reduce_arrays(contributions, what), what)
         return self._started(what, -1, [send.view(np.uint8) if k > me else None for k in range(size)],
                              [k < me for k in range(size)], finish)
 
@@ -293,11 +300,11 @@ def place_parts(blocks: list[np.ndarray], parts: list[matching.Message], mine: n
             matching.deliver(block.view(np.uint8), next(others), what, k)
 
 
-def _reduced(parts: list[matching.Message], mine: np.ndarray, me: int, op: Op | None, what: str) -> np.ndarray:
+def reduced_parts(parts: list[matching.Message], mine: np.ndarray, me: int, op: Op, what: str) -> np.ndarray:
     """Every rank's part reduced in rank order (``parts``: the others', in rank order; ``mine``: this rank's)."""
     others = iter(parts)
     contributions = [mine if k == me else _part_as(next(others), mine, k, what) for k in range(len(parts) + 1)]
-    return functools.reduce(op or SUM, contributions)
+    return op.reduce_arrays(contributions, what)
 
 
 def _part_as(part: matching.Message, mine: np.ndarray, rank: int, what: str) -> np.ndarray:

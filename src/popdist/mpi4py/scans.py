@@ -9,8 +9,11 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from popdist.backend import current_fabric
-from popdist.mpi4py.specs import SUM, Op, buffer_of, fill, in_place
+from popdist.mpi4py.reductions import Op, combiner, reduction
+from popdist.mpi4py.specs import buffer_of, fill, in_place
 
 
 class PrefixReductions:
@@ -23,11 +26,11 @@ class PrefixReductions:
         def allgather(self, sendobj: Any) -> list[Any]: ...
 
     def scan(self, sendobj: Any, op: Op | None = None) -> Any:
-        return functools.reduce(op or SUM, self.allgather(sendobj)[:self.Get_rank() + 1])
+        return functools.reduce(combiner(op, "scan"), self.allgather(sendobj)[:self.Get_rank() + 1])
 
     def exscan(self, sendobj: Any, op: Op | None = None) -> Any:
         everyone = self.allgather(sendobj)
-        return functools.reduce(op or SUM, everyone[:self.Get_rank()]) if self.Get_rank() else None
+        return functools.reduce(combiner(op, "exscan"), everyone[:self.Get_rank()]) if self.Get_rank() else None
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
         self._prefix(sendbuf, recvbuf, op, self.Get_rank() + 1, "Scan")
@@ -39,6 +42,8 @@ class PrefixReductions:
         """The reduction of the first ``ranks`` ranks' buffers into ``recvbuf`` (none: left as it was)."""
         recv = buffer_of(recvbuf, what, receives=True)
         send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, what)
-        gathered = self._in_rank_order(current_fabric().allgather(send, self._group()))
+        operation = reduction(op, what)
+        operation.check_buffer(send.dtype, what)
+        gathered = self._in_rank_order(current_fabric().allgather(send.view(np.uint8), self._group()))
         if ranks:
-            fill(recv, functools.reduce(op or SUM, list(gathered[:ranks])), what)
+            fill(recv, operation.reduce_arrays([row.view(send.dtype) for row in gathered[:ranks]], what), what)

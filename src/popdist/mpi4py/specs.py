@@ -9,16 +9,16 @@ a one-dimensional view.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 README_SECTION = "README \"Running Graphcore's programs\""
 
 #: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
-ERR_TAG, ERR_COMM, ERR_RANK, ERR_ARG, ERR_TRUNCATE, ERR_IN_STATUS = 4, 5, 6, 13, 15, 17
-_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_COMM: "MPI_ERR_COMM", ERR_RANK: "MPI_ERR_RANK", ERR_ARG: "MPI_ERR_ARG",
-                ERR_TRUNCATE: "MPI_ERR_TRUNCATE", ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
+ERR_TAG, ERR_COMM, ERR_RANK, ERR_OP, ERR_ARG, ERR_TRUNCATE, ERR_IN_STATUS = 4, 5, 6, 9, 13, 15, 17
+_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_COMM: "MPI_ERR_COMM", ERR_RANK: "MPI_ERR_RANK", ERR_OP: "MPI_ERR_OP",
+                ERR_ARG: "MPI_ERR_ARG", ERR_TRUNCATE: "MPI_ERR_TRUNCATE", ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
 
 
 def is_int(value: Any) -> bool:
@@ -54,43 +54,41 @@ class NotProvidedError(AttributeError, NotImplementedError):
     """A part of mpi4py's API that poprun-py does not provide (an AttributeError, so ``hasattr`` is False)."""
 
 
-class Op:
-    """A reduction: ``MPI.SUM`` etc. Callable on two Python objects, as mpi4py's are."""
-
-    def __init__(self, name: str, fabric_op: str, combine: Callable[[Any, Any], Any]) -> None:
-        self.name, self.fabric_op, self._combine = name, fabric_op, combine
-
-    def __call__(self, x: Any, y: Any) -> Any:
-        return self._combine(x, y)
-
-    def __repr__(self) -> str:
-        return f"<mpi4py.MPI.Op {self.name}>"
-
-    @classmethod
-    def Create(cls, function: Any, commute: bool = False) -> Op:
-        raise NotProvidedError(f"MPI.Op.Create is not provided by poprun-py's mpi4py (user-defined reductions); "
-                               f"use the lowercase allreduce with a Python function, see {README_SECTION}")
-
-
-SUM = Op("SUM", "sum", lambda x, y: x + y)
-PROD = Op("PROD", "prod", lambda x, y: x * y)
-MAX = Op("MAX", "max", lambda x, y: np.maximum(x, y) if isinstance(x, np.ndarray) else max(x, y))
-MIN = Op("MIN", "min", lambda x, y: np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y))
-
-
 class Datatype:
-    """An MPI datatype, as the NumPy dtype of a buffer spec such as ``[array, MPI.FLOAT]``."""
+    """An MPI datatype, as the NumPy dtype of a buffer spec such as ``[array, MPI.FLOAT]``; the (value, index)
+    pair types are structured dtypes laid out as C lays out MPI's (``MPI.DOUBLE_INT``: 12 bytes in 16)."""
 
-    def __init__(self, name: str, dtype: str) -> None:
+    def __init__(self, name: str, dtype: Any, size: int | None = None, *, inferred: bool = False) -> None:
+        """``inferred``: the one mpi4py gives a buffer of this dtype that names no datatype (``datatype_for``)."""
         self.name, self.dtype = name, np.dtype(dtype)
+        self._size = self.dtype.itemsize if size is None else size
+        if inferred:
+            _INFERRED.setdefault(self.dtype, self)
 
     def Get_size(self) -> int:
-        return self.dtype.itemsize
+        return self._size
+
+    def Get_extent(self) -> tuple[int, int]:
+        """(lower bound, extent): where an item starts and how far apart items lie."""
+        return 0, self.dtype.itemsize
 
     size = property(Get_size)
 
+    @property
+    def extent(self) -> int:
+        return self.dtype.itemsize
+
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Datatype {self.name}>"
+
+
+_INFERRED: dict[np.dtype, Datatype] = {}
+
+
+def datatype_for(dtype: np.dtype) -> Datatype:
+    """The datatype mpi4py gives a buffer of ``dtype`` (``MPI.INT`` for int32...), or one named by it."""
+    found = _INFERRED.get(dtype)
+    return found if found is not None else Datatype(dtype.str, dtype)
 
 
 class _InPlace:
@@ -242,6 +240,9 @@ def _flat(spec: Any, datatype: Datatype | None, what: str) -> np.ndarray:
                               "np.ascontiguousarray(...) and copy the result back")
         flat = spec.ravel(order="K")  # (a view: in memory order, C or Fortran)
         if datatype is not None and flat.dtype != datatype.dtype:
+            if flat.nbytes % datatype.dtype.itemsize:
+                raise ValueError(f"{what}: the buffer's {flat.nbytes} bytes are not a whole number of "
+                                 f"{datatype.name} items ({datatype.dtype.itemsize} bytes apart)")
             flat = flat.view(np.uint8).view(datatype.dtype)
         return flat
     try:

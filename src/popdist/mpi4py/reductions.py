@@ -1,0 +1,222 @@
+"""mpi4py's reduction operations: ``MPI.SUM``, ``PROD``, ``MAX``, ``MIN``, the logical and bitwise ones
+(``LAND``, ``LOR``, ``LXOR``, ``BAND``, ``BOR``, ``BXOR``), ``MAXLOC`` and ``MINLOC``, ``REPLACE`` and
+``NO_OP``, and the user's own, ``MPI.Op.Create(function, commute)``.
+
+On Python objects (the lowercase calls) an operation combines two objects, as mpi4py's ``Op.__call__`` does
+(a user's function is called as ``function(x, y, None)`` and returns the result). On buffers, the four
+arithmetic ones are the fabric's own reduction (``fabric_op``); the others reduce every rank's buffer here, in
+rank order (``reduce_arrays``), so every rank gets the same bits, as from the fabric. A user's function is
+called as MPI calls it, ``function(inbuf, inoutbuf, datatype)``, with the lower ranks' part as ``inbuf`` and
+the next rank's as ``inoutbuf``, which it overwrites. Which types each takes on buffers is Open MPI's: the
+logical ones integers and booleans, the bitwise ones integers, ``MAXLOC`` and ``MINLOC`` the (value, index)
+pair types (``MPI.DOUBLE_INT``...); anything else raises ``MPI.Exception`` with ``MPI.ERR_OP``, as there.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from popdist.mpi4py.specs import ERR_OP, Datatype, MPIException, buffer_of, datatype_for, fill
+
+#: Combines two Python objects (the lowercase calls).
+Combine = Callable[[Any, Any], Any]
+#: Reduces two arrays of the same dtype and size, the lower rank's first, into a new array.
+ArrayReduce = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class Op:
+    """A reduction (module docstring). Unhashable and compared by handle, as mpi4py's: a freed one equals
+    ``MPI.OP_NULL``."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, name: str, combine: Combine | None, *, fabric_op: str | None = None,
+                 arrays: ArrayReduce | None = None, takes: Callable[[np.dtype], bool] | None = None,
+                 user: Callable[[Any, Any, Any], Any] | None = None, commute: bool = True) -> None:
+        self.name, self.fabric_op = name, fabric_op
+        self._combine, self._arrays, self._takes, self._user = combine, arrays, takes, user
+        self._commute = commute
+        self._null = combine is None  # (``OP_NULL``, or a user's operation once freed)
+
+    # -- what mpi4py's Op answers ---------------------------------------------------------------------------
+    @classmethod
+    def Create(cls, function: Callable[[Any, Any, Any], Any], commute: bool = False) -> Op:
+        """A user-defined operation: ``function(inbuf, inoutbuf, datatype)`` writes ``inbuf op inoutbuf`` into
+        ``inoutbuf`` (buffers), or returns ``x op y`` when called with ``(x, y, None)`` (Python objects).
+        Reductions run in rank order whether or not it commutes."""
+        if not callable(function):
+            raise TypeError(f"Op.Create: {function!r} is not callable; pass function(inbuf, inoutbuf, datatype)")
+        name = getattr(function, "__name__", "user")
+        return cls(f"user {name}", lambda x, y: function(x, y, None), user=function, commute=bool(commute))
+
+    def Is_commutative(self) -> bool:
+        return self._commute
+
+    def Free(self) -> None:
+        """A user's operation becomes ``MPI.OP_NULL``; a predefined one cannot be freed (``MPI.ERR_OP``)."""
+        if self._user is None:
+            raise MPIException(ERR_OP, f"Op.Free: {self!r} is predefined; only an operation made by Op.Create "
+                                       "can be freed")
+        self._null = True
+
+    def Reduce_local(self, inbuf: Any, inoutbuf: Any) -> None:
+        """``inoutbuf = inbuf op inoutbuf``, on this rank alone."""
+        inout = buffer_of(inoutbuf, "Reduce_local", receives=True)
+        fill(inout, self.reduce_arrays([buffer_of(inbuf, "Reduce_local"), inout.copy()], "Reduce_local"),
+             "Reduce_local")
+
+    @property
+    def is_commutative(self) -> bool:
+        return self._commute
+
+    @property
+    def is_predefined(self) -> bool:
+        return self._user is None and not self._null
+
+    def __bool__(self) -> bool:
+        return not self._null
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Op):
+            return NotImplemented
+        return self is other or (self._null and other._null)
+
+    def __repr__(self) -> str:
+        return "<mpi4py.MPI.Op OP_NULL>" if self._null else f"<mpi4py.MPI.Op {self.name}>"
+
+    # -- reducing -------------------------------------------------------------------------------------------
+    def __call__(self, x: Any, y: Any) -> Any:
+        """``x op y`` on two Python objects (x from the lower rank)."""
+        self.check_usable("a reduction")
+        return self._combine(x, y)  # type: ignore[misc]
+
+    def check_buffer(self, dtype: np.dtype, what: str) -> None:
+        """Raise ``MPI.Exception`` (``MPI.ERR_OP``) if this operation does not reduce buffers of ``dtype``; before
+        anything moves, so that every rank raises alike."""
+        self.check_usable(what)
+        if self._user is None and self.fabric_op is None and (self._takes is None or not self._takes(dtype)):
+            hint = (" (it reduces (value, index) pairs: give the buffer with MPI.DOUBLE_INT, FLOAT_INT, TWOINT, "
+                    "LONG_INT or SHORT_INT)" if self.name in ("MAXLOC", "MINLOC") else "")
+            raise MPIException(ERR_OP, f"{what}: MPI.{self.name} does not reduce a buffer of {dtype}{hint}: "
+                                       "invalid reduce operation")
+
+    def reduce_arrays(self, arrays: Sequence[np.ndarray], what: str, datatype: Datatype | None = None) -> np.ndarray:
+        """Every rank's array (of one dtype and size), in rank order, reduced: a new array, or the only one.
+        ``datatype`` is what a user's function is told (else the one mpi4py infers from the dtype)."""
+        self.check_buffer(arrays[0].dtype, what)
+        if self._user is not None:
+            return _fold_user(self._user, arrays, datatype or datatype_for(arrays[0].dtype))
+        reduce = self._arrays or self._combine
+        return functools.reduce(reduce, arrays)  # type: ignore[arg-type]
+
+    def check_usable(self, what: str) -> None:
+        if self._null:
+            raise MPIException(ERR_OP, f"{what}: the operation is MPI.OP_NULL (an Op.Create operation that was "
+                                       "freed?): invalid reduce operation")
+
+
+def reduction(op: Any, what: str) -> Op:
+    """A buffer call's ``op`` argument as an operation (None: ``MPI.SUM``)."""
+    if op is None:
+        return SUM
+    if not isinstance(op, Op):
+        raise TypeError(f"{what}: op {op!r} is not an MPI.Op: pass MPI.SUM, MPI.MAX, ... or "
+                        "MPI.Op.Create(function)")
+    op.check_usable(what)
+    return op
+
+
+def combiner(op: Any, what: str) -> Callable[[Any, Any], Any]:
+    """A lowercase call's ``op`` argument as a function of two objects (None: ``MPI.SUM``; a plain Python
+    function of two objects is taken as it is)."""
+    if op is None:
+        return SUM
+    if isinstance(op, Op):
+        op.check_usable(what)
+    elif not callable(op):
+        raise TypeError(f"{what}: op {op!r} is not an MPI.Op: pass MPI.SUM, MPI.MAX, ... or "
+                        "MPI.Op.Create(function)")
+    return op
+
+
+def _fold_user(function: Callable[[Any, Any, Any], Any], arrays: Sequence[np.ndarray],
+               datatype: Datatype) -> np.ndarray:
+    """Left to right, as MPI's ``inoutbuf = inbuf op inoutbuf``: the function writes each next rank's copy."""
+    result = arrays[0]
+    for higher in arrays[1:]:
+        inout = np.array(higher, copy=True)
+        function(np.ascontiguousarray(result).view(np.uint8).data.toreadonly(), inout.view(np.uint8).data, datatype)
+        result = inout
+    return result
+
+
+# -- the predefined operations --------------------------------------------------------------------------------
+def _integers(dtype: np.dtype) -> bool:
+    return dtype.kind in "iu"
+
+
+def _integers_or_booleans(dtype: np.dtype) -> bool:
+    return dtype.kind in "iub"
+
+
+def _pairs(dtype: np.dtype) -> bool:
+    return dtype.names is not None and len(dtype.names) == 2
+
+
+def _logical(function: Callable[..., np.ndarray]) -> ArrayReduce:
+    """A logical ufunc as MPI's: 0 or 1 in the buffer's own type."""
+    return lambda a, b: function(a, b).astype(a.dtype, copy=False)
+
+
+def _loc(beats: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> ArrayReduce:
+    """MAXLOC's or MINLOC's reduction of (value, index) pairs: where the higher rank's value ``beats`` the lower's,
+    its pair; where they tie, the lower index."""
+    def reduce(lower: np.ndarray, higher: np.ndarray) -> np.ndarray:
+        value, index = lower.dtype.names  # type: ignore[misc]
+        u, v = lower[value], higher[value]
+        take = beats(v, u) | ((v == u) & (higher[index] < lower[index]))
+        result = lower.copy()
+        result[take] = higher[take]
+        return result
+    return reduce
+
+
+def _loc_objects(beats: Callable[[Any, Any], bool]) -> Combine:
+    """MAXLOC's or MINLOC's combination of two (value, index) pairs, as Python objects."""
+    def combine(x: Any, y: Any) -> tuple[Any, Any]:
+        (u, i), (v, j) = x, y
+        if beats(u, v):
+            return u, i
+        if beats(v, u):
+            return v, j
+        return u, min(i, j)
+    return combine
+
+
+def _max(x: Any, y: Any) -> Any:
+    return np.maximum(x, y) if isinstance(x, np.ndarray) else max(x, y)
+
+
+def _min(x: Any, y: Any) -> Any:
+    return np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y)
+
+
+SUM = Op("SUM", lambda x, y: x + y, fabric_op="sum")
+PROD = Op("PROD", lambda x, y: x * y, fabric_op="prod")
+MAX = Op("MAX", _max, fabric_op="max")
+MIN = Op("MIN", _min, fabric_op="min")
+LAND = Op("LAND", lambda x, y: bool(x) and bool(y), arrays=_logical(np.logical_and), takes=_integers_or_booleans)
+LOR = Op("LOR", lambda x, y: bool(x) or bool(y), arrays=_logical(np.logical_or), takes=_integers_or_booleans)
+LXOR = Op("LXOR", lambda x, y: bool(x) != bool(y), arrays=_logical(np.logical_xor), takes=_integers_or_booleans)
+BAND = Op("BAND", lambda x, y: x & y, arrays=np.bitwise_and, takes=_integers)
+BOR = Op("BOR", lambda x, y: x | y, arrays=np.bitwise_or, takes=_integers)
+BXOR = Op("BXOR", lambda x, y: x ^ y, arrays=np.bitwise_xor, takes=_integers)
+MAXLOC = Op("MAXLOC", _loc_objects(lambda u, v: u > v), arrays=_loc(np.greater), takes=_pairs)
+MINLOC = Op("MINLOC", _loc_objects(lambda u, v: u < v), arrays=_loc(np.less), takes=_pairs)
+#: One-sided operations in MPI; on Python objects, mpi4py's: the later object, the earlier one.
+REPLACE = Op("REPLACE", lambda x, y: y)
+NO_OP = Op("NO_OP", lambda x, y: x)
+OP_NULL = Op("OP_NULL", None)
