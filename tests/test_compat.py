@@ -127,6 +127,17 @@ def test_horovod_corners_behave_as_horovod_0_28() -> None:
         assert out["grouped_async"] == [[2.0, 2.0], [2.0]] and out["built"] == [False, False]
 
 
+def test_a_horovod_call_mismatch_names_the_call_the_header_begins() -> None:
+    """hvd.allreduce against hvd.allgather: the allgather's first step, an exchange of shapes, is named as such.
+    Before: "instance 1 called allgather on int64[18]", a call the user never made."""
+    result = run_poprun(*job(2), *python_program("horovod_call_mismatch.py"))
+    assert result.returncode != 0
+    named = re.findall(r"CollectiveMismatchError: (.*)", result.stderr.decode())
+    assert named and all("allreduce(mean) on float32[4]" in line and "allgather on int64[18] (the exchange of "
+                         "shapes that begins an allgather of rows or of Python objects: hvd.allgather" in line
+                         for line in named)
+
+
 def test_horovod_in_launch_instances(spawn_instances) -> None:
     def average_of_ranks() -> list[float]:
         import horovod.torch as hvd

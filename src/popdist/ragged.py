@@ -22,6 +22,7 @@ import numpy as np
 
 from popdist.backend import current_fabric, current_group
 from simipu.fabric.errors import CollectiveMismatchError
+from simipu.fabric.frames.header import ALLGATHER, name_call
 
 
 class RowsMismatchError(CollectiveMismatchError, ValueError):
@@ -32,6 +33,9 @@ __all__ = ["allgather_bytes", "allgather_objects", "allgather_rows", "broadcast_
 
 #: Most dimensions an array may have in ``allgather_rows`` (the header has room for this many).
 MAX_DIMS = 16
+# (a mismatch that meets this header names what it begins, not only "allgather on int64[18]")
+name_call(ALLGATHER, np.dtype(np.int64), (2 + MAX_DIMS,), "the exchange of shapes that begins an allgather of "
+          "rows or of Python objects: hvd.allgather, allgather_object, mpi4py's lowercase collectives")
 
 
 def _group(group: Sequence[int] | None) -> Sequence[int] | None:

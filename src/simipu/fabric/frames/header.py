@@ -50,6 +50,17 @@ put_seq = _SEQ.pack_into
 _SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(33)]
 
 
+#: What a call of one (kind, dtype, shape) is besides itself, for mismatch messages: a layer above the fabric that
+#: makes such a call as the first step of one of its own says so (``popdist.ragged``'s exchange of shapes).
+_ALSO_KNOWN_AS: dict[tuple[int, str, tuple[int, ...]], str] = {}
+
+
+def name_call(kind: int, dtype: np.dtype, shape: tuple[int, ...], text: str) -> None:
+    """Have mismatch messages add ``text`` to every call of this kind, dtype and shape (``Signature.describe``),
+    so that a user who met one reads which of their own calls begins with it."""
+    _ALSO_KNOWN_AS[(kind, np.dtype(dtype).str, tuple(shape))] = text
+
+
 @dataclass(frozen=True)
 class Signature:
     """What one instance is doing in one phase of one collective; equal on every instance or it is a mismatch."""
@@ -77,7 +88,8 @@ class Signature:
             dtype = np.dtype(self.dtype).name
         except TypeError:
             dtype = repr(self.dtype)
-        return f"{name} on {dtype}[{', '.join(map(str, self.shape))}]"
+        also = _ALSO_KNOWN_AS.get((self.kind, self.dtype, self.shape))
+        return f"{name} on {dtype}[{', '.join(map(str, self.shape))}]{f' ({also})' if also else ''}"
 
 
 def encode_prefix(kind: int, op: int, phase: int, dtype: str, shape: tuple[int, ...], root: int, seq: int,
