@@ -272,7 +272,7 @@ def test_mpi4py_semantics_over_three_instances() -> None:
         assert out["allreduce_max"] == 2 and out["Allreduce"] == [6.0, 60.0]
         assert out["Reduce"] == ([1.0, 10.0] if r == 1 else [0.0, 0.0]) and out["Scatter"] == [2 * r, 2 * r + 1]
         assert out["self"] == [1, r + 5] and out["hasattr_Win"] is False
-        assert out["missing"].startswith("MPI.Comm.Create_cart is not provided by poprun-py's mpi4py")
+        assert out["missing"].startswith("MPI.Comm.Create_graph is not provided by poprun-py's mpi4py")
         assert "Running Graphcore's programs" in out["missing"]
     assert by_rank[2]["recv"] == {"hello": "from 0"} and by_rank[0]["recv"] == [1, 2, 3]
     assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
@@ -759,3 +759,46 @@ def test_reduction_operations_on_one_rank_and_on_objects() -> None:
     assert MPI.COMM_WORLD.allreduce(4, op=lambda x, y: x + y) == 4  # (a plain function, as before)
     with pytest.raises(TypeError, match=r"^Op.Create: 3 is not callable"):
         MPI.Op.Create(3)
+
+
+def test_mpi4py_cartesian_grids_answer_as_open_mpi_does() -> None:
+    """Create_cart, coordinates, ranks, shifts (PROC_NULL past the edge that does not wrap), Sub, Dup, a halo
+    exchange along both dimensions, a ring, a grid smaller than the world: Open MPI 4.1's values for the same
+    program. Before: NotProvidedError."""
+    by_rank = records(run_poprun(*job(4), *python_program("mpi_cartesian.py")))
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    coords = [[0, 0], [0, 1], [1, 0], [1, 1]]
+    for r, out in by_rank.items():
+        assert out["grid"] == ["Cartcomm", True, True, 2, [2, 2], [1, 0], coords[r], [[2, 2], [1, 0], coords[r]]]
+        assert out["coords"] == coords and out["ranks"] == [2, 3, 3] and out["off_grid"] is True
+        assert out["shifts"] == [[[2, 2], [-2, 1], [1, -2], [2, 2]], [[3, 3], [0, -2], [-2, 0], [3, 3]],
+                                 [[0, 0], [-2, 3], [3, -2], [0, 0]], [[1, 1], [2, -2], [-2, 2], [1, 1]]][r]
+        assert out["row"] == ["Cartcomm", 2, r % 2, [2], [0], [r % 2], [0, 1] if r < 2 else [2, 3]]
+        assert out["halo"] == [[[2.0] * 2, [-1.0] * 2], [[3.0] * 2, [0.0] * 2], [[0.0] * 2, [-1.0] * 2],
+                               [[1.0] * 2, [2.0] * 2]][r]
+        assert out["ring"] == [[(r - 1) % 4, (r + 1) % 4], (r - 1) % 4]
+        assert out["three"] == (True if r == 3 else [3, [r]])
+        assert out["dup"] == ["Cartcomm", coords[r], 4] and out["too_large"] is True
+
+
+def test_compute_dims_and_grid_arguments_as_open_mpi_takes_them() -> None:
+    from popdist.mpi4py import MPI
+
+    cases = {(4, 2): [2, 2], (12, 3): [3, 2, 2], (16, 3): [4, 2, 2], (7, 2): [7, 1], (1, 3): [1, 1, 1],
+             (36, 4): [3, 3, 2, 2], (30, 3): [5, 3, 2], (64, 3): [4, 4, 4], (18, 2): [6, 3]}
+    assert {args: MPI.Compute_dims(*args) for args in cases} == cases  # (Open MPI 4.1's answers)
+    assert MPI.Compute_dims(12, [0, 3, 0]) == [2, 3, 2] and MPI.Compute_dims(12, [2, 0, 0]) == [2, 3, 2]
+    assert MPI.Compute_dims(8, (0, 0)) == [4, 2] and MPI.Compute_dims(6, [2, 2]) == [2, 2]
+    for bad in [(6, [4, 0]), (0, 2), (24, 0), (-1, 2)]:
+        with pytest.raises(MPI.Exception) as raised:
+            MPI.Compute_dims(*bad)
+        assert raised.value.Get_error_code() == MPI.ERR_DIMS
+    assert (MPI.ERR_OP, MPI.ERR_TOPOLOGY, MPI.ERR_DIMS, MPI.CART) == (10, 11, 12, 2)  # (Open MPI's values)
+    line = MPI.COMM_WORLD.Create_cart([1], periods=[False])
+    assert line.Shift(0, 1) == (MPI.PROC_NULL, MPI.PROC_NULL) and line.Sub([False]).Get_topo() == ([], [], [])
+    with pytest.raises(MPI.Exception, match=r"^Shift: direction 1 is not a dimension of this grid \(0 to 0\)"):
+        line.Shift(1, 1)
+    with pytest.raises(ValueError, match=r"^Create_cart: periods has 2 items, dims 1"):
+        MPI.COMM_WORLD.Create_cart([1], periods=[True, False])
+    with pytest.raises(MPI.Exception, match=r"^Create_cart: dims \[0\] is not a list of ints from 1"):
+        MPI.COMM_WORLD.Create_cart([0])

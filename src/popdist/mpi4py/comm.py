@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import sys
 from typing import Any, Sequence
@@ -41,6 +42,7 @@ from popdist.mpi4py.specs import (
     in_place,
     is_int,
 )
+from popdist.mpi4py.topology import Cartesian, CartesianMethods, grid_of
 from popdist.mpi4py.vectors import VectorCollectives
 from popdist.ragged import allgather_objects, broadcast_object
 
@@ -260,6 +262,33 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return Comm([self._instance(rank, what) for rank in orders[color]], f"{self._name} {what}",
                     self._derived_context(repr(color)))
 
+    def Create_cart(self, dims: Sequence[int], periods: Sequence[bool] | None = None, reorder: bool = False) -> Comm:
+        """The first prod(dims) ranks on a grid (``topology``), as a ``Cartcomm`` with messages of its own; the
+        ranks past it get ``MPI.COMM_NULL``. Collective: one allgather checks that every rank gave the same grid.
+        ``reorder`` is accepted and, as in Open MPI, keeps the ranks' order."""
+        grid = grid_of(dims, periods, self.Get_size(), "Create_cart")
+        everyone = self.allgather(grid)
+        for rank, theirs in enumerate(everyone):
+            if theirs != everyone[0]:
+                raise MPIException(ERR_ARG, f"Create_cart: rank {rank} gave dims {list(theirs[0])} and periods "
+                                            f"{list(theirs[1])}, rank 0 dims {list(everyone[0][0])} and periods "
+                                            f"{list(everyone[0][1])}; every rank must give the same grid")
+        self._dups += 1
+        context = self._derived_context("cart")
+        ranks = math.prod(grid[0])
+        if self.Get_rank() >= ranks:
+            return COMM_NULL
+        return self._cartesian([self._instance(rank, "Create_cart") for rank in range(ranks)], Cartesian(*grid),
+                               context, "Create_cart")
+
+    def _cartesian(self, members: list[int], grid: Cartesian, context: int, what: str) -> Comm:
+        return Cartcomm(members, f"{self._name} {what}", context, grid)
+
+    def Get_topology(self) -> int:
+        return UNDEFINED
+
+    topology = property(Get_topology)
+
     def _derived_context(self, color: str) -> int:
         """The context of a communicator made from this one (``Dup``, ``Split``): the same on every rank that
         makes it, since they make them in the same order, and another for each."""
@@ -296,6 +325,25 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
 
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Comm {self._name} (poprun-py)>"
+
+
+class Cartcomm(CartesianMethods, Comm):
+    """A communicator whose ranks lie on a grid (``Comm.Create_cart``; ``topology``)."""
+
+    def __init__(self, members: Sequence[int], name: str, context: int, grid: Cartesian) -> None:
+        super().__init__(members, name, context)
+        self._grid = grid
+
+    def Dup(self) -> Comm:
+        self._dups += 1
+        return Cartcomm(self._members or (), self._name, self._derived_context(""), self._grid)
+
+    Clone = Dup
+
+    topology = property(CartesianMethods.Get_topology)
+
+    def __repr__(self) -> str:
+        return f"<mpi4py.MPI.Cartcomm {self._name} {' x '.join(map(str, self._grid.dims))} (poprun-py)>"
 
 
 class _NullComm(Comm):

@@ -16,9 +16,11 @@ import numpy as np
 README_SECTION = "README \"Running Graphcore's programs\""
 
 #: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
-ERR_TAG, ERR_COMM, ERR_RANK, ERR_OP, ERR_ARG, ERR_TRUNCATE, ERR_IN_STATUS = 4, 5, 6, 9, 13, 15, 17
+ERR_TAG, ERR_COMM, ERR_RANK, ERR_OP, ERR_TOPOLOGY, ERR_DIMS, ERR_ARG, ERR_TRUNCATE, ERR_IN_STATUS = \
+    4, 5, 6, 10, 11, 12, 13, 15, 17
 _ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_COMM: "MPI_ERR_COMM", ERR_RANK: "MPI_ERR_RANK", ERR_OP: "MPI_ERR_OP",
-                ERR_ARG: "MPI_ERR_ARG", ERR_TRUNCATE: "MPI_ERR_TRUNCATE", ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
+                ERR_TOPOLOGY: "MPI_ERR_TOPOLOGY", ERR_DIMS: "MPI_ERR_DIMS", ERR_ARG: "MPI_ERR_ARG",
+                ERR_TRUNCATE: "MPI_ERR_TRUNCATE", ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
 
 
 def is_int(value: Any) -> bool:
