@@ -706,15 +706,18 @@ def test_mpi4py_reductions_beyond_the_arithmetic_four_give_what_open_mpi_gives()
     assert sorted(by_rank) == [0, 1, 2]
     refused = ["Allreduce: MPI.LAND does not reduce a buffer of float64", "Allreduce: MPI.BOR does not reduce a "
                "buffer of bool", "Allreduce: MPI.MAXLOC does not reduce a buffer of int32 (it reduces (value, "
-               "index) pairs", "Allreduce: MPI.REPLACE does not reduce", "Op.Free: <mpi4py.MPI.Op SUM> is predefined"]
+               "index) pairs", "Allreduce: MPI.REPLACE does not reduce", "Op.Free: <mpi4py.MPI.Op SUM> is predefined",
+               "Allreduce: MPI.SUM does not reduce a buffer of bool", "Allreduce: MPI.MAX does not reduce a buffer of "
+               "complex64"]
     for r, out in by_rank.items():
         assert out["objects"] == [True, False, False, 7, 4, 0, True]
         assert out["locations"][:3] == [[1, 1], [0, 0], [5, 1]] and out["locations"][3] == ([3.0, 2] if r == 1 else None)
         assert out["buffers"] == [[0, 1, 1], [0, 1, 1], [0, 0, 1], [4, 7, 6], [7, 1, 2], [0, 1, 2],
                                   [True, False, True], [False, True]]
-        assert [ok for ok, _ in out["refused"]] == [True] * 5
+        assert [ok for ok, _ in out["refused"]] == [True] * 7
         assert all(message.startswith(start) for (_, message), start in zip(out["refused"], refused))
         assert out["pairs"] == [[[1.0, 1], [2.0, 2], [1.0, 0]], [[0.0, 0], [0.0, 0], [1.0, 0]], [[1, 1], [2, 2]], 12, 16]
+        assert out["nan_pairs"] == [[[3.0, 2]], [[3.0, 2]]]  # (Open MPI keeps the higher rank's unless beaten)
         assert out["packed_pairs"] == "Allreduce: the buffer's 36 bytes are not a whole number of DOUBLE_INT items " \
                                       "(16 bytes apart)"
         assert out["user"][0] == "((0.1).2)" and out["user"][1:3] == [["0", "(0.1)", "((0.1).2)"][r],
@@ -722,13 +725,14 @@ def test_mpi4py_reductions_beyond_the_arithmetic_four_give_what_open_mpi_gives()
         assert out["user"][3:] == [[12, 123], [[0, 1], [1, 12], [12, 123]][r], [31, 42], [11, 22],
                                    [False, True, False, True]]
         assert out["user_nonblocking"] == [12, 123]  # (Open MPI's libnbc: [1012, 23]; the op does not associate)
-        assert out["freed"][:3] == [True, False, False] and out["freed"][3][0] is True
+        assert out["freed"][:3] == [True, False, False] and out["freed"][3][0] == "ValueError"
         assert out["reduce_scatter"] == [
             [[300, 303], [306, 309], [312, 315]][r],
             [[300, 303, 2, 3, 4, 5], [306, 309, 102, 103, 104, 105], [312, 315, 202, 203, 204, 205]][r],
             [[300], [303, 306], [309, 312, 315]][r], [[200], [201, 202], [203, 204, 205]][r],
             [[300, 1, 2, 3, 4, 5], [303, 306, 102, 103, 104, 105], [309, 312, 315, 203, 204, 205]][r],
             [[236, 237], [238, 239], [236, 237]][r], [[300], [303, 306], [309, 312, 315]][r]]
+        assert out["counted"] == out["reduce_scatter"][:2]  # (a spec's count is one rank's block, as mpi4py's)
         assert out["bad_count"] == f"Reduce_scatter: the receive buffer holds 4 items, recvcounts[{r}] is {r + 1}"
 
 
@@ -751,9 +755,40 @@ def test_reduction_operations_on_one_rank_and_on_objects() -> None:
     with pytest.raises(TypeError, match="unhashable"):
         hash(MPI.SUM)
     assert MPI.SUM == MPI.SUM and MPI.SUM != MPI.MAX and not MPI.OP_NULL and MPI.OP_NULL != MPI.SUM
-    with pytest.raises(MPI.Exception, match=r"^a reduction: the operation is MPI.OP_NULL") as raised:
+    with pytest.raises(ValueError, match=r"^cannot call a null operation"):
         MPI.OP_NULL(1, 2)
+    with pytest.raises(MPI.Exception, match=r"^Is_commutative: the operation is MPI.OP_NULL") as raised:
+        MPI.OP_NULL.Is_commutative()
     assert raised.value.Get_error_code() == MPI.ERR_OP
+    assert MPI.Op(MPI.SUM) == MPI.SUM and MPI.Op() == MPI.OP_NULL and MPI.OP_NULL.is_predefined
+    twice = MPI.Op.Create(lambda a, b, datatype: None)
+    twice.Free()
+    with pytest.raises(MPI.Exception, match=r"^Op.Free: the operation is MPI.OP_NULL"):
+        twice.Free()
+    nan = np.array([(1.0, 0)], [("v", "f8"), ("i", "i4")])
+    kept = np.array([(np.nan, 1)], nan.dtype)
+    MPI.MAXLOC.Reduce_local(nan, kept)
+    assert np.isnan(kept["v"][0]) and kept["i"][0] == 1  # (Open MPI keeps inoutbuf's unless inbuf's beats it)
+    seen = []
+
+    def scratch(inbuf, inoutbuf, datatype):  # (MPI's invec may be written as scratch)
+        lower = np.frombuffer(inbuf, np.uint8)
+        lower += 1
+        np.frombuffer(inoutbuf, np.uint8)[:] += lower
+        seen.append(datatype)
+
+    mine, theirs = np.array([1, 2], np.uint8), np.array([10, 20], np.uint8)
+    MPI.Op.Create(scratch).Reduce_local([mine, MPI.BYTE], [theirs, MPI.BYTE])
+    MPI.Op.Create(scratch).Reduce_local(np.zeros(0, np.uint8), np.zeros(0, np.uint8))  # (not called: count 0)
+    assert theirs.tolist() == [12, 23] and mine.tolist() == [1, 2] and seen == [MPI.BYTE]
+    assert MPI.BOOL == MPI.C_BOOL and MPI.INT != MPI.INT32_T and MPI.COMPLEX != MPI.C_FLOAT_COMPLEX
+    with pytest.raises(ValueError, match=r"^Reduce_local: mismatch in send and receive datatypes: the send "
+                                         r"buffer holds float64, the receive buffer int32"):
+        MPI.SUM.Reduce_local(np.zeros(2), np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match=r"^Reduce_local: mismatch in send count 3 and receive count 2"):
+        MPI.BAND.Reduce_local(np.zeros(3, np.int32), np.zeros(2, np.int32))
+    with pytest.raises(MPI.Exception, match=r"^Allreduce: MPI.SUM does not reduce a buffer of bool"):
+        MPI.COMM_WORLD.Allreduce(np.zeros(2, bool), np.zeros(2, bool))
     with pytest.raises(TypeError, match=r"^Allreduce: op 'sum' is not an MPI.Op"):
         MPI.COMM_WORLD.Allreduce(np.zeros(1), np.zeros(1), op="sum")
     assert MPI.COMM_WORLD.allreduce(4, op=lambda x, y: x + y) == 4  # (a plain function, as before)

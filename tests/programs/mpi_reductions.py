@@ -45,7 +45,9 @@ out["refused"] = [error_of(lambda: reduced(MPI.LAND, [1.0, r], np.float64)),
                   error_of(lambda: reduced(MPI.BOR, [r == 1, False], np.bool_)),
                   error_of(lambda: reduced(MPI.MAXLOC, [r, r], np.int32)),
                   error_of(lambda: reduced(MPI.REPLACE, [r], np.int32)),
-                  error_of(lambda: MPI.SUM.Free())]
+                  error_of(lambda: MPI.SUM.Free()),
+                  error_of(lambda: reduced(MPI.SUM, [True, False], np.bool_)),
+                  error_of(lambda: reduced(MPI.MAX, [1j, r], np.complex64))]
 pairs = np.array([(r % 2, r), (float(r), r), (1, 2 - r)], dtype=[("v", "f8"), ("i", "i4")])  # (packed: 12 bytes)
 double_int = np.zeros(3, np.dtype([("value", "f8"), ("index", "i4")], align=True))  # (as C lays out DOUBLE_INT)
 double_int["value"], double_int["index"] = pairs["v"], pairs["i"]
@@ -55,6 +57,11 @@ minloc = np.zeros(3, [("v", "f4"), ("i", "i4")])  # (a FLOAT_INT array with name
 comm.Allreduce([np.array(pairs.tolist(), minloc.dtype), MPI.FLOAT_INT], [minloc, MPI.FLOAT_INT], op=MPI.MINLOC)
 two_ints = np.array([[r % 2, r], [r, r]], np.int32)
 comm.Allreduce(MPI.IN_PLACE, [two_ints, MPI.TWOINT], op=MPI.MAXLOC)
+nan_pairs = np.array([([2.0, np.nan, 3.0][r], r)], [("v", "f4"), ("i", "i4")])
+nan_max, nan_min = np.zeros_like(nan_pairs), np.zeros_like(nan_pairs)
+comm.Allreduce([nan_pairs, MPI.FLOAT_INT], [nan_max, MPI.FLOAT_INT], op=MPI.MAXLOC)
+comm.Allreduce([nan_pairs, MPI.FLOAT_INT], [nan_min, MPI.FLOAT_INT], op=MPI.MINLOC)
+out["nan_pairs"] = [nan_max.tolist(), nan_min.tolist()]
 out["pairs"] = [maxloc.tolist(), minloc.tolist(), two_ints.tolist(), MPI.DOUBLE_INT.Get_size(),
                 MPI.DOUBLE_INT.Get_extent()[1]]
 try:
@@ -96,6 +103,11 @@ block = np.zeros(2, np.int32)
 comm.Reduce_scatter_block(send, block)
 whole = send.copy()
 comm.Reduce_scatter_block(MPI.IN_PLACE, whole)
+counted_block = np.zeros(2, np.int32)
+comm.Reduce_scatter_block([send, 2, MPI.INT], counted_block)  # (a count in a spec is one rank's block)
+counted_whole = send.copy()
+comm.Reduce_scatter_block(MPI.IN_PLACE, [counted_whole, 2, MPI.INT])
+out["counted"] = [counted_block.tolist(), counted_whole.tolist()]
 mine = np.zeros(r + 1, np.int32)
 comm.Reduce_scatter(np.arange(6, dtype=np.int32) + 100 * r, mine)  # (counts: each rank's receive buffer's)
 maxima = np.zeros(r + 1, np.int32)

@@ -34,6 +34,7 @@ from popdist.mpi4py.specs import (
     ERR_COMM,
     README_SECTION,
     UNDEFINED,
+    Datatype,
     MPIException,
     NotProvidedError,
     RankError,
@@ -41,6 +42,8 @@ from popdist.mpi4py.specs import (
     fill,
     in_place,
     is_int,
+    same_datatype,
+    spec_datatype,
 )
 from popdist.mpi4py.topology import Cartesian, CartesianMethods, grid_of
 from popdist.mpi4py.vectors import VectorCollectives
@@ -140,7 +143,8 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
         recv = buffer_of(recvbuf, "Allreduce", receives=True)
         send = recv if in_place(sendbuf) else buffer_of(sendbuf, "Allreduce")
-        fill(recv, self._reduced(send, op, "Allreduce"), "Allreduce")
+        same_datatype(send, recv, "Allreduce")
+        fill(recv, self._reduced(send, op, "Allreduce", spec_datatype(recvbuf)), "Allreduce")
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> None:
         is_root = self.Get_rank() == root
@@ -151,19 +155,22 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
             send = recv
         else:
             send = buffer_of(sendbuf, "Reduce")
-        result = self._reduced(send, op, "Reduce")
+        if recv is not None:
+            same_datatype(send, recv, "Reduce")
+        result = self._reduced(send, op, "Reduce", spec_datatype(sendbuf) or spec_datatype(recvbuf))
         if recv is not None:
             fill(recv, result, "Reduce")
 
-    def _reduced(self, send: np.ndarray, op: Op | None, what: str) -> np.ndarray:
+    def _reduced(self, send: np.ndarray, op: Op | None, what: str, datatype: Datatype | None = None) -> np.ndarray:
         """Every rank's ``send`` reduced with ``op``, in rank order: by the fabric's own reduction for the
-        arithmetic operations, else from every rank's bytes, gathered (``reductions``)."""
+        arithmetic operations, else from every rank's bytes, gathered (``reductions``; ``datatype``: what a
+        user's function is told)."""
         operation = reduction(op, what)
+        operation.check_buffer(send.dtype, what)
         if operation.fabric_op is not None:
             return current_fabric().allreduce(send, operation.fabric_op, self._group())
-        operation.check_buffer(send.dtype, what)
         rows = self._in_rank_order(current_fabric().allgather(send.view(np.uint8), self._group()))
-        return operation.reduce_arrays([row.view(send.dtype) for row in rows], what)
+        return operation.reduce_arrays([row.view(send.dtype) for row in rows], what, datatype)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         recv = buffer_of(recvbuf, "Allgather", receives=True, blocks=self.Get_size())

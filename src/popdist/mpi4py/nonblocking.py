@@ -24,7 +24,17 @@ import numpy as np
 from popdist.mpi4py import matching
 from popdist.mpi4py.reductions import Op, reduction
 from popdist.mpi4py.requests import Request
-from popdist.mpi4py.specs import ANY_TAG, README_SECTION, NotProvidedError, buffer_of, fill, in_place
+from popdist.mpi4py.specs import (
+    ANY_TAG,
+    README_SECTION,
+    Datatype,
+    NotProvidedError,
+    buffer_of,
+    fill,
+    in_place,
+    same_datatype,
+    spec_datatype,
+)
 from simipu.fabric.errors import CollectiveMismatchError
 
 #: The calls; a call's messages' tag holds its place among the communicator's nonblocking calls (from bit
@@ -136,11 +146,14 @@ class NonblockingCollectives:
         size, me = self.Get_size(), self.Get_rank()
         recv = buffer_of(recvbuf, "Iallreduce", receives=True)
         send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, "Iallreduce")
+        same_datatype(send, recv, "Iallreduce")
         operation = reduction(op, "Iallreduce")
         operation.check_buffer(send.dtype, "Iallreduce")
+        datatype = spec_datatype(recvbuf)
         return self._started("Iallreduce", -1, [None if k == me else send.view(np.uint8) for k in range(size)],
                              [k != me for k in range(size)],
-                             lambda parts: fill(recv, reduced_parts(parts, send, me, operation, "Iallreduce"), "Iallreduce"))
+                             lambda parts: fill(recv, reduced_parts(parts, send, me, operation, "Iallreduce", datatype),
+                                                "Iallreduce"))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> Request:
         size, me = self.Get_size(), self.Get_rank()
@@ -152,12 +165,15 @@ class NonblockingCollectives:
             send = recv.copy()
         else:
             send = buffer_of(sendbuf, "Ireduce")
+        if recv is not None:
+            same_datatype(send, recv, "Ireduce")
         operation = reduction(op, "Ireduce")
         operation.check_buffer(send.dtype, "Ireduce")
+        datatype = spec_datatype(sendbuf) or spec_datatype(recvbuf)
 
         def finish(parts: list[matching.Message]) -> None:
             if recv is not None:
-                fill(recv, reduced_parts(parts, send, me, operation, "Ireduce"), "Ireduce")
+                fill(recv, reduced_parts(parts, send, me, operation, "Ireduce", datatype), "Ireduce")
         return self._started("Ireduce", root, [send.view(np.uint8) if me != root and k == root else None
                                                for k in range(size)],
                              [me == root and k != me for k in range(size)], finish)
@@ -238,15 +254,17 @@ class NonblockingCollectives:
         size, me = self.Get_size(), self.Get_rank()
         recv = buffer_of(recvbuf, what, receives=True)
         send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, what)
+        same_datatype(send, recv, what)
         operation = reduction(op, what)
         operation.check_buffer(send.dtype, what)
+        datatype = spec_datatype(recvbuf)
 
         def finish(parts: list[matching.Message]) -> None:
             contributions = [_part_as(part, send, k, what) for k, part in enumerate(parts)]
             if what == "Iscan":
                 contributions.append(send)
             if contributions:
-                fill(recv, operation.reduce_arrays(contributions, what), what)
+                fill(recv, operation.reduce_arrays(contributions, what, datatype), what)
         return self._started(what, -1, [send.view(np.uint8) if k > me else None for k in range(size)],
                              [k < me for k in range(size)], finish)
 
@@ -300,11 +318,13 @@ def place_parts(blocks: list[np.ndarray], parts: list[matching.Message], mine: n
             matching.deliver(block.view(np.uint8), next(others), what, k)
 
 
-def reduced_parts(parts: list[matching.Message], mine: np.ndarray, me: int, op: Op, what: str) -> np.ndarray:
-    """Every rank's part reduced in rank order (``parts``: the others', in rank order; ``mine``: this rank's)."""
+def reduced_parts(parts: list[matching.Message], mine: np.ndarray, me: int, op: Op, what: str,
+                  datatype: Datatype | None = None) -> np.ndarray:
+    """Every rank's part reduced in rank order (``parts``: the others', in rank order; ``mine``: this rank's;
+    ``datatype``: what a user's function is told)."""
     others = iter(parts)
     contributions = [mine if k == me else _part_as(next(others), mine, k, what) for k in range(len(parts) + 1)]
-    return op.reduce_arrays(contributions, what)
+    return op.reduce_arrays(contributions, what, datatype)
 
 
 def _part_as(part: matching.Message, mine: np.ndarray, rank: int, what: str) -> np.ndarray:

@@ -19,7 +19,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from popdist.mpi4py.specs import ERR_OP, Datatype, MPIException, buffer_of, datatype_for, fill
+from popdist.mpi4py.specs import (
+    ERR_OP,
+    Datatype,
+    MPIException,
+    buffer_of,
+    datatype_for,
+    fill,
+    same_datatype,
+    spec_datatype,
+)
 
 #: Combines two Python objects (the lowercase calls).
 Combine = Callable[[Any, Any], Any]
@@ -28,18 +37,32 @@ ArrayReduce = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class Op:
-    """A reduction (module docstring). Unhashable and compared by handle, as mpi4py's: a freed one equals
-    ``MPI.OP_NULL``."""
+    """A reduction (module docstring). Unhashable and compared by handle, as mpi4py's: ``MPI.Op(op)`` is
+    another handle to ``op``, and a freed one equals ``MPI.OP_NULL``."""
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __init__(self, name: str, combine: Combine | None, *, fabric_op: str | None = None,
-                 arrays: ArrayReduce | None = None, takes: Callable[[np.dtype], bool] | None = None,
-                 user: Callable[[Any, Any, Any], Any] | None = None, commute: bool = True) -> None:
+    def __init__(self, op: Op | None = None) -> None:
+        """``MPI.Op()``: a null operation; ``MPI.Op(op)``: another handle to ``op``, as mpi4py's."""
+        if op is None:
+            self._define("OP_NULL", None)
+        else:
+            self.__dict__.update(op.__dict__)
+
+    def _define(self, name: str, combine: Combine | None, *, fabric_op: str | None = None,
+                arrays: ArrayReduce | None = None, takes: Callable[[np.dtype], bool] | None = None,
+                user: Callable[[Any, Any, Any], Any] | None = None, commute: bool = True) -> Op:
         self.name, self.fabric_op = name, fabric_op
         self._combine, self._arrays, self._takes, self._user = combine, arrays, takes, user
         self._commute = commute
-        self._null = combine is None  # (``OP_NULL``, or a user's operation once freed)
+        #: What equality compares (None: null, ``OP_NULL`` or a user's operation once freed).
+        self._handle: object | None = None if combine is None else object()
+        return self
+
+    @classmethod
+    def predefined(cls, name: str, combine: Combine | None, **how: Any) -> Op:
+        """One of MPI's operations (``_define``'s arguments)."""
+        return cls.__new__(cls)._define(name, combine, **how)
 
     # -- what mpi4py's Op answers ---------------------------------------------------------------------------
     @classmethod
@@ -50,54 +73,66 @@ class Op:
         if not callable(function):
             raise TypeError(f"Op.Create: {function!r} is not callable; pass function(inbuf, inoutbuf, datatype)")
         name = getattr(function, "__name__", "user")
-        return cls(f"user {name}", lambda x, y: function(x, y, None), user=function, commute=bool(commute))
+        return cls.__new__(cls)._define(f"user {name}", lambda x, y: function(x, y, None), user=function,
+                                        commute=bool(commute))
 
     def Is_commutative(self) -> bool:
+        self.check_usable("Is_commutative")
         return self._commute
 
     def Free(self) -> None:
-        """A user's operation becomes ``MPI.OP_NULL``; a predefined one cannot be freed (``MPI.ERR_OP``)."""
+        """A user's operation becomes ``MPI.OP_NULL``; a predefined or null one cannot be freed (``MPI.ERR_OP``)."""
+        self.check_usable("Op.Free")
         if self._user is None:
             raise MPIException(ERR_OP, f"Op.Free: {self!r} is predefined; only an operation made by Op.Create "
                                        "can be freed")
-        self._null = True
+        self._handle = None
 
     def Reduce_local(self, inbuf: Any, inoutbuf: Any) -> None:
         """``inoutbuf = inbuf op inoutbuf``, on this rank alone."""
         inout = buffer_of(inoutbuf, "Reduce_local", receives=True)
-        fill(inout, self.reduce_arrays([buffer_of(inbuf, "Reduce_local"), inout.copy()], "Reduce_local"),
+        source = buffer_of(inbuf, "Reduce_local")
+        same_datatype(source, inout, "Reduce_local")
+        if source.size != inout.size:
+            raise ValueError(f"Reduce_local: mismatch in send count {source.size} and receive count {inout.size}")
+        fill(inout, self.reduce_arrays([source, inout.copy()], "Reduce_local", spec_datatype(inoutbuf)),
              "Reduce_local")
 
     @property
     def is_commutative(self) -> bool:
-        return self._commute
+        return self.Is_commutative()
 
     @property
     def is_predefined(self) -> bool:
-        return self._user is None and not self._null
+        return self._user is None or self._handle is None
 
     def __bool__(self) -> bool:
-        return not self._null
+        return self._handle is not None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Op):
             return NotImplemented
-        return self is other or (self._null and other._null)
+        return self._handle is other._handle
 
     def __repr__(self) -> str:
-        return "<mpi4py.MPI.Op OP_NULL>" if self._null else f"<mpi4py.MPI.Op {self.name}>"
+        return "<mpi4py.MPI.Op OP_NULL>" if self._handle is None else f"<mpi4py.MPI.Op {self.name}>"
 
     # -- reducing -------------------------------------------------------------------------------------------
     def __call__(self, x: Any, y: Any) -> Any:
         """``x op y`` on two Python objects (x from the lower rank)."""
-        self.check_usable("a reduction")
+        self.check_callable()
         return self._combine(x, y)  # type: ignore[misc]
+
+    def check_callable(self) -> None:
+        """A null operation on Python objects raises ``ValueError``, as mpi4py's."""
+        if self._handle is None:
+            raise ValueError("cannot call a null operation: MPI.OP_NULL, or an Op.Create operation that was freed")
 
     def check_buffer(self, dtype: np.dtype, what: str) -> None:
         """Raise ``MPI.Exception`` (``MPI.ERR_OP``) if this operation does not reduce buffers of ``dtype``; before
         anything moves, so that every rank raises alike."""
         self.check_usable(what)
-        if self._user is None and self.fabric_op is None and (self._takes is None or not self._takes(dtype)):
+        if self._user is None and (self._takes is None or not self._takes(dtype)):
             hint = (" (it reduces (value, index) pairs: give the buffer with MPI.DOUBLE_INT, FLOAT_INT, TWOINT, "
                     "LONG_INT or SHORT_INT)" if self.name in ("MAXLOC", "MINLOC") else "")
             raise MPIException(ERR_OP, f"{what}: MPI.{self.name} does not reduce a buffer of {dtype}{hint}: "
@@ -105,15 +140,18 @@ class Op:
 
     def reduce_arrays(self, arrays: Sequence[np.ndarray], what: str, datatype: Datatype | None = None) -> np.ndarray:
         """Every rank's array (of one dtype and size), in rank order, reduced: a new array, or the only one.
-        ``datatype`` is what a user's function is told (else the one mpi4py infers from the dtype)."""
+        ``datatype`` is what a user's function is told (else the one mpi4py infers from the dtype); it is not
+        called for empty buffers, as Open MPI does not call it for a count of 0."""
         self.check_buffer(arrays[0].dtype, what)
+        if arrays[0].size == 0 or len(arrays) == 1:
+            return arrays[0]
         if self._user is not None:
             return _fold_user(self._user, arrays, datatype or datatype_for(arrays[0].dtype))
         reduce = self._arrays or self._combine
         return functools.reduce(reduce, arrays)  # type: ignore[arg-type]
 
     def check_usable(self, what: str) -> None:
-        if self._null:
+        if self._handle is None:
             raise MPIException(ERR_OP, f"{what}: the operation is MPI.OP_NULL (an Op.Create operation that was "
                                        "freed?): invalid reduce operation")
 
@@ -135,7 +173,7 @@ def combiner(op: Any, what: str) -> Callable[[Any, Any], Any]:
     if op is None:
         return SUM
     if isinstance(op, Op):
-        op.check_usable(what)
+        op.check_callable()
     elif not callable(op):
         raise TypeError(f"{what}: op {op!r} is not an MPI.Op: pass MPI.SUM, MPI.MAX, ... or "
                         "MPI.Op.Create(function)")
@@ -144,11 +182,12 @@ def combiner(op: Any, what: str) -> Callable[[Any, Any], Any]:
 
 def _fold_user(function: Callable[[Any, Any, Any], Any], arrays: Sequence[np.ndarray],
                datatype: Datatype) -> np.ndarray:
-    """Left to right, as MPI's ``inoutbuf = inbuf op inoutbuf``: the function writes each next rank's copy."""
-    result = arrays[0]
+    """Left to right, as MPI's ``inoutbuf = inbuf op inoutbuf``: the function writes each next rank's copy. Both
+    buffers it gets are writable copies, as MPI's ``invec`` may be used as scratch."""
+    result = np.array(arrays[0], copy=True)
     for higher in arrays[1:]:
         inout = np.array(higher, copy=True)
-        function(np.ascontiguousarray(result).view(np.uint8).data.toreadonly(), inout.view(np.uint8).data, datatype)
+        function(result.view(np.uint8).data, inout.view(np.uint8).data, datatype)
         result = inout
     return result
 
@@ -172,27 +211,30 @@ def _logical(function: Callable[..., np.ndarray]) -> ArrayReduce:
 
 
 def _loc(beats: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> ArrayReduce:
-    """MAXLOC's or MINLOC's reduction of (value, index) pairs: where the higher rank's value ``beats`` the lower's,
-    its pair; where they tie, the lower index."""
+    """MAXLOC's or MINLOC's reduction of (value, index) pairs, as Open MPI's: the higher rank's pair unless the
+    lower rank's value ``beats`` it; where the values are equal, the lower index (so a NaN is kept as Open MPI
+    keeps it)."""
     def reduce(lower: np.ndarray, higher: np.ndarray) -> np.ndarray:
         value, index = lower.dtype.names  # type: ignore[misc]
         u, v = lower[value], higher[value]
-        take = beats(v, u) | ((v == u) & (higher[index] < lower[index]))
-        result = lower.copy()
-        result[take] = higher[take]
+        result = higher.copy()
+        take = beats(u, v)
+        result[take] = lower[take]
+        tie = u == v
+        result[index][tie] = np.minimum(lower[index], higher[index])[tie]
         return result
     return reduce
 
 
 def _loc_objects(beats: Callable[[Any, Any], bool]) -> Combine:
-    """MAXLOC's or MINLOC's combination of two (value, index) pairs, as Python objects."""
+    """MAXLOC's or MINLOC's combination of two (value, index) pairs, as Python objects (mpi4py's)."""
     def combine(x: Any, y: Any) -> tuple[Any, Any]:
         (u, i), (v, j) = x, y
         if beats(u, v):
             return u, i
-        if beats(v, u):
+        if beats(v, u) or j < i:
             return v, j
-        return u, min(i, j)
+        return u, i
     return combine
 
 
@@ -204,19 +246,30 @@ def _min(x: Any, y: Any) -> Any:
     return np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y)
 
 
-SUM = Op("SUM", lambda x, y: x + y, fabric_op="sum")
-PROD = Op("PROD", lambda x, y: x * y, fabric_op="prod")
-MAX = Op("MAX", _max, fabric_op="max")
-MIN = Op("MIN", _min, fabric_op="min")
-LAND = Op("LAND", lambda x, y: bool(x) and bool(y), arrays=_logical(np.logical_and), takes=_integers_or_booleans)
-LOR = Op("LOR", lambda x, y: bool(x) or bool(y), arrays=_logical(np.logical_or), takes=_integers_or_booleans)
-LXOR = Op("LXOR", lambda x, y: bool(x) != bool(y), arrays=_logical(np.logical_xor), takes=_integers_or_booleans)
-BAND = Op("BAND", lambda x, y: x & y, arrays=np.bitwise_and, takes=_integers)
-BOR = Op("BOR", lambda x, y: x | y, arrays=np.bitwise_or, takes=_integers)
-BXOR = Op("BXOR", lambda x, y: x ^ y, arrays=np.bitwise_xor, takes=_integers)
-MAXLOC = Op("MAXLOC", _loc_objects(lambda u, v: u > v), arrays=_loc(np.greater), takes=_pairs)
-MINLOC = Op("MINLOC", _loc_objects(lambda u, v: u < v), arrays=_loc(np.less), takes=_pairs)
+def _numbers(dtype: np.dtype) -> bool:
+    return dtype.kind in "iufc"
+
+
+def _real_numbers(dtype: np.dtype) -> bool:
+    return dtype.kind in "iuf"
+
+
+SUM = Op.predefined("SUM", lambda x, y: x + y, fabric_op="sum", takes=_numbers)
+PROD = Op.predefined("PROD", lambda x, y: x * y, fabric_op="prod", takes=_numbers)
+MAX = Op.predefined("MAX", _max, fabric_op="max", takes=_real_numbers)
+MIN = Op.predefined("MIN", _min, fabric_op="min", takes=_real_numbers)
+LAND = Op.predefined("LAND", lambda x, y: bool(x) and bool(y), arrays=_logical(np.logical_and),
+                     takes=_integers_or_booleans)
+LOR = Op.predefined("LOR", lambda x, y: bool(x) or bool(y), arrays=_logical(np.logical_or),
+                    takes=_integers_or_booleans)
+LXOR = Op.predefined("LXOR", lambda x, y: bool(x) != bool(y), arrays=_logical(np.logical_xor),
+                     takes=_integers_or_booleans)
+BAND = Op.predefined("BAND", lambda x, y: x & y, arrays=np.bitwise_and, takes=_integers)
+BOR = Op.predefined("BOR", lambda x, y: x | y, arrays=np.bitwise_or, takes=_integers)
+BXOR = Op.predefined("BXOR", lambda x, y: x ^ y, arrays=np.bitwise_xor, takes=_integers)
+MAXLOC = Op.predefined("MAXLOC", _loc_objects(lambda u, v: u > v), arrays=_loc(np.greater), takes=_pairs)
+MINLOC = Op.predefined("MINLOC", _loc_objects(lambda u, v: u < v), arrays=_loc(np.less), takes=_pairs)
 #: One-sided operations in MPI; on Python objects, mpi4py's: the later object, the earlier one.
-REPLACE = Op("REPLACE", lambda x, y: y)
-NO_OP = Op("NO_OP", lambda x, y: x)
-OP_NULL = Op("OP_NULL", None)
+REPLACE = Op.predefined("REPLACE", lambda x, y: y)
+NO_OP = Op.predefined("NO_OP", lambda x, y: x)
+OP_NULL = Op()

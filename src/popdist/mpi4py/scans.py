@@ -13,7 +13,7 @@ import numpy as np
 
 from popdist.backend import current_fabric
 from popdist.mpi4py.reductions import Op, combiner, reduction
-from popdist.mpi4py.specs import buffer_of, fill, in_place
+from popdist.mpi4py.specs import buffer_of, fill, in_place, same_datatype, spec_datatype
 
 
 class PrefixReductions:
@@ -42,8 +42,10 @@ class PrefixReductions:
         """The reduction of the first ``ranks`` ranks' buffers into ``recvbuf`` (none: left as it was)."""
         recv = buffer_of(recvbuf, what, receives=True)
         send = recv.copy() if in_place(sendbuf) else buffer_of(sendbuf, what)
+        same_datatype(send, recv, what)
         operation = reduction(op, what)
         operation.check_buffer(send.dtype, what)
         gathered = self._in_rank_order(current_fabric().allgather(send.view(np.uint8), self._group()))
         if ranks:
-            fill(recv, operation.reduce_arrays([row.view(send.dtype) for row in gathered[:ranks]], what), what)
+            fill(recv, operation.reduce_arrays([row.view(send.dtype) for row in gathered[:ranks]], what,
+                                               spec_datatype(recvbuf)), what)

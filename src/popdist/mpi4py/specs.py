@@ -255,6 +255,22 @@ def _flat(spec: Any, datatype: Datatype | None, what: str) -> np.ndarray:
     return np.frombuffer(view, datatype.dtype if datatype else np.dtype(view.format or "B")).reshape(-1)
 
 
+def spec_datatype(spec: Any) -> Datatype | None:
+    """The datatype a buffer spec names (``[buf, MPI.INT]``...), or None if it names none."""
+    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
+        return None
+    named = spec[-1]
+    return named if isinstance(named, Datatype) else None
+
+
+def same_datatype(send: np.ndarray, recv: np.ndarray, what: str) -> None:
+    """A reduction's send and receive buffers hold one datatype, as mpi4py requires (a cast would change the
+    values silently)."""
+    if send.dtype != recv.dtype:
+        raise ValueError(f"{what}: mismatch in send and receive datatypes: the send buffer holds {send.dtype}, "
+                         f"the receive buffer {recv.dtype}")
+
+
 def fill(recvbuf: np.ndarray, values: np.ndarray, what: str) -> None:
     """``values`` into ``recvbuf`` (``_buffer``'s view of the caller's memory), converting the dtype."""
     if recvbuf.size != values.size:
