@@ -22,6 +22,7 @@ import numpy as np
 
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py.alltoall import AllToAll
+from popdist.mpi4py.neighbours import NeighbourCollectives
 from popdist.mpi4py.nonblocking import NonblockingCollectives
 from popdist.mpi4py.nonblocking_vectors import NonblockingVectorCollectives
 from popdist.mpi4py.point_to_point import PointToPoint
@@ -334,8 +335,9 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return f"<mpi4py.MPI.Comm {self._name} (poprun-py)>"
 
 
-class Cartcomm(CartesianMethods, Comm):
-    """A communicator whose ranks lie on a grid (``Comm.Create_cart``; ``topology``)."""
+class Cartcomm(CartesianMethods, NeighbourCollectives, Comm):
+    """A communicator whose ranks lie on a grid (``Comm.Create_cart``; ``topology``), with the neighbour
+    collectives (``neighbours``)."""
 
     def __init__(self, members: Sequence[int], name: str, context: int, grid: Cartesian) -> None:
         super().__init__(members, name, context)

@@ -181,11 +181,11 @@ class NonblockingCollectives:
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:
         size = self.Get_size()
         recv = buffer_of(recvbuf, "Iallgather", receives=True, blocks=size)
-        return self._gathered("Iallgather", None, _blocks(recv, size, "Iallgather"), sendbuf)
+        return self._gathered("Iallgather", None, equal_blocks(recv, size, "Iallgather"), sendbuf)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
         size, root = self.Get_size(), self._rank_checked(root, "Igather")
-        blocks = _blocks(buffer_of(recvbuf, "Igather", receives=True, blocks=size), size, "Igather") \
+        blocks = equal_blocks(buffer_of(recvbuf, "Igather", receives=True, blocks=size), size, "Igather") \
             if self.Get_rank() == root else []
         return self._gathered("Igather", root, blocks, sendbuf)
 
@@ -206,7 +206,7 @@ class NonblockingCollectives:
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
         size, root = self.Get_size(), self._rank_checked(root, "Iscatter")
-        blocks = _blocks(buffer_of(sendbuf, "Iscatter", blocks=size), size, "Iscatter") \
+        blocks = equal_blocks(buffer_of(sendbuf, "Iscatter", blocks=size), size, "Iscatter") \
             if self.Get_rank() == root else []
         return self._scattered("Iscatter", root, blocks, recvbuf)
 
@@ -229,9 +229,9 @@ class NonblockingCollectives:
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
         size, me = self.Get_size(), self.Get_rank()
-        recv = _blocks(buffer_of(recvbuf, "Ialltoall", receives=True, blocks=size), size, "Ialltoall")
+        recv = equal_blocks(buffer_of(recvbuf, "Ialltoall", receives=True, blocks=size), size, "Ialltoall")
         send = ([block.copy() for block in recv] if in_place(sendbuf)  # (MPI.IN_PLACE: the blocks to send are there)
-                else _blocks(buffer_of(sendbuf, "Ialltoall", blocks=size), size, "Ialltoall"))
+                else equal_blocks(buffer_of(sendbuf, "Ialltoall", blocks=size), size, "Ialltoall"))
         _own(recv[me], send[me], "Ialltoall")
 
         def finish(parts: list[matching.Message]) -> None:
@@ -292,7 +292,7 @@ class NonblockingCollectives:
         return CollectiveRequest(receives, checked, what)
 
 
-def _blocks(flat: np.ndarray, size: int, what: str) -> list[np.ndarray]:
+def equal_blocks(flat: np.ndarray, size: int, what: str) -> list[np.ndarray]:
     """A buffer's equal blocks, one for each rank."""
     if flat.size % size:
         raise ValueError(f"{what}: the buffer's {flat.size} items do not split into {size} ranks' blocks")
