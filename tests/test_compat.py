@@ -814,6 +814,7 @@ def test_mpi4py_cartesian_grids_answer_as_open_mpi_does() -> None:
         assert out["ring"] == [[(r - 1) % 4, (r + 1) % 4], (r - 1) % 4]
         assert out["three"] == (True if r == 3 else [3, [r]])
         assert out["dup"] == ["Cartcomm", coords[r], 4] and out["too_large"] is True
+    assert by_rank[3]["left_out"] is True  # (MPI.ERR_COMM; it was NotProvidedError)
 
 
 def test_compute_dims_and_grid_arguments_as_open_mpi_takes_them() -> None:
@@ -823,12 +824,19 @@ def test_compute_dims_and_grid_arguments_as_open_mpi_takes_them() -> None:
              (36, 4): [3, 3, 2, 2], (30, 3): [5, 3, 2], (64, 3): [4, 4, 4], (18, 2): [6, 3]}
     assert {args: MPI.Compute_dims(*args) for args in cases} == cases  # (Open MPI 4.1's answers)
     assert MPI.Compute_dims(12, [0, 3, 0]) == [2, 3, 2] and MPI.Compute_dims(12, [2, 0, 0]) == [2, 3, 2]
-    assert MPI.Compute_dims(8, (0, 0)) == [4, 2] and MPI.Compute_dims(6, [2, 2]) == [2, 2]
-    for bad in [(6, [4, 0]), (0, 2), (24, 0), (-1, 2)]:
+    assert MPI.Compute_dims(8, (0, 0)) == [4, 2] and MPI.Compute_dims(6, [2, 3]) == [2, 3]
+    # (Open MPI 4.1 returns (6, [2, 2]) as it is, dividing 6 by each fixed dimension in turn; the standard, and
+    # poprun-py, refuse a product that is not nnodes)
+    for bad in [(6, [4, 0]), (0, 2), (24, 0), (-1, 2), (5, [2, 2]), (8, [2, 2]), (4, [1, 1]), (1, [1, 2]),
+                (6, [2, 2])]:
         with pytest.raises(MPI.Exception) as raised:
             MPI.Compute_dims(*bad)
         assert raised.value.Get_error_code() == MPI.ERR_DIMS
-    assert (MPI.ERR_OP, MPI.ERR_TOPOLOGY, MPI.ERR_DIMS, MPI.CART) == (10, 11, 12, 2)  # (Open MPI's values)
+    assert (MPI.ERR_OP, MPI.ERR_TOPOLOGY, MPI.ERR_DIMS, MPI.CART, MPI.GRAPH) == (10, 11, 12, 1, 2)  # (Open MPI's)
+    import numpy as np
+
+    wrapped = MPI.COMM_WORLD.Create_cart(np.array([1]), periods=True)  # (any sequence; one bool for all)
+    assert wrapped.periods == [1] and isinstance(wrapped, MPI.Topocomm) and wrapped.neighbor_alltoall(None) == [None] * 2
     line = MPI.COMM_WORLD.Create_cart([1], periods=[False])
     assert line.Shift(0, 1) == (MPI.PROC_NULL, MPI.PROC_NULL) and line.Sub([False]).Get_topo() == ([], [], [])
     with pytest.raises(MPI.Exception, match=r"^Shift: direction 1 is not a dimension of this grid \(0 to 0\)"):
@@ -845,6 +853,7 @@ NEIGHBOURS_OPEN_MPI = [{'rank': 0,
       'objects': [[20, 20, None, 10], ['2->1', '2->0', None, '1->2']],
       'before_wait': [2, 2, None, 1],
       'buffers': [[2, 20, 2, 20, -1, -1, 1, 10], [201, 200, -1, 102], [2, 20, 2, 20, -1, -1, 1, 10]],
+      'test_after_barrier': True,
       'ring': ['3->right', '1->left'],
       'two': [['1->right', '1->left'], [1, 1]],
       'one': ['R', 'L']},
@@ -853,6 +862,7 @@ NEIGHBOURS_OPEN_MPI = [{'rank': 0,
       'objects': [[30, 30, 0, None], ['3->1', '3->0', '0->3', None]],
       'before_wait': [3, 3, 0, None],
       'buffers': [[3, 30, 3, 30, 0, 0, -1, -1], [301, 300, 3, -1], [3, 30, 3, 30, 0, 0, -1, -1]],
+      'test_after_barrier': True,
       'ring': ['0->right', '2->left'],
       'two': [['0->right', '0->left'], [0, 0]]},
      {'rank': 2,
@@ -860,12 +870,14 @@ NEIGHBOURS_OPEN_MPI = [{'rank': 0,
       'objects': [[0, 0, None, 30], ['0->1', '0->0', None, '3->2']],
       'before_wait': [0, 0, None, 3],
       'buffers': [[0, 0, 0, 0, -1, -1, 3, 30], [1, 0, -1, 302], [0, 0, 0, 0, -1, -1, 3, 30]],
+      'test_after_barrier': True,
       'ring': ['1->right', '3->left']},
      {'rank': 3,
       'edges': [[1, 1, 2, -2], [1, 1, 2, -2], [4, 4], 4, 4],
       'objects': [[10, 10, 20, None], ['1->1', '1->0', '2->3', None]],
       'before_wait': [1, 1, 2, None],
       'buffers': [[1, 10, 1, 10, 2, 20, -1, -1], [101, 100, 203, -1], [1, 10, 1, 10, 2, 20, -1, -1]],
+      'test_after_barrier': True,
       'ring': ['2->right', '0->left']}]
 
 

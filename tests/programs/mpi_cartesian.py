@@ -39,6 +39,11 @@ ring = comm.Create_cart([n], periods=[True])
 out["ring"] = [list(ring.Shift(0, 1)), ring.sendrecv(r, dest=ring.Shift(0, 1)[1], source=ring.Shift(0, 1)[0])]
 three = comm.Create_cart([3])
 out["three"] = three == MPI.COMM_NULL if r == 3 else [three.Get_size(), three.coords]
+if r == 3:  # (a grid's call on the rank left out of it)
+    try:
+        three.Shift(0, 1)
+    except MPI.Exception as exc:
+        out["left_out"] = exc.Get_error_code() == MPI.ERR_COMM
 copy = cart.Dup()
 out["dup"] = [type(copy).__name__, copy.coords, copy.allreduce(1)]
 try:

@@ -15,7 +15,7 @@ import numpy as np
 
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import rc
-from popdist.mpi4py.comm import COMM_NULL, Cartcomm, Comm
+from popdist.mpi4py.comm import COMM_NULL, Cartcomm, Comm, Topocomm
 from popdist.mpi4py.reductions import (
     BAND,
     BOR,
@@ -70,7 +70,7 @@ __all__ = [
     "LAND", "LONG", "LONG_DOUBLE", "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG", "LOR", "LXOR", "MAX", "MAXLOC", "MIN",
     "MINLOC", "NO_OP", "NotProvidedError", "OP_NULL", "Op", "PROC_NULL", "PROD", "Query_thread", "REPLACE",
     "REQUEST_NULL", "Request", "SHORT", "SHORT_INT", "SIGNED_CHAR", "SUM", "Status", "THREAD_MULTIPLE",
-    "THREAD_SINGLE", "TWOINT", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T", "UNDEFINED", "UNSIGNED",
+    "THREAD_SINGLE", "Topocomm", "TWOINT", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T", "UNDEFINED", "UNSIGNED",
     "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "Wtick", "Wtime",
 ]
 

@@ -335,9 +335,15 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return f"<mpi4py.MPI.Comm {self._name} (poprun-py)>"
 
 
-class Cartcomm(CartesianMethods, NeighbourCollectives, Comm):
-    """A communicator whose ranks lie on a grid (``Comm.Create_cart``; ``topology``), with the neighbour
-    collectives (``neighbours``)."""
+class Topocomm(NeighbourCollectives, Comm):
+    """A communicator with a topology, and its neighbour collectives (``neighbours``); mpi4py's base of
+    ``Cartcomm`` (the only topology here)."""
+
+    _grid: Cartesian
+
+
+class Cartcomm(CartesianMethods, Topocomm):
+    """A communicator whose ranks lie on a grid (``Comm.Create_cart``; ``topology``)."""
 
     def __init__(self, members: Sequence[int], name: str, context: int, grid: Cartesian) -> None:
         super().__init__(members, name, context)
@@ -385,6 +391,16 @@ class _NullComm(Comm):
 
     def Free(self) -> None:
         self._null()
+
+    def Get_topology(self) -> int:
+        return self._null()
+
+    topology = property(Get_topology)
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("__") and hasattr(Cartcomm, name):  # (a grid's call on a rank left out of it)
+            return self._null()
+        return super().__getattr__(name)
 
     def __bool__(self) -> bool:
         return False

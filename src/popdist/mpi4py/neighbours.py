@@ -74,8 +74,10 @@ class NeighbourCollectives:
         mine = matching.pickled(sendobj)
         return self._objects("neighbor_allgather", [mine] * self.indegree)
 
-    def neighbor_alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
-        if sendobj is None or len(sendobj) != self.outdegree:
+    def neighbor_alltoall(self, sendobj: Sequence[Any] | None) -> list[Any]:
+        if sendobj is None:  # (None to every neighbour, as mpi4py sends it)
+            sendobj = [None] * self.outdegree
+        if len(sendobj) != self.outdegree:
             raise ValueError(f"neighbor_alltoall: give a sequence of {self.outdegree} objects, one for each "
                              "neighbour (inedges' order)")
         return self._objects("neighbor_alltoall", [matching.pickled(obj) for obj in sendobj])

@@ -82,10 +82,10 @@ class CollectiveRequest(Request):
     def _completed(self, block: bool, status: Any) -> tuple[bool, Any]:
         if self._active:
             pending = self._pending()
-            while pending:
-                matching.progress(pending, block, self._what)
+            while pending:  # (a test takes every part that has come, not one: done once all have, as MPI's)
+                moved = matching.progress(pending, block, self._what)
                 pending = self._pending()
-                if pending and not block:
+                if pending and not block and not moved:
                     return False, None
             self._active = False  # (null from now on, even if ``finish`` raises)
             self._fill()
@@ -95,10 +95,10 @@ class CollectiveRequest(Request):
         """Whether every part has come (taking what has), without completing the request."""
         if self._active:
             pending = self._pending()
+            while pending and matching.progress(pending, False, self._what):
+                pending = self._pending()
             if pending:
-                matching.progress(pending, False, self._what)
-                if self._pending():
-                    return False
+                return False
             self._fill()
         return super().Get_status(status)
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from popdist.mpi4py.comm import Comm
 
 #: ``Get_topology``'s answers (Open MPI's values); a communicator without a topology answers ``UNDEFINED``.
-GRAPH, CART, DIST_GRAPH = 1, 2, 3
+CART, GRAPH, DIST_GRAPH = 1, 2, 3
 
 
 def compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
@@ -28,13 +28,14 @@ def compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
     if not is_int(nnodes) or nnodes < 1 or not given or not all(is_int(d) and d >= 0 for d in given):
         raise MPIException(ERR_DIMS, f"Compute_dims({nnodes!r}, {dims!r}): nnodes must be an int from 1 and dims "
                                      "a count from 1 or a list of ints from 0 (0: free)")
+    nnodes, given = int(nnodes), [int(d) for d in given]
     free = given.count(0)
+    fixed = math.prod(d for d in given if d)
+    if nnodes % fixed or (not free and fixed != nnodes):
+        raise MPIException(ERR_DIMS, f"Compute_dims({nnodes}, {given}): the given dimensions' product {fixed} "
+                                     f"{'does not divide' if free else 'is not'} {nnodes}")
     if not free:
         return given
-    fixed = math.prod(d for d in given if d)
-    if nnodes % fixed:
-        raise MPIException(ERR_DIMS, f"Compute_dims({nnodes}, {given}): the given dimensions' product {fixed} "
-                                     f"does not divide {nnodes}")
     filled = [1] * free
     for prime in reversed(_prime_factors(nnodes // fixed)):
         filled[filled.index(min(filled))] *= prime
@@ -55,10 +56,15 @@ def _prime_factors(n: int) -> list[int]:
 
 def grid_of(dims: Sequence[int], periods: Any, size: int, what: str) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     """``Create_cart``'s arguments checked: (dims, periods), the grid no larger than the communicator."""
-    if not isinstance(dims, (list, tuple)) or not all(is_int(d) and d >= 1 for d in dims):
+    try:
+        listed: list[Any] | None = list(dims)
+    except TypeError:
+        listed = None
+    if listed is None or not all(is_int(d) and d >= 1 for d in listed):
         raise MPIException(ERR_DIMS, f"{what}: dims {dims!r} is not a list of ints from 1")
-    if periods is None:
-        periods = [False] * len(dims)
+    dims = listed
+    if periods is None or isinstance(periods, bool):  # (one bool for every dimension, as mpi4py takes it)
+        periods = [bool(periods)] * len(dims)
     if len(periods) != len(dims):
         raise ValueError(f"{what}: periods has {len(periods)} items, dims {len(dims)}; give one for each dimension")
     if math.prod(dims) > size:
@@ -139,7 +145,7 @@ class CartesianMethods:
     def Shift(self, direction: int, disp: int) -> tuple[int, int]:
         """(source, dest): the ranks ``disp`` steps before and after this one along ``direction``."""
         if not is_int(direction) or not 0 <= direction < len(self._grid.dims):
-            raise MPIException(ERR_ARG, f"Shift: direction {direction!r} is not a dimension of this grid (0 to "
+            raise MPIException(ERR_DIMS, f"Shift: direction {direction!r} is not a dimension of this grid (0 to "
                                         f"{len(self._grid.dims) - 1})")
         if not is_int(disp):
             raise TypeError(f"Shift: disp {disp!r} is not an int")
