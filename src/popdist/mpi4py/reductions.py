@@ -7,9 +7,10 @@ On Python objects (the lowercase calls) an operation combines two objects, as mp
 arithmetic ones are the fabric's own reduction (``fabric_op``); the others reduce every rank's buffer here, in
 rank order (``reduce_arrays``), so every rank gets the same bits, as from the fabric. A user's function is
 called as MPI calls it, ``function(inbuf, inoutbuf, datatype)``, with the lower ranks' part as ``inbuf`` and
-the next rank's as ``inoutbuf``, which it overwrites. Which types each takes on buffers is Open MPI's: the
-logical ones integers and booleans, the bitwise ones integers, ``MAXLOC`` and ``MINLOC`` the (value, index)
-pair types (``MPI.DOUBLE_INT``...); anything else raises ``MPI.Exception`` with ``MPI.ERR_OP``, as there.
+the next rank's as ``inoutbuf``, which it overwrites. Which types each takes on buffers is Open MPI's:
+``SUM`` and ``PROD`` numbers, ``MAX`` and ``MIN`` numbers that are not complex, the logical ones integers and
+booleans, the bitwise ones integers, ``MAXLOC`` and ``MINLOC`` the (value, index) pair types
+(``MPI.DOUBLE_INT``...); anything else raises ``MPI.Exception`` with ``MPI.ERR_OP``, as there.
 """
 
 from __future__ import annotations
@@ -193,12 +194,9 @@ def _fold_user(function: Callable[[Any, Any, Any], Any], arrays: Sequence[np.nda
 
 
 # -- the predefined operations --------------------------------------------------------------------------------
-def _integers(dtype: np.dtype) -> bool:
-    return dtype.kind in "iu"
-
-
-def _integers_or_booleans(dtype: np.dtype) -> bool:
-    return dtype.kind in "iub"
+def _kinds(kinds: str) -> Callable[[np.dtype], bool]:
+    """Takes the dtypes of these NumPy kinds ("i" signed integers, "u" unsigned, "b" bool, "f" float, "c" complex)."""
+    return lambda dtype: dtype.kind in kinds
 
 
 def _pairs(dtype: np.dtype) -> bool:
@@ -246,27 +244,19 @@ def _min(x: Any, y: Any) -> Any:
     return np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y)
 
 
-def _numbers(dtype: np.dtype) -> bool:
-    return dtype.kind in "iufc"
-
-
-def _real_numbers(dtype: np.dtype) -> bool:
-    return dtype.kind in "iuf"
-
-
-SUM = Op.predefined("SUM", lambda x, y: x + y, fabric_op="sum", takes=_numbers)
-PROD = Op.predefined("PROD", lambda x, y: x * y, fabric_op="prod", takes=_numbers)
-MAX = Op.predefined("MAX", _max, fabric_op="max", takes=_real_numbers)
-MIN = Op.predefined("MIN", _min, fabric_op="min", takes=_real_numbers)
+SUM = Op.predefined("SUM", lambda x, y: x + y, fabric_op="sum", takes=_kinds("iufc"))
+PROD = Op.predefined("PROD", lambda x, y: x * y, fabric_op="prod", takes=_kinds("iufc"))
+MAX = Op.predefined("MAX", _max, fabric_op="max", takes=_kinds("iuf"))
+MIN = Op.predefined("MIN", _min, fabric_op="min", takes=_kinds("iuf"))
 LAND = Op.predefined("LAND", lambda x, y: bool(x) and bool(y), arrays=_logical(np.logical_and),
-                     takes=_integers_or_booleans)
+                     takes=_kinds("iub"))
 LOR = Op.predefined("LOR", lambda x, y: bool(x) or bool(y), arrays=_logical(np.logical_or),
-                    takes=_integers_or_booleans)
+                    takes=_kinds("iub"))
 LXOR = Op.predefined("LXOR", lambda x, y: bool(x) != bool(y), arrays=_logical(np.logical_xor),
-                     takes=_integers_or_booleans)
-BAND = Op.predefined("BAND", lambda x, y: x & y, arrays=np.bitwise_and, takes=_integers)
-BOR = Op.predefined("BOR", lambda x, y: x | y, arrays=np.bitwise_or, takes=_integers)
-BXOR = Op.predefined("BXOR", lambda x, y: x ^ y, arrays=np.bitwise_xor, takes=_integers)
+                     takes=_kinds("iub"))
+BAND = Op.predefined("BAND", lambda x, y: x & y, arrays=np.bitwise_and, takes=_kinds("iu"))
+BOR = Op.predefined("BOR", lambda x, y: x | y, arrays=np.bitwise_or, takes=_kinds("iu"))
+BXOR = Op.predefined("BXOR", lambda x, y: x ^ y, arrays=np.bitwise_xor, takes=_kinds("iu"))
 MAXLOC = Op.predefined("MAXLOC", _loc_objects(lambda u, v: u > v), arrays=_loc(np.greater), takes=_pairs)
 MINLOC = Op.predefined("MINLOC", _loc_objects(lambda u, v: u < v), arrays=_loc(np.less), takes=_pairs)
 #: One-sided operations in MPI; on Python objects, mpi4py's: the later object, the earlier one.
