@@ -15,7 +15,8 @@ import numpy as np
 
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import rc
-from popdist.mpi4py.comm import COMM_NULL, Cartcomm, Comm, Topocomm
+from popdist.mpi4py.comm import COMM_NULL, Cartcomm, Comm, Distgraphcomm, Graphcomm, Topocomm
+from popdist.mpi4py.graphs import DIST_GRAPH, GRAPH, UNWEIGHTED, WEIGHTS_EMPTY
 from popdist.mpi4py.reductions import (
     BAND,
     BOR,
@@ -58,20 +59,21 @@ from popdist.mpi4py.specs import (
     RankError,
     Status,
 )
-from popdist.mpi4py.topology import CART, DIST_GRAPH, GRAPH, compute_dims
+from popdist.mpi4py.topology import CART, compute_dims
 
 __all__ = [
     "ANY_SOURCE", "ANY_TAG", "BAND", "BOOL", "BOR", "BXOR", "BYTE", "CART", "CHAR", "COMM_NULL", "COMM_SELF",
     "COMM_TYPE_SHARED", "COMM_WORLD", "COMPLEX", "C_BOOL", "C_DOUBLE_COMPLEX", "C_FLOAT_COMPLEX", "Cartcomm", "Comm",
-    "Compute_dims", "DIST_GRAPH", "DOUBLE", "DOUBLE_COMPLEX", "DOUBLE_INT", "Datatype", "ERR_ARG", "ERR_COMM",
-    "ERR_DIMS", "ERR_IN_STATUS", "ERR_OP", "ERR_RANK", "ERR_TAG", "ERR_TOPOLOGY", "ERR_TRUNCATE", "Exception",
-    "FLOAT", "FLOAT_INT", "Finalize", "GRAPH", "Get_processor_name", "Get_version", "INFO_NULL", "INT", "INT16_T",
-    "INT32_T", "INT64_T", "INT8_T", "INT_INT", "IN_PLACE", "Init", "Intracomm", "Is_finalized", "Is_initialized",
-    "LAND", "LONG", "LONG_DOUBLE", "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG", "LOR", "LXOR", "MAX", "MAXLOC", "MIN",
-    "MINLOC", "NO_OP", "NotProvidedError", "OP_NULL", "Op", "PROC_NULL", "PROD", "Query_thread", "REPLACE",
-    "REQUEST_NULL", "Request", "SHORT", "SHORT_INT", "SIGNED_CHAR", "SUM", "Status", "THREAD_MULTIPLE",
-    "THREAD_SINGLE", "Topocomm", "TWOINT", "UINT16_T", "UINT32_T", "UINT64_T", "UINT8_T", "UNDEFINED", "UNSIGNED",
-    "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "Wtick", "Wtime",
+    "Compute_dims", "DIST_GRAPH", "DOUBLE", "DOUBLE_COMPLEX", "DOUBLE_INT", "Datatype", "Distgraphcomm", "ERR_ARG",
+    "ERR_COMM", "ERR_DIMS", "ERR_IN_STATUS", "ERR_OP", "ERR_RANK", "ERR_TAG", "ERR_TOPOLOGY", "ERR_TRUNCATE",
+    "Exception", "FLOAT", "FLOAT_INT", "Finalize", "GRAPH", "Get_processor_name", "Get_version", "Graphcomm",
+    "INFO_NULL", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "INT_INT", "IN_PLACE", "Init", "Intracomm",
+    "Is_finalized", "Is_initialized", "LAND", "LONG", "LONG_DOUBLE", "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG",
+    "LOR", "LXOR", "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "NotProvidedError", "OP_NULL", "Op", "PROC_NULL",
+    "PROD", "Query_thread", "REPLACE", "REQUEST_NULL", "Request", "SHORT", "SHORT_INT", "SIGNED_CHAR", "SUM",
+    "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "TWOINT", "Topocomm", "UINT16_T", "UINT32_T", "UINT64_T",
+    "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "UNWEIGHTED",
+    "WEIGHTS_EMPTY", "Wtick", "Wtime",
 ]
 
 Intracomm = Comm

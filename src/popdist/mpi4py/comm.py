@@ -11,6 +11,7 @@ the nonblocking ones are mixins of their own (``point_to_point``, ``alltoall``, 
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import math
@@ -22,6 +23,7 @@ import numpy as np
 
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py.alltoall import AllToAll
+from popdist.mpi4py.graphs import Adjacency, DistGraphMethods, GraphConstructors, WholeGraph, WholeGraphMethods
 from popdist.mpi4py.neighbours import NeighbourCollectives
 from popdist.mpi4py.nonblocking import NonblockingCollectives
 from popdist.mpi4py.nonblocking_vectors import NonblockingVectorCollectives
@@ -52,7 +54,7 @@ from popdist.ragged import allgather_objects, broadcast_object
 
 
 class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceScatter, NonblockingCollectives,
-           NonblockingVectorCollectives):
+           NonblockingVectorCollectives, GraphConstructors):
     """A communicator: ``members`` are instance indices in rank order (None: every instance).
 
     The fabric's groups are instances in increasing order; a communicator whose ranks are in another
@@ -292,10 +294,22 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
     def _cartesian(self, members: list[int], grid: Cartesian, context: int, what: str) -> Comm:
         return Cartcomm(members, f"{self._name} {what}", context, grid)
 
+    def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency, whole: WholeGraph | None) -> Comm:
+        """A graph topology's communicator (``graphs``): ``whole``, ``Create_graph``'s; else a distributed one."""
+        if whole is None:
+            return Distgraphcomm(members, f"{self._name} Create_dist_graph", context, adjacency)
+        return Graphcomm(members, f"{self._name} Create_graph", context, adjacency, whole)
+
     def Get_topology(self) -> int:
         return UNDEFINED
 
-    topology = property(Get_topology)
+    @property
+    def topology(self) -> int:
+        return self.Get_topology()  # (a topology's own, in its class)
+
+    @property
+    def is_topo(self) -> bool:
+        return False
 
     def _derived_context(self, color: str) -> int:
         """The context of a communicator made from this one (``Dup``, ``Split``): the same on every rank that
@@ -337,9 +351,16 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
 
 class Topocomm(NeighbourCollectives, Comm):
     """A communicator with a topology, and its neighbour collectives (``neighbours``); mpi4py's base of
-    ``Cartcomm`` (the only topology here)."""
+    ``Cartcomm``, ``Graphcomm`` and ``Distgraphcomm``."""
 
-    _grid: Cartesian
+    def Dup(self) -> Comm:
+        """The same ranks and topology, with messages of their own (as ``Comm.Dup``)."""
+        self._dups += 1
+        made = copy.copy(self)  # (the topology is never changed in place: shared)
+        made._context, made._dups, made._nonblocking_calls = self._derived_context(""), 0, 0
+        return made
+
+    Clone = Dup
 
 
 class Cartcomm(CartesianMethods, Topocomm):
@@ -349,16 +370,25 @@ class Cartcomm(CartesianMethods, Topocomm):
         super().__init__(members, name, context)
         self._grid = grid
 
-    def Dup(self) -> Comm:
-        self._dups += 1
-        return Cartcomm(self._members or (), self._name, self._derived_context(""), self._grid)
-
-    Clone = Dup
-
-    topology = property(CartesianMethods.Get_topology)
-
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Cartcomm {self._name} {' x '.join(map(str, self._grid.dims))} (poprun-py)>"
+
+
+class Distgraphcomm(DistGraphMethods, Topocomm):
+    """A communicator whose ranks each have the sources and destinations they gave (``graphs``)."""
+
+    def __init__(self, members: Sequence[int], name: str, context: int, adjacency: Adjacency) -> None:
+        super().__init__(members, name, context)
+        self._adjacency = adjacency
+
+
+class Graphcomm(WholeGraphMethods, Topocomm):
+    """A communicator on a graph every rank gave whole (``Create_graph``; ``graphs``)."""
+
+    def __init__(self, members: Sequence[int], name: str, context: int, adjacency: Adjacency,
+                 graph: WholeGraph) -> None:
+        super().__init__(members, name, context)
+        self._adjacency, self._graph = adjacency, graph
 
 
 class _NullComm(Comm):
@@ -395,10 +425,9 @@ class _NullComm(Comm):
     def Get_topology(self) -> int:
         return self._null()
 
-    topology = property(Get_topology)
-
     def __getattr__(self, name: str) -> Any:
-        if not name.startswith("__") and hasattr(Cartcomm, name):  # (a grid's call on a rank left out of it)
+        if not name.startswith("__") and any(hasattr(kind, name) for kind in (Cartcomm, Graphcomm, Distgraphcomm)):
+            # (a topology's call on a rank left out of it)
             return self._null()
         return super().__getattr__(name)
 

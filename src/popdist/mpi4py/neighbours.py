@@ -21,11 +21,11 @@ import numpy as np
 from popdist.mpi4py import matching
 from popdist.mpi4py.nonblocking import CollectiveRequest, equal_blocks
 from popdist.mpi4py.requests import Request
-from popdist.mpi4py.specs import ANY_TAG, PROC_NULL, buffer_of
+from popdist.mpi4py.specs import ANY_TAG, ERR_TOPOLOGY, PROC_NULL, MPIException, buffer_of
 from simipu.fabric.errors import CollectiveMismatchError
 
 if TYPE_CHECKING:
-    from popdist.mpi4py.topology import Cartesian
+    pass
 
 KINDS = ("neighbor_allgather", "neighbor_alltoall", "Neighbor_allgather", "Neighbor_alltoall")
 #: In a part's tag: its kind from this bit; below it, the place the receiver keeps it in.
@@ -36,24 +36,27 @@ CONTEXT_BASE = -(1 << 60)
 
 
 class NeighbourCollectives:
-    """``Cartcomm``'s neighbour collectives (see the module docstring)."""
+    """``Topocomm``'s neighbour collectives (see the module docstring); the topology gives the neighbours
+    (``inedges``: where parts come from, ``outedges``: where they go) and how a part is tagged (``_tag_for``) and
+    placed (``_place_for``)."""
 
-    if TYPE_CHECKING:  # (what they use of ``Cartcomm``)
-        _grid: Cartesian
+    if TYPE_CHECKING:  # (what they use of the topology's communicator)
         _context: int
 
+        @property
+        def inedges(self) -> list[int]: ...
+        @property
+        def outedges(self) -> list[int]: ...
+        def _tag_for(self, k: int) -> int: ...
+        def _place_for(self, source: int, tag: int) -> int: ...
+        def _neighbour_problem(self) -> str | None: ...
         def Get_rank(self) -> int: ...
         def _instance(self, rank: int, what: str) -> int: ...
         def _rank_of(self, instance: int) -> int: ...
 
-    # -- the neighbours, as mpi4py's Topocomm gives them ------------------------------------------------------
     @property
-    def inedges(self) -> list[int]:
-        """Along each dimension, the rank one step back, then one step on (``MPI.PROC_NULL`` past an edge)."""
-        me, grid = self.Get_rank(), self._grid
-        return [grid.neighbour(me, d, step) for d in range(len(grid.dims)) for step in (-1, 1)]
-
-    outedges = inedges
+    def is_topo(self) -> bool:
+        return True
 
     @property
     def inoutedges(self) -> tuple[list[int], list[int]]:
@@ -61,9 +64,11 @@ class NeighbourCollectives:
 
     @property
     def indegree(self) -> int:
-        return 2 * len(self._grid.dims)
+        return len(self.inedges)
 
-    outdegree = indegree
+    @property
+    def outdegree(self) -> int:
+        return len(self.outedges)
 
     @property
     def degrees(self) -> tuple[int, int]:
@@ -72,7 +77,7 @@ class NeighbourCollectives:
     # -- the collectives --------------------------------------------------------------------------------------
     def neighbor_allgather(self, sendobj: Any) -> list[Any]:
         mine = matching.pickled(sendobj)
-        return self._objects("neighbor_allgather", [mine] * self.indegree)
+        return self._objects("neighbor_allgather", [mine] * self.outdegree)
 
     def neighbor_alltoall(self, sendobj: Sequence[Any] | None) -> list[Any]:
         if sendobj is None:  # (None to every neighbour, as mpi4py sends it)
@@ -89,24 +94,23 @@ class NeighbourCollectives:
         self.Ineighbor_alltoall(sendbuf, recvbuf).Wait()
 
     def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Request:
-        degree = self.indegree
-        mine = buffer_of(sendbuf, "Neighbor_allgather").view(np.uint8)
-        blocks = equal_blocks(buffer_of(recvbuf, "Neighbor_allgather", receives=True, blocks=degree), degree,
-                         "Neighbor_allgather") if degree else []
-        return self._buffers("Neighbor_allgather", [mine] * degree, blocks)
+        what = "Neighbor_allgather"
+        mine = buffer_of(sendbuf, what).view(np.uint8)
+        return self._buffers(what, [mine] * self.outdegree, _split(recvbuf, self.indegree, what, receives=True),
+                             mine.nbytes)
 
     def Ineighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> Request:
-        degree = self.indegree
         what = "Neighbor_alltoall"
-        sends = equal_blocks(buffer_of(sendbuf, what, blocks=degree), degree, what) if degree else []
-        blocks = equal_blocks(buffer_of(recvbuf, what, receives=True, blocks=degree), degree, what) if degree else []
-        return self._buffers(what, [block.view(np.uint8) for block in sends], blocks)
+        sends = [block.view(np.uint8) for block in _split(sendbuf, self.outdegree, what)]
+        blocks = _split(recvbuf, self.indegree, what, receives=True)
+        return self._buffers(what, sends, blocks, sends[0].nbytes if sends else None)
 
-    def _buffers(self, what: str, sends: list[np.ndarray], blocks: list[np.ndarray]) -> Request:
+    def _buffers(self, what: str, sends: list[np.ndarray], blocks: list[np.ndarray], part: int | None) -> Request:
+        """The parts to send, and the receive buffer's blocks for the parts that come, each of ``part`` bytes."""
         for block in blocks:
-            if block.nbytes != sends[0].nbytes:
+            if part is not None and block.nbytes != part:
                 raise ValueError(f"{what}: each neighbour's block of the receive buffer holds {block.nbytes} bytes, "
-                                 f"each part sent {sends[0].nbytes}")
+                                 f"each part sent {part}")
 
         def finish(parts: dict[int, matching.Message]) -> None:
             for place, message in parts.items():
@@ -126,20 +130,31 @@ class NeighbourCollectives:
                   ) -> Request:
         """Part k of ``sends`` to neighbour k; a receive from each neighbour; the request that completes when they
         have come, ``finish`` then taking each neighbour's part by its place."""
-        neighbours, context, kind = self.inedges, CONTEXT_BASE - self._context, KINDS.index(what)
-        present = [place for place, rank in enumerate(neighbours) if rank != PROC_NULL]
-        receives = [matching.post(context, [self._instance(neighbours[place], what)], ANY_TAG) for place in present]
-        for place in present:  # (what goes one step on arrives from the receiver's step back: place ^ 1)
-            matching.send(sends[place], context, kind << _KIND_SHIFT | place ^ 1,
-                          self._instance(neighbours[place], what))
+        problem = self._neighbour_problem()
+        if problem:
+            raise MPIException(ERR_TOPOLOGY, f"{what}: {problem}, so a neighbour's part would never come")
+        context, kind = CONTEXT_BASE - self._context, KINDS.index(what)
+        receives = [matching.post(context, [self._instance(source, what)], ANY_TAG)
+                    for source in self.inedges if source != PROC_NULL]
+        for k, destination in enumerate(self.outedges):
+            if destination != PROC_NULL:
+                matching.send(sends[k], context, kind << _KIND_SHIFT | self._tag_for(k),
+                              self._instance(destination, what))
 
         def by_place(messages: list[matching.Message]) -> None:
             parts = {}
             for message in messages:
-                theirs = message.tag >> _KIND_SHIFT
+                theirs, source = message.tag >> _KIND_SHIFT, self._rank_of(message.source)
                 if theirs != kind:
-                    raise CollectiveMismatchError(f"{what}: rank {self._rank_of(message.source)} called "
-                                                  f"{KINDS[theirs]} where rank {self.Get_rank()} called {what}")
-                parts[message.tag & (1 << _KIND_SHIFT) - 1] = message
+                    raise CollectiveMismatchError(f"{what}: rank {source} called {KINDS[theirs]} where rank "
+                                                  f"{self.Get_rank()} called {what}")
+                parts[self._place_for(source, message.tag & (1 << _KIND_SHIFT) - 1)] = message
             finish(parts)
         return CollectiveRequest(receives, by_place, what)
+
+
+def _split(spec: Any, degree: int, what: str, receives: bool = False) -> list[np.ndarray]:
+    """A buffer's equal blocks, one for each of ``degree`` neighbours (none for none)."""
+    if not degree:
+        return []
+    return equal_blocks(buffer_of(spec, what, receives=receives, blocks=degree), degree, what)

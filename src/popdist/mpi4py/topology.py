@@ -16,8 +16,9 @@ from popdist.mpi4py.specs import ERR_ARG, ERR_DIMS, PROC_NULL, MPIException, is_
 if TYPE_CHECKING:
     from popdist.mpi4py.comm import Comm
 
-#: ``Get_topology``'s answers (Open MPI's values); a communicator without a topology answers ``UNDEFINED``.
-CART, GRAPH, DIST_GRAPH = 1, 2, 3
+#: ``Get_topology``'s answer (Open MPI's value; the graphs' are in ``graphs``); a communicator without a topology
+#: answers ``UNDEFINED``.
+CART = 1
 
 
 def compute_dims(nnodes: int, dims: int | Sequence[int]) -> list[int]:
@@ -168,6 +169,27 @@ class CartesianMethods:
                         tuple(p for p, k in zip(grid.periods, keep) if k))
         return self._cartesian([self._instance(rank, "Sub") for rank in ranks], sub,
                                self._derived_context(f"sub {dropped}"), "Sub")
+
+    @property
+    def inedges(self) -> list[int]:
+        """Along each dimension, the rank one step back, then one step on (``MPI.PROC_NULL`` past an edge)."""
+        me, grid = self.Get_rank(), self._grid
+        return [grid.neighbour(me, d, step) for d in range(len(grid.dims)) for step in (-1, 1)]
+
+    @property
+    def outedges(self) -> list[int]:
+        return self.inedges
+
+    def _tag_for(self, k: int) -> int:
+        """What goes one step on arrives from the receiver's step back: its place is k ^ 1 (MPI 4's rule, which
+        tells the two parts apart where both neighbours along a dimension are one rank)."""
+        return k ^ 1
+
+    def _place_for(self, source: int, tag: int) -> int:
+        return tag
+
+    def _neighbour_problem(self) -> str | None:
+        return None
 
     @property
     def ndim(self) -> int:
