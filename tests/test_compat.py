@@ -845,6 +845,7 @@ def test_compute_dims_and_grid_arguments_as_open_mpi_takes_them() -> None:
         MPI.COMM_WORLD.Create_cart([1], periods=[True, False])
     with pytest.raises(MPI.Exception, match=r"^Create_cart: dims \[0\] is not a list of ints from 1"):
         MPI.COMM_WORLD.Create_cart([0])
+    assert MPI.COMM_WORLD.Create_graph([], []) == MPI.COMM_NULL  # (a graph of no nodes leaves every rank out)
 
 
 #: What Open MPI 4.1.4 with mpi4py 4.1.2 printed for ``mpi_neighbours.py`` (``mpirun -np 4``), rank by rank.

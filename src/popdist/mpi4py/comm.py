@@ -294,8 +294,12 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
     def _cartesian(self, members: list[int], grid: Cartesian, context: int, what: str) -> Comm:
         return Cartcomm(members, f"{self._name} {what}", context, grid)
 
-    def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency, whole: WholeGraph | None) -> Comm:
-        """A graph topology's communicator (``graphs``): ``whole``, ``Create_graph``'s; else a distributed one."""
+    def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency | None,
+                    whole: WholeGraph | None) -> Comm:
+        """A graph topology's communicator (``graphs``): ``whole``, ``Create_graph``'s; else a distributed one;
+        ``MPI.COMM_NULL`` for a rank left out of it (no ``adjacency``)."""
+        if adjacency is None:
+            return COMM_NULL
         if whole is None:
             return Distgraphcomm(members, f"{self._name} Create_dist_graph", context, adjacency)
         return Graphcomm(members, f"{self._name} Create_graph", context, adjacency, whole)

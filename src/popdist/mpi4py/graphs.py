@@ -199,7 +199,7 @@ class GraphConstructors:
         def allgather(self, sendobj: Any) -> list[Any]: ...
         def _instance(self, rank: int, what: str) -> int: ...
         def _derived_context(self, color: str) -> int: ...
-        def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency,
+        def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency | None,
                         whole: WholeGraph | None) -> Comm: ...
 
     def Create_dist_graph_adjacent(self, sources: Sequence[int], destinations: Sequence[int],
@@ -257,8 +257,7 @@ class GraphConstructors:
         context = self._derived_context(what)
         me = self.Get_rank()
         if me >= nodes:
-            from popdist.mpi4py.comm import COMM_NULL  # (comm imports this module)
-            return COMM_NULL
+            return self._graph_comm([], context, None, graph)  # (MPI.COMM_NULL: this rank is left out)
         neighbours = graph.neighbours(me)
         return self._graph_comm([self._instance(rank, what) for rank in range(nodes)], context,
                                 Adjacency(neighbours, neighbours, problem=problem and f"the graph is not symmetric: "
