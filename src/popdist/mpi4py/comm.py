@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
-import math
 import os
 import sys
 from typing import Any, Sequence
@@ -48,13 +47,13 @@ from popdist.mpi4py.specs import (
     same_datatype,
     spec_datatype,
 )
-from popdist.mpi4py.topology import Cartesian, CartesianMethods, grid_of
+from popdist.mpi4py.topology import Cartesian, CartesianMethods, GridConstructor
 from popdist.mpi4py.vectors import VectorCollectives
 from popdist.ragged import allgather_objects, broadcast_object
 
 
 class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceScatter, NonblockingCollectives,
-           NonblockingVectorCollectives, GraphConstructors):
+           NonblockingVectorCollectives, GridConstructor, GraphConstructors):
     """A communicator: ``members`` are instance indices in rank order (None: every instance).
 
     The fabric's groups are instances in increasing order; a communicator whose ranks are in another
@@ -272,27 +271,9 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return Comm([self._instance(rank, what) for rank in orders[color]], f"{self._name} {what}",
                     self._derived_context(repr(color)))
 
-    def Create_cart(self, dims: Sequence[int], periods: Sequence[bool] | None = None, reorder: bool = False) -> Comm:
-        """The first prod(dims) ranks on a grid (``topology``), as a ``Cartcomm`` with messages of its own; the
-        ranks past it get ``MPI.COMM_NULL``. Collective: one allgather checks that every rank gave the same grid.
-        ``reorder`` is accepted and, as in Open MPI, keeps the ranks' order."""
-        grid = grid_of(dims, periods, self.Get_size(), "Create_cart")
-        everyone = self.allgather(grid)
-        for rank, theirs in enumerate(everyone):
-            if theirs != everyone[0]:
-                raise MPIException(ERR_ARG, f"Create_cart: rank {rank} gave dims {list(theirs[0])} and periods "
-                                            f"{list(theirs[1])}, rank 0 dims {list(everyone[0][0])} and periods "
-                                            f"{list(everyone[0][1])}; every rank must give the same grid")
-        self._dups += 1
-        context = self._derived_context("cart")
-        ranks = math.prod(grid[0])
-        if self.Get_rank() >= ranks:
-            return COMM_NULL
-        return self._cartesian([self._instance(rank, "Create_cart") for rank in range(ranks)], Cartesian(*grid),
-                               context, "Create_cart")
-
-    def _cartesian(self, members: list[int], grid: Cartesian, context: int, what: str) -> Comm:
-        return Cartcomm(members, f"{self._name} {what}", context, grid)
+    def _cartesian(self, members: list[int], grid: Cartesian | None, context: int, what: str) -> Comm:
+        """A grid's communicator (``topology``); ``MPI.COMM_NULL`` for a rank left out of it (no ``grid``)."""
+        return COMM_NULL if grid is None else Cartcomm(members, f"{self._name} {what}", context, grid)
 
     def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency | None,
                     whole: WholeGraph | None) -> Comm:

@@ -125,7 +125,7 @@ class CartesianMethods:
         def _instance(self, rank: int, what: str) -> int: ...
         def _derived_context(self, color: str) -> int: ...
         def _rank_checked(self, root: int, what: str) -> int: ...
-        def _cartesian(self, members: list[int], grid: Cartesian, context: int, what: str) -> Comm: ...
+        def _cartesian(self, members: list[int], grid: Cartesian | None, context: int, what: str) -> Comm: ...
 
     def Get_topology(self) -> int:
         return CART
@@ -210,3 +210,35 @@ class CartesianMethods:
     @property
     def topo(self) -> tuple[list[int], list[int], list[int]]:
         return self.Get_topo()
+
+
+class GridConstructor:
+    """``Comm``'s ``Create_cart``."""
+
+    if TYPE_CHECKING:  # (what it uses of ``Comm``)
+        _dups: int
+
+        def Get_rank(self) -> int: ...
+        def Get_size(self) -> int: ...
+        def allgather(self, sendobj: Any) -> list[Any]: ...
+        def _instance(self, rank: int, what: str) -> int: ...
+        def _derived_context(self, color: str) -> int: ...
+        def _cartesian(self, members: list[int], grid: Cartesian | None, context: int, what: str) -> Comm: ...
+
+    def Create_cart(self, dims: Sequence[int], periods: Sequence[bool] | None = None, reorder: bool = False) -> Comm:
+        """The first prod(dims) ranks on a grid, as a ``Cartcomm`` with messages of its own; the ranks past it get
+        ``MPI.COMM_NULL``. Collective: one allgather checks that every rank gave the same grid. ``reorder`` is
+        accepted and, as in Open MPI, keeps the ranks' order."""
+        grid = grid_of(dims, periods, self.Get_size(), "Create_cart")
+        everyone = self.allgather(grid)
+        for rank, theirs in enumerate(everyone):
+            if theirs != everyone[0]:
+                raise MPIException(ERR_ARG, f"Create_cart: rank {rank} gave dims {list(theirs[0])} and periods "
+                                            f"{list(theirs[1])}, rank 0 dims {list(everyone[0][0])} and periods "
+                                            f"{list(everyone[0][1])}; every rank must give the same grid")
+        self._dups += 1
+        context = self._derived_context("cart")
+        ranks = math.prod(grid[0])
+        left_out = self.Get_rank() >= ranks
+        return self._cartesian([self._instance(rank, "Create_cart") for rank in range(ranks)] if not left_out else [],
+                               None if left_out else Cartesian(*grid), context, "Create_cart")
