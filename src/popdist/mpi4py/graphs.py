@@ -16,6 +16,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence
 
 from popdist.mpi4py.specs import ERR_ARG, MPIException, is_int
+from popdist.mpi4py.topology import TopologyMaker
 
 if TYPE_CHECKING:
     from popdist.mpi4py.comm import Comm
@@ -188,17 +189,10 @@ def whole_graph_of(index: Any, edges: Any, size: int, what: str) -> WholeGraph:
     return WholeGraph(index_list, edge_list)
 
 
-class GraphConstructors:
+class GraphConstructors(TopologyMaker):
     """``Comm``'s ``Create_dist_graph_adjacent``, ``Create_dist_graph`` and ``Create_graph``."""
 
-    if TYPE_CHECKING:  # (what they use of ``Comm``)
-        _dups: int
-
-        def Get_rank(self) -> int: ...
-        def Get_size(self) -> int: ...
-        def allgather(self, sendobj: Any) -> list[Any]: ...
-        def _instance(self, rank: int, what: str) -> int: ...
-        def _derived_context(self, color: str) -> int: ...
+    if TYPE_CHECKING:
         def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency | None,
                         whole: WholeGraph | None) -> Comm: ...
 

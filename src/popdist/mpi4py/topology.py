@@ -212,10 +212,11 @@ class CartesianMethods:
         return self.Get_topo()
 
 
-class GridConstructor:
-    """``Comm``'s ``Create_cart``."""
+class TopologyMaker:
+    """What the mixins that make a topology's communicator (``GridConstructor``, ``graphs.GraphConstructors``)
+    use of ``Comm``: declared once, for the type checker."""
 
-    if TYPE_CHECKING:  # (what it uses of ``Comm``)
+    if TYPE_CHECKING:
         _dups: int
 
         def Get_rank(self) -> int: ...
@@ -223,6 +224,12 @@ class GridConstructor:
         def allgather(self, sendobj: Any) -> list[Any]: ...
         def _instance(self, rank: int, what: str) -> int: ...
         def _derived_context(self, color: str) -> int: ...
+
+
+class GridConstructor(TopologyMaker):
+    """``Comm``'s ``Create_cart``."""
+
+    if TYPE_CHECKING:
         def _cartesian(self, members: list[int], grid: Cartesian | None, context: int, what: str) -> Comm: ...
 
     def Create_cart(self, dims: Sequence[int], periods: Sequence[bool] | None = None, reorder: bool = False) -> Comm:
