@@ -16,6 +16,9 @@ through
   256 KiB up); the same worker also times the plain call on the tensor's array, in blocks alternating with
   hvd's (``hvd-plain``), so that "hvd/plain, same procs" compares the two in the same processes at the
   same moments, free of the launch-to-launch spread of a shared machine;
+* ``poprun-init``: the persistent allreduce, ``popdist.collectives.allreduce_init(x, "sum")`` bound once and
+  called each time (MPI 4's ``MPI_Allreduce_init``; mpi4py on Open MPI 4.1 raises NotImplementedError for
+  it), timed by the ``poprun`` launch itself in blocks alternating with the call into ``out``;
 * ``mpirun --allow-run-as-root -np N python mpi4py_worker.py`` (Open MPI from
   Debian, ``--oversubscribe`` when N exceeds the cores):
   ``comm.Allreduce(x, out, op=MPI.SUM)`` into a preallocated ``out``;
@@ -107,19 +110,22 @@ SIZES = (4 * KIB, 256 * KIB, 4 * MIB, 64 * MIB)
 #: bytes -> (warm-up calls, timed calls) per launch
 FULL_PLAN = {4 * KIB: (300, 3000), 256 * KIB: (50, 400), 4 * MIB: (10, 60), 64 * MIB: (2, 10)}
 QUICK_PLAN = {4 * KIB: (50, 300), 256 * KIB: (10, 50), 4 * MIB: (3, 10), 64 * MIB: (1, 3)}
-FULL_ROUNDS, QUICK_ROUNDS = 3, 1
+FULL_ROUNDS, QUICK_ROUNDS = 5, 1
 RUN_TIMEOUT = 300.0
 TOOLS = ("poprun", "poprun-new", "poprun-tcp", "hvd", "mpi4py", "gloo")
 POPRUN_TOOLS = ("poprun", "poprun-new", "poprun-tcp", "hvd")  # launched by poprun
 #: The call a worker times beside its own, in the same processes (``_common.run``'s ``paired``), by the worker's
-#: tool: the hvd worker's plain ``popdist.collectives.allreduce``, hvd's like for like free of launch-to-launch noise.
-PAIRED = {"hvd": "hvd-plain"}
+#: tool: the hvd worker's plain ``popdist.collectives.allreduce``, hvd's like for like free of launch-to-launch noise;
+#: the poprun worker's persistent allreduce (``allreduce_init``), beside its call into ``out``.
+PAIRED = {"hvd": "hvd-plain", "poprun": "poprun-init"}
 ANCHORS = ("mpi4py", "gloo")
 TARGET_BUSBW_FROM = 4 * MIB
 TARGET_SMALL_BYTES, TARGET_SMALL_US = 4 * KIB, 30.0
 #: busbw / algbw per collective, as NCCL's tests count it: allreduce 2(N-1)/N, broadcast 1, allgather (N-1)/N
 BUS_FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "allgather": lambda n: (n - 1) / n}
 TARGET_HVD_FROM, TARGET_HVD_RATIO = 256 * KIB, 1.10  # hvd.allreduce latency over popdist.collectives'
+#: Issue 19's latency targets over mpi4py's: at most 1.0x below 4 MiB, at most 0.85x from 4 MiB up.
+TARGET_MPI_SMALL, TARGET_MPI_LARGE_FROM, TARGET_MPI_LARGE = 1.0, 4 * MIB, 0.85
 
 
 
@@ -348,12 +354,16 @@ def metric_table(cells: dict[tuple, Cell], tools: list[str], metric: str) -> str
             if not any(got[t] for t in tools):
                 continue
             values = {t: (getattr(c, metric) if c else None) for t, c in got.items()}
+            init = paired_value(cells, "poprun", n, nbytes, metric)  # (the persistent call: ``PAIRED``)
             rows.append([n, fmt_size(nbytes)]
                         + [cell_text(got[t], values[t], digits) for t in TOOLS]
+                        + [fmt_num(init, digits)]
                         + [fmt_ratio(div(values["poprun"], values[a])) for a in ANCHORS]
+                        + [fmt_ratio(div(init, values["mpi4py"]))]
                         + [fmt_ratio(div(values["hvd"], values["poprun-new"]))]
                         + [fmt_ratio(div(values["hvd"], paired_value(cells, "hvd", n, nbytes, metric)))])
-    headers = ["N", "size", *TOOLS, "poprun/mpi4py", "poprun/gloo", "hvd/poprun-new", "hvd/plain, same procs"]
+    headers = ["N", "size", *TOOLS, "poprun-init", "poprun/mpi4py", "poprun/gloo", "poprun-init/mpi4py",
+               "hvd/poprun-new", "hvd/plain, same procs"]
     return format_table(headers, rows, "r" * len(headers))
 
 
@@ -366,9 +376,10 @@ def paired_value(cells: dict[tuple, Cell], tool: str, n: int, nbytes: int, metri
 def spread_table(cells: dict[tuple, Cell], tools: list[str]) -> str:
     """How steady the medians are: per-round medians, and instance 0's own median beside the max."""
     rows = []
+    twins = [PAIRED[t] for t in tools if t in PAIRED]  # (the calls timed beside a tool's own)
     for n in NS:
         for nbytes in SIZES:
-            for tool in tools:
+            for tool in [*tools, *twins]:
                 cell = cells.get((tool, n, nbytes))
                 if cell is None or not cell.max_us:
                     continue
@@ -394,6 +405,18 @@ def targets(cells: dict[tuple, Cell]) -> list[tuple[str, bool | None, str]]:
             best = max(anchors, key=anchors.__getitem__)
             out.append((name, mine.busbw >= anchors[best],
                         f"{mine.busbw:.3f} vs {best} {anchors[best]:.3f} GB/s ({mine.busbw / anchors[best]:.2f}x)"))
+    for n in NS:
+        for nbytes in SIZES:
+            mpi = cells.get(("mpi4py", n, nbytes))
+            limit = TARGET_MPI_LARGE if nbytes >= TARGET_MPI_LARGE_FROM else TARGET_MPI_SMALL
+            for tool in ("poprun", "poprun-init"):
+                mine = cells.get((tool, n, nbytes))
+                ratio = div(mine.median_us if mine else None, mpi.median_us if mpi else None)
+                if ratio is None and tool == "poprun-init":
+                    continue  # (timed only by the full poprun launch's allreduce)
+                out.append((f"N={n} {fmt_size(nbytes)}: {tool} latency <= {limit:.2f}x mpi4py's",
+                            None if ratio is None else ratio <= limit,
+                            "not measured" if ratio is None else f"{ratio:.3f}x"))
     for n in NS:
         mine = cells.get(("poprun", n, TARGET_SMALL_BYTES))
         name = f"N={n} {fmt_size(TARGET_SMALL_BYTES)}: poprun latency < {TARGET_SMALL_US:.0f} us"

@@ -45,6 +45,23 @@ def test_the_hvd_worker_times_the_plain_call_beside_its_own(tmp_path: Path) -> N
         assert min(size["paired_max_us"]) > 0
 
 
+def test_the_poprun_worker_times_the_persistent_call_beside_the_call_into_out(tmp_path: Path) -> None:
+    """With ``--label poprun`` (allreduce.py's ``poprun`` launch) the worker times the persistent allreduce
+    (``allreduce_init``) in blocks alternating with its call into ``out``: as many samples of each, on the board's
+    path (4 KiB) and shared memory's (256 KiB); other labels time one call."""
+    for label, paired in (("poprun", True), ("poprun-new", False)):
+        out = tmp_path / f"{label}.json"
+        done = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2", sys.executable,
+                          str(WORKER), "--plan", "4096:2:45,262144:1:3", "--out", str(out), "--label", label)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+        for size in json.loads(out.read_text())["sizes"]:
+            assert size["problems"] == {}, size["problems"]
+            assert ("paired_max_us" in size) is paired
+            if paired:
+                assert len(size["max_us"]) == len(size["paired_max_us"]) == size["iters"]
+                assert min(size["paired_max_us"]) > 0
+
+
 def test_the_pingpong_worker_checks_every_reply_of_each_size(tmp_path: Path) -> None:
     """benchmarks/messages.py's worker under poprun (mpi4py's point to point over the fabric): one-way latencies
     for each size, every reply right."""
