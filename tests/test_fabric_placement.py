@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from simipu.fabric.algorithms.placement import CPU, Spreader, _current_cpu, crowded_move
+from support import assert_all_gone
 
 
 @pytest.mark.parametrize("cpu, mask, position, peers, expected", [
@@ -86,3 +87,46 @@ def test_spreading_stays_when_the_host_is_balanced() -> None:
     thread.start()
     thread.join(timeout=30)
     assert outcome == {"said": cpus[0], "mask": {cpus[0]}}
+
+
+# The waiting instance and the peer it waits for, on one CPU, both SCHED_FIFO at one priority: the peer runs only
+# when the waiter yields (no time slices among equal FIFO tasks), so a waiter that only reads the word times out.
+_SHARED_CPU_WAIT = r"""
+import mmap, os, sys, time
+from simipu.fabric.algorithms.board import await_alone
+os.sched_setaffinity(0, {int(sys.argv[1])})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+words = memoryview(mmap.mmap(-1, 16)).cast("Q")  # (anonymous and shared: the child's writes are ours)
+child = os.fork()
+if child == 0:  # the peer: publishes once it runs after the waiter said go (it inherits the CPU and FIFO)
+    give_up = time.monotonic() + 10
+    while not words[1] and time.monotonic() < give_up:
+        os.sched_yield()
+    words[0] = 1
+    os._exit(0)
+words[1] = 1  # go: from here on the peer publishes as soon as it gets the CPU
+seen = await_alone(words, 0, 1, 0.05)
+os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+os.waitpid(child, 0)
+print(child, "seen" if seen else "timed out")
+"""
+
+
+def test_a_waiter_lets_a_peer_on_its_own_cpu_publish() -> None:
+    """With a CPU for each instance, the board's wait does not yield at first (a yield costs a small call a
+    fifth), but the kernel may still put the two instances of a job on one CPU when another process holds the
+    other; the wait then yields after its first ``ALONE_SECONDS``, so the peer publishes within the spin."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: SCHED_FIFO pins the order in which the waiter and its peer run")
+    import subprocess
+    import sys
+
+    cpu = min(os.sched_getaffinity(0))
+    done = subprocess.run([sys.executable, "-c", _SHARED_CPU_WAIT, str(cpu)], capture_output=True, text=True,
+                          timeout=60, start_new_session=True)
+    if "Operation not permitted" in done.stderr:
+        pytest.skip("needs SCHED_FIFO, which this cgroup does not grant: " + done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stderr
+    child, outcome = done.stdout.split()
+    assert outcome == "seen"
+    assert_all_gone([int(child)])

@@ -47,6 +47,11 @@ too, but yield after every call (``planned.PlannedPaths._settle``, and their
 plans here: ``sources``): there a call's work after its phase is the copies
 and the reduction of the whole array, and letting one racer skip the yield
 made a 256 KiB allreduce and broadcast at N=4 take 1.14x and 1.18x as long.
+
+With a CPU for each instance, a wait for a peer only reads for its first
+``ALONE_SECONDS``, then yields between reads: the kernel may still put two
+instances on one CPU (another process holds the other), and then the peer
+runs only when we let it.
 """
 
 from __future__ import annotations
@@ -95,6 +100,40 @@ class HotCalls:
     failed: Callable[[BaseException], None]
     #: ``(plan, x, out) -> result``: the call just numbered, published, whose peers' frames were not all there.
     fallback: Callable[..., np.ndarray]
+
+
+#: How long a wait for a peer's publication only reads the word before it yields between reads, when the host
+#: has a CPU for each instance: a yield is a system call, and a frame that lands during one is seen a few hundred
+#: nanoseconds late, a fifth of a small call; but a peer that shares our CPU anyway (another process holds the
+#: other one, and the kernel put both instances here) runs only when we let it. Without yielding, each such wait
+#: lasted the whole spin (200 us) or until the kernel's tick took the CPU from us: with a busy loop on the other
+#: CPU of two, a 256 KiB allreduce of two instances took 130-390 us a call instead of 55-115 us.
+ALONE_SECONDS = 20e-6
+
+
+def await_alone(words: memoryview, at: int, wanted: int, spin: float) -> bool:
+    """Whether ``words[at]`` (a peer's publication) becomes ``wanted`` within ``spin`` s, with a CPU for each
+    instance: it reads, and after ``ALONE_SECONDS`` it yields between reads. Called only when it is not there yet."""
+    start = time.perf_counter()
+    alone_until, deadline = start + min(ALONE_SECONDS, spin), start + spin
+    while words[at] != wanted:
+        now = time.perf_counter()
+        if now > alone_until:
+            if now > deadline:
+                return False
+            os.sched_yield()
+    return True
+
+
+def await_crowded(words: memoryview, at: int, wanted: int, spin: float) -> bool:
+    """``await_alone`` with more instances than CPUs: it yields between all reads (the peer we wait for may need
+    our CPU)."""
+    deadline = time.perf_counter() + spin
+    while words[at] != wanted:
+        if time.perf_counter() > deadline:
+            return False
+        os.sched_yield()
+    return True
 
 
 class BoardAllreduces:
@@ -171,6 +210,8 @@ class BoardAllreduce:
         self._inline = like.ndim > 0 and not self._mean and not copies
         self._spreader = spreader if spreader.oversubscribed else None  # (shm's too: measured, README)
         self._crowded = spreader.oversubscribed
+        #: How this plan waits for a peer's publication (see ``await_crowded`` and ``await_alone``).
+        self._awaited = await_crowded if self._crowded else await_alone
         self._rank = group.rank
         self._links = group.other_links
         local = len(segment.local)
@@ -209,23 +250,6 @@ class BoardAllreduce:
     def fits(segment: MailboxSegment, like: np.ndarray) -> bool:
         """Whether an allreduce of ``like`` can take this path: not an empty array, not one too big for a board."""
         return 0 < like.nbytes <= segment.board_capacity - header_size(like.ndim)
-
-    def _awaited(self, words: memoryview, at: int, wanted: int, spin: float) -> bool:
-        """Whether ``words[at]`` (a peer's publication) becomes ``wanted`` within ``spin`` s: called only when it
-        is not there yet. With more instances than CPUs it yields meanwhile (the peer we wait for may need our
-        CPU); otherwise it only reads: a yield is a system call, and a frame that lands during one is seen a few
-        hundred nanoseconds late, a fifth of a small call."""
-        deadline = time.perf_counter() + spin
-        if self._crowded:
-            while words[at] != wanted:
-                if time.perf_counter() > deadline:
-                    return False
-                os.sched_yield()
-            return True
-        while words[at] != wanted:
-            if time.perf_counter() > deadline:
-                return False
-        return True
 
     def bytes_of(self, x: np.ndarray) -> memoryview:
         """``x``'s bytes, kept with ``x`` for the next call: a loop that allreduces one array reuses the view."""

@@ -51,7 +51,7 @@ import numpy as np
 from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
 from ..frames.link import Link, send_boxed
 from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
-from .board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls, publisher
+from .board import ALONE_SECONDS, MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls, publisher
 from .calls import Group
 from .phases import Phase
 from .placement import Spreader
@@ -311,9 +311,10 @@ def reader_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
             dest = (plan._rows if out is plan._rows_for else plan._rows_of(out))[0]
             done = take(link.received, header, dest)
             if not done:
-                deadline = time.perf_counter() + spin
-                while not done and time.perf_counter() < deadline:
-                    if crowded:
+                start = time.perf_counter()
+                alone_until, deadline = start + (0.0 if crowded else min(ALONE_SECONDS, spin)), start + spin
+                while not done and (now := time.perf_counter()) < deadline:
+                    if now > alone_until:  # (board's ``await_alone`` and ``await_crowded``)
                         os.sched_yield()
                     done = take(link.received, header, dest)
             if done:
