@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -118,9 +120,6 @@ def test_a_waiter_lets_a_peer_on_its_own_cpu_publish() -> None:
     other; the wait then yields after its first ``ALONE_SECONDS``, so the peer publishes within the spin."""
     if os.geteuid() != 0:
         pytest.skip("needs root: SCHED_FIFO pins the order in which the waiter and its peer run")
-    import subprocess
-    import sys
-
     cpu = min(os.sched_getaffinity(0))
     done = subprocess.run([sys.executable, "-c", _SHARED_CPU_WAIT, str(cpu)], capture_output=True, text=True,
                           timeout=60, start_new_session=True)

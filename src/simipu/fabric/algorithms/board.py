@@ -107,7 +107,7 @@ class HotCalls:
 #: nanoseconds late, a fifth of a small call; but a peer that shares our CPU anyway (another process holds the
 #: other one, and the kernel put both instances here) runs only when we let it. Without yielding, each such wait
 #: lasted the whole spin (200 us) or until the kernel's tick took the CPU from us: with a busy loop on the other
-#: CPU of two, a 256 KiB allreduce of two instances took 130-390 us a call instead of 55-115 us.
+#: CPU of two, a 256 KiB allreduce of two instances took 90-390 us a call instead of 55-115 us.
 ALONE_SECONDS = 20e-6
 
 
