@@ -35,7 +35,11 @@ when the last process has its result. The tables give the median of those, all
 rounds pooled. Instance 0's own median is in the JSON too.
 
 Each (tool, N) is launched once per round, in an order that rotates from one
-round to the next, so that machine noise hits every tool alike. Derived:
+round to the next, so that machine noise hits every tool alike: five rounds,
+fifteen for poprun and mpi4py (``LATENCY_ROUNDS``), the pair issue 19's
+latency targets compare. Before each launch a cache line's round trip
+between the two CPUs is timed; table 5 gives the two tools' figures apart
+for the rounds that found the CPUs near and far apart. Derived:
 algorithm bandwidth ``algbw = bytes / latency`` and bus bandwidth
 ``busbw = algbw * 2(N-1)/N`` (the NCCL-tests convention: what each process's
 links carry in a ring or reduce-scatter/allgather allreduce), in GB/s (1e9).
@@ -111,6 +115,16 @@ SIZES = (4 * KIB, 256 * KIB, 4 * MIB, 64 * MIB)
 FULL_PLAN = {4 * KIB: (300, 3000), 256 * KIB: (50, 400), 4 * MIB: (10, 60), 64 * MIB: (2, 10)}
 QUICK_PLAN = {4 * KIB: (50, 300), 256 * KIB: (10, 50), 4 * MIB: (3, 10), 64 * MIB: (1, 3)}
 FULL_ROUNDS, QUICK_ROUNDS = 5, 1
+#: In a full run, the two tools issue 19's targets compare (``poprun``, whose launch also times ``poprun-init``, and
+#: ``mpi4py``) are launched in this many rounds, the others in ``FULL_ROUNDS``. This host has two states that last
+#: seconds (its CPUs near or far apart: ``STATE_FAR_FACTOR``), and one size's calls in a launch last about 0.1 s, so
+#: each round draws one state for each tool. With five draws each, the two medians could come from different
+#: states: ratios of 0.86x to 1.77x at the same code, from one run to the next. Fifteen draws make it rare, for
+#: about 100 s more.
+LATENCY_TOOLS, LATENCY_ROUNDS = ("poprun", "mpi4py"), 15
+#: A round drew the far state when the core round trip right before its launch was this many times the run's
+#: fastest (here: 406-498 ns near, 625-875 ns far).
+STATE_FAR_FACTOR = 1.35
 RUN_TIMEOUT = 300.0
 TOOLS = ("poprun", "poprun-new", "poprun-tcp", "hvd", "mpi4py", "gloo")
 POPRUN_TOOLS = ("poprun", "poprun-new", "poprun-tcp", "hvd")  # launched by poprun
@@ -210,6 +224,8 @@ class Cell:
     max_us: list[float] = field(default_factory=list)
     rank0_us: list[float] = field(default_factory=list)
     round_medians_us: list[float] = field(default_factory=list)
+    #: The core round trip before each round's launch (``Launch.core_round_trip_ns``), beside its median.
+    round_trips_ns: list[float | None] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -264,24 +280,26 @@ def tool_argv(tool: str, anchors: dict[str, Anchor], n: int, plan: str, out: Pat
 
 def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool,
           collective: str = "allreduce") -> tuple[dict[tuple, Cell], list[Launch]]:
-    """Every (tool, N) launched once a round, the order rotating; ``collective`` is the one the workers time."""
+    """Every (tool, N) launched once a round (``rounds_of``), the order rotating; ``collective`` is the one the
+    workers time."""
     plan = QUICK_PLAN if quick else FULL_PLAN
-    rounds = QUICK_ROUNDS if quick else FULL_ROUNDS
+    rounds = rounds_of(tools, quick)
     env = {**python_env(), "OMP_NUM_THREADS": "1"}
     cells = {(t, n, b): Cell(t, n, b, collective) for t in tools for n in NS for b in plan}
     launches: list[Launch] = []
     with tempfile.TemporaryDirectory(prefix=f"{collective}-bench-") as tmp:
-        for rnd in range(rounds):
+        for rnd in range(max(rounds.values(), default=0)):
             for n in NS:
-                order = tools[(rnd + n) % len(tools):] + tools[: (rnd + n) % len(tools)]
-                for tool in order:
+                now = [t for t in tools if rnd < rounds[t]]
+                first = (rnd + n) % len(now)
+                for tool in now[first:] + now[:first]:
                     out = Path(tmp) / f"{tool}-{n}-{rnd}.json"
                     argv = tool_argv(tool, anchors, n, plan_text(plan), out, collective)
                     try:
                         trip = round_trip_ns()
                     except PeerGone:  # (a note about the machine: never a reason to stop the benchmark)
                         trip = None
-                    note(f"round {rnd + 1}/{rounds}, N={n}: {tool}"
+                    note(f"round {rnd + 1}/{rounds[tool]}, N={n}: {tool}"
                          + (f" (core round trip {trip:.0f} ns)" if trip is not None else ""))
                     wall, code, tail = run_command(argv, env=env, timeout=RUN_TIMEOUT)
                     launch = Launch(tool, n, rnd, " ".join(argv), wall, code, core_round_trip_ns=trip)
@@ -297,20 +315,29 @@ def bench(anchors: dict[str, Anchor], tools: list[str], quick: bool,
                     report = json.loads(out.read_text())
                     launch.init_s = report.get("init_s")
                     for size in report["sizes"]:
-                        add_samples(cells[(tool, n, size["bytes"])], size, rnd)
+                        add_samples(cells[(tool, n, size["bytes"])], size, rnd, trip)
                         if "paired_max_us" in size:
                             twin = cells.setdefault((PAIRED[tool], n, size["bytes"]),
                                                     Cell(PAIRED[tool], n, size["bytes"], collective))
                             add_samples(twin, {**size, "max_us": size["paired_max_us"],
-                                               "rank0_us": size["paired_rank0_us"]}, rnd)
+                                               "rank0_us": size["paired_rank0_us"]}, rnd, trip)
     return cells, launches
 
 
-def add_samples(cell: Cell, size: dict, rnd: int) -> None:
-    """One launch's samples of one size (a worker's JSON ``sizes`` entry, from round ``rnd``) into ``cell``."""
+def rounds_of(tools: Sequence[str], quick: bool) -> dict[str, int]:
+    """How many rounds each tool is launched in: ``LATENCY_ROUNDS`` for ``LATENCY_TOOLS`` in a full run."""
+    if quick:
+        return {t: QUICK_ROUNDS for t in tools}
+    return {t: LATENCY_ROUNDS if t in LATENCY_TOOLS else FULL_ROUNDS for t in tools}
+
+
+def add_samples(cell: Cell, size: dict, rnd: int, trip: float | None = None) -> None:
+    """One launch's samples of one size (a worker's JSON ``sizes`` entry, from round ``rnd``, launched after a
+    core round trip of ``trip`` ns) into ``cell``."""
     cell.max_us.extend(size["max_us"])
     cell.rank0_us.extend(size["rank0_us"])
     cell.round_medians_us.append(statistics.median(size["max_us"]))
+    cell.round_trips_ns.append(trip)
     for rank, problems in size["problems"].items():
         cell.problems.extend(f"round {rnd + 1}, rank {rank}: {p}" for p in problems)
 
@@ -391,13 +418,41 @@ def spread_table(cells: dict[tuple, Cell], tools: list[str]) -> str:
     return format_table(headers, rows, "rrl" + "r" * 4)
 
 
+def state_table(cells: dict[tuple, Cell], launches: list[Launch], sizes: Sequence[int] = SIZES) -> str:
+    """poprun's and mpi4py's medians of their rounds' medians, and their ratio, apart for the rounds that drew
+    the near state and the far one (``STATE_FAR_FACTOR``; the rounds counted in brackets)."""
+    trips = [launch.core_round_trip_ns for launch in launches if launch.core_round_trip_ns]
+    if not trips:
+        return "  (no core round trips were measured)"
+    far_from = min(trips) * STATE_FAR_FACTOR
+
+    def in_state(cell: Cell | None, far: bool) -> list[float]:
+        if cell is None or cell.problems:
+            return []
+        return [m for m, t in zip(cell.round_medians_us, cell.round_trips_ns) if t and (t >= far_from) == far]
+
+    rows = []
+    for n in NS:
+        for nbytes in sizes:
+            row: list[object] = [n, fmt_size(nbytes)]
+            for far in (False, True):
+                mine, theirs = (in_state(cells.get((t, n, nbytes)), far) for t in ("poprun", "mpi4py"))
+                a, b = (statistics.median(v) if v else None for v in (mine, theirs))
+                row += [f"{fmt_num(a)} ({len(mine)})", f"{fmt_num(b)} ({len(theirs)})", fmt_ratio(div(a, b))]
+            rows.append(row)
+    headers = ["N", "size", "near: poprun", "mpi4py", "ratio", "far: poprun", "mpi4py", "ratio"]
+    return (f"  far: the core round trip before the launch was at least {far_from:.0f} ns "
+            f"({STATE_FAR_FACTOR}x the run's fastest, {min(trips):.0f} ns)\n"
+            + format_table(headers, rows, "r" * len(headers)))
+
+
 def targets(cells: dict[tuple, Cell]) -> list[tuple[str, bool | None, str]]:
     out: list[tuple[str, bool | None, str]] = []
     for n in NS:
         for nbytes in [b for b in SIZES if b >= TARGET_BUSBW_FROM]:
             mine = cells.get(("poprun", n, nbytes))
-            anchors = {a: cells[(a, n, nbytes)].busbw for a in ANCHORS if (a, n, nbytes) in cells}
-            anchors = {a: v for a, v in anchors.items() if v is not None}
+            measured = {a: cells[(a, n, nbytes)].busbw for a in ANCHORS if (a, n, nbytes) in cells}
+            anchors = {a: v for a, v in measured.items() if v is not None}
             name = f"N={n} {fmt_size(nbytes)}: poprun busbw >= best anchor"
             if mine is None or mine.busbw is None or not anchors:
                 out.append((name, None, "not measured" if mine is None or mine.busbw is None else "no anchor"))
@@ -483,13 +538,16 @@ def print_results(cells: dict[tuple, Cell], tools: list[str], launches: list[Lau
     say("4. Spread: median of each round, instance 0's own median, fastest iteration (us)")
     say(spread_table(cells, tools))
     say()
+    say("5. By the host's state: medians of the rounds' medians, us (rounds), near and far")
+    say(state_table(cells, launches))
+    say()
     say("Commands (N=4)")
     seen: set[str] = set()
     for launch in launches:
         if launch.n == 4 and launch.tool not in seen:
             seen.add(launch.tool)
             say(f"  {launch.tool}: {launch.command}")
-    inits = {}
+    inits: dict[tuple[str, int], list[float]] = {}
     for launch in launches:
         if launch.init_s is not None:
             inits.setdefault((launch.tool, launch.n), []).append(launch.init_s)
@@ -516,10 +574,11 @@ def json_report(anchors: dict[str, Anchor], fabric: str, quick: bool, plan: dict
         "loadavg_after": load_after,
         "plan": {str(b): {"warmup": w, "iters": k} for b, (w, k) in plan.items()},
         "rounds": rounds,
+        **({} if quick else {"latency_rounds": {"tools": list(LATENCY_TOOLS), "rounds": LATENCY_ROUNDS}}),
         "summary": [
             {"tool": c.tool, "n": c.n, "bytes": c.nbytes, "median_us": c.median_us, "algbw_gbs": c.algbw,
              "busbw_gbs": c.busbw, "rank0_median_us": statistics.median(c.rank0_us) if c.rank0_us else None,
-             "round_medians_us": c.round_medians_us, "problems": c.problems}
+             "round_medians_us": c.round_medians_us, "round_trips_ns": c.round_trips_ns, "problems": c.problems}
             for c in cells.values()
         ],
         "targets": [{"target": t, "pass": ok, "measured": m} for t, ok, m in target_rows],
@@ -563,7 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()
     say(f"  load average before: {load[0]:.2f} (1 min); other jobs on the {CORES} cores skew every column")
     say("  per launch (warm-up + timed calls): "
-        + ", ".join(f"{fmt_size(b)} {w}+{k}" for b, (w, k) in plan.items()) + f"; {rounds} round(s) per tool and N")
+        + ", ".join(f"{fmt_size(b)} {w}+{k}" for b, (w, k) in plan.items())
+        + f"; {rounds} round(s) per tool and N" + ("" if args.quick else f" ({LATENCY_ROUNDS} for "
+                                                     f"{' and '.join(LATENCY_TOOLS)})"))
     say()
 
     cells, launches = bench(anchors, tools, args.quick)

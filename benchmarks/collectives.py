@@ -57,6 +57,7 @@ from allreduce import (  # noqa: E402  (the allreduce benchmark's launches, cell
     fmt_size,
     json_report,
     spread_table,
+    state_table,
 )
 from launch import (  # noqa: E402
     CORES,
@@ -128,6 +129,8 @@ def run_one(collective: str, anchors: dict, tools: list[str], args: argparse.Nam
     say(metric_table(cells, tools, "busbw"))
     say(f"\n{collective}: 3. Spread: median of each round, instance 0's own median, fastest iteration (us)")
     say(spread_table(cells, tools))
+    say(f"\n{collective}: 4. By the host's state: medians of the rounds' medians, us (rounds), near and far")
+    say(state_table(cells, launches))
     for cell in cells.values():
         for problem in cell.problems[:2]:
             say(f"  {cell.tool} N={cell.n} {fmt_size(cell.nbytes)}: {problem[:300]}")
