@@ -531,6 +531,21 @@ def test_broadcasts_and_allgathers_through_shared_memory_back_to_back_stay_right
     assert all(lines[i] == [{"done": i, "copies": large}] for i in range(4)), lines
 
 
+def test_shared_memory_calls_take_turns_over_a_ring_of_slots_and_stay_right(jobs: list[Job], tmp_path: Path) -> None:
+    """256 KiB broadcasts, allgathers and allreduces, each kind twice round its ring of slots
+    (algorithms/shared.py's ``slots_for``: so that a slot written again has left the peers' caches), every
+    call's values its own: each result exact, and the segments span the ring (before: two halves, 1 MiB)."""
+    from simipu.fabric.algorithms.shared import RING_BYTES
+
+    job = run_job(jobs, tmp_path, 3, "copy-ring")
+    lines = job.finish()
+    assert all(len(lines[i]) == 1 and lines[i][0]["done"] == i for i in range(3)), lines
+    for i in range(3):
+        segments = lines[i][0]["segments"]
+        assert segments["reduce"] >= RING_BYTES, lines  # (every member writes its allreduce's slots)
+        assert segments["copy"] >= RING_BYTES, lines  # (the allgather's, and the root's broadcast)
+
+
 def test_shared_memory_broadcasts_and_allgathers_that_differ_raise_everywhere(jobs: list[Job],
                                                                              tmp_path: Path) -> None:
     """Broadcasts from two roots and an allgather, all through shared memory: each raises, none hangs."""

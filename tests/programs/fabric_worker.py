@@ -182,6 +182,29 @@ def run_copy_churn(fabric, instance: int, n: int) -> int:
     return sum(arena.uses for key, arena in fabric._arenas.items() if key[0] == "copy")
 
 
+def run_copy_ring(fabric, instance: int, n: int) -> dict:
+    """256 KiB broadcasts from one root, allgathers and allreduces, each kind in a loop long enough to go round
+    its ring of slots (``shared.slots_for``: 16 of them) twice, every call's values its own: each result exact. Returns the
+    bytes of this instance's own segments, by use ("copy", "reduce")."""
+    count = 65_536  # float32: 256 KiB per array
+    calls = 2 * 16 + 3  # (16 slots of 256 KiB: RING_BYTES)
+    for step in range(calls):
+        values = (np.arange(count) % 83 + 5 * instance + step).astype(np.float32)
+        if not np.array_equal(fabric.broadcast(values, root=1), (np.arange(count) % 83 + 5 + step).astype(np.float32)):
+            raise SystemExit(f"broadcast {step}: wrong values")
+    for step in range(calls):
+        part = (np.arange(count // n) % 83 + 5 * instance + step).astype(np.float32)
+        want = np.stack([(np.arange(count // n) % 83 + 5 * i + step).astype(np.float32) for i in range(n)])
+        if not np.array_equal(fabric.allgather(part), want):
+            raise SystemExit(f"allgather {step}: wrong values")
+    for step in range(calls):
+        values = (np.arange(count) % 83 + 5 * instance + step).astype(np.float32)
+        want = (n * (np.arange(count) % 83 + step) + 5 * n * (n - 1) // 2).astype(np.float32)
+        if not np.array_equal(fabric.allreduce(values), want):
+            raise SystemExit(f"allreduce {step}: wrong values")
+    return {key[0]: arena._mine.size for key, arena in fabric._arenas.items() if arena._mine is not None}
+
+
 def run_mismatch_copies(fabric, instance: int) -> None:
     big = np.ones(100_000, np.float32)
     if instance < 2:
@@ -586,6 +609,9 @@ def main() -> int:
             run_shm_phases(fabric, instance, n)
         elif scenario == "copy-churn":
             report(done=instance, copies=run_copy_churn(fabric, instance, n))
+            return 0
+        elif scenario == "copy-ring":
+            report(done=instance, segments=run_copy_ring(fabric, instance, n))
             return 0
         elif scenario == "mismatch-copies":
             run_mismatch_copies(fabric, instance)

@@ -23,7 +23,7 @@ from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCal
 from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
-from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena
+from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena, slots_for
 from .algorithms.shared_copies import current_views, refresh_views, steady_views
 from .algorithms.shared_copies_board import SharedCopyPlan
 from .errors import FabricError
@@ -42,8 +42,8 @@ class _WholePlan(NamedTuple):
     epoch: int
     layout: tuple[str, int, int]
     plan: BoardAllreduce
-    mine: tuple[memoryview, ...]  # my halves' bytes
-    peers: tuple[tuple[np.ndarray, ...], ...]  # per half, each peer's copy
+    mine: tuple[memoryview, ...]  # my slots' bytes (``shared.slots_for``)
+    peers: tuple[tuple[np.ndarray, ...], ...]  # per slot, each peer's copy
 
 
 class PlannedPaths(PhaseRunner):
@@ -113,18 +113,18 @@ class PlannedPaths(PhaseRunner):
             if cached is None:
                 return None
         arena = cached.arena
-        half = arena.uses % 2
+        slot = arena.uses % len(cached.mine)
         arena.uses += 1
-        cached.mine[half][:] = to_bytes(x)
+        cached.mine[slot][:] = to_bytes(x)
         counter = self._world_seq
         seq = counter[0] = counter[0] + 1
         plan = cached.plan
         try:
-            result = plan.allreduce(seq, x, out, EMPTY, cached.peers[half])
+            result = plan.allreduce(seq, x, out, EMPTY, cached.peers[slot])
         except BaseException as exc:
             self._broken_by(exc)
             raise
-        return result if result is not None else self._whole_fallback(plan, x, op, seq, half, out)
+        return result if result is not None else self._whole_fallback(plan, x, op, seq, slot, out)
 
     def _whole_plan(self, x: np.ndarray, op: str) -> _WholePlan | None:
         """``_whole_on_board``'s plan for ``x``'s signature, made for the arena as it is now; None unless the last
@@ -138,18 +138,19 @@ class PlannedPaths(PhaseRunner):
         steady = arena.steady_announcement([g.members[k] for k in g.others])
         if steady is None:  # (once it is not, it stays so until the arena remaps: a new epoch)
             return None
-        n = x.nbytes
-        halves = [slice(h * n, (h + 1) * n) for h in (0, 1)]
-        mine = tuple(to_bytes(arena.reserve(2 * n)[h]) for h in halves)
-        peers = tuple(tuple(arena.peer(g.members[k], 2 * n)[h].view(x.dtype).reshape(x.shape) for k in g.others)
-                      for h in halves)
+        n, slots = x.nbytes, slots_for(x.nbytes)
+        spans = [slice(s * n, (s + 1) * n) for s in range(slots)]
+        mine = tuple(to_bytes(arena.reserve(slots * n)[span]) for span in spans)
+        peers = tuple(tuple(arena.peer(g.members[k], slots * n)[span].view(x.dtype).reshape(x.shape)
+                            for k in g.others)
+                      for span in spans)
         plan = self._boards.shared_plan(x, op, Phase.SHARED_READY, steady)
         if len(self._whole_plans) >= MAX_PLANS:
             self._whole_plans.clear()
         cached = self._whole_plans[(x.dtype, x.shape, op)] = _WholePlan(arena, arena.epoch, layout, plan, mine, peers)
         return cached
 
-    def _whole_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int, half: int,
+    def _whole_fallback(self, plan: BoardAllreduce, x: np.ndarray, op: str, seq: int, slot: int,
                         out: np.ndarray | None = None) -> np.ndarray:
         """``_whole_on_board``'s call ``seq``, published, whose peers' frames were not all there (or not as
         expected) within the spin: received and adopted as ``shm._announce`` does, then reduced."""
@@ -165,7 +166,7 @@ class PlannedPaths(PhaseRunner):
             self.fail(exc)
             raise
         n = x.nbytes
-        peers = [arena.peer(g.members[k], 2 * n)[half * n:(half + 1) * n].view(x.dtype).reshape(x.shape)
+        peers = [arena.peer(g.members[k], slots_for(n) * n)[slot * n:(slot + 1) * n].view(x.dtype).reshape(x.shape)
                  for k in g.others]
         return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
 
@@ -189,10 +190,10 @@ class PlannedPaths(PhaseRunner):
         arena, n = self.arena_for(g, "copy"), x.nbytes
         root = root_rank >= 0 and g.rank == root_rank
         layout = ("allgather", n, 0) if root_rank < 0 else ("broadcast", n, root_rank)
-        steady = steady_views(arena, layout, 2 * n if root_rank < 0 or root else 0)
+        steady = steady_views(arena, layout, slots_for(n) * n if root_rank < 0 or root else 0)
         if steady is None:
             return False
-        views, half = steady
+        views, slot = steady
         key = (root_rank, x.dtype, x.shape)
         tail = views.payload
         assert tail is not None  # (``steady_views`` says so)
@@ -203,21 +204,21 @@ class PlannedPaths(PhaseRunner):
             cached = self._copy_plans[key] = (tail, SharedCopyPlan(self._boards, x, root_rank, tail))
         plan = cached[1]
         if root_rank < 0 or root:
-            views.mine[half][:] = x.reshape(-1).view(np.uint8)
+            views.mine[slot][:] = x.reshape(-1).view(np.uint8)
         counter = self._world_seq
         seq = counter[0] = counter[0] + 1
-        sources = () if root else tuple(views.peers[half][k] for k in g.others)
+        sources = () if root else tuple(views.peers[slot][k] for k in g.others)
         try:
             done = plan.allreduce(seq, x, result, EMPTY, sources)
         except BaseException as exc:
             self._broken_by(exc)
             raise
         if done is None:
-            self._copy_fallback(plan, x, result, root_rank, seq, half)
+            self._copy_fallback(plan, x, result, root_rank, seq, slot)
         return True
 
     def _copy_fallback(self, plan: SharedCopyPlan, x: np.ndarray, result: np.ndarray, root_rank: int, seq: int,
-                       half: int) -> None:
+                       slot: int) -> None:
         """``_copy_steady``'s call ``seq``, published, whose peers' frames were not all there (or not as
         expected) within the spin: received and adopted as ``shared_copies`` does, then copied."""
         call = self._call(ALLGATHER if root_rank < 0 else BROADCAST, x, None, root=root_rank, seq=seq)
@@ -230,11 +231,11 @@ class PlannedPaths(PhaseRunner):
         try:
             for link, payload in zip(g.other_links, received):
                 arena.adopt(link, bytes(payload))
-            refresh_views(arena, views, call, 0 if root else 2 * x.nbytes)
+            refresh_views(arena, views, call, 0 if root else slots_for(x.nbytes) * x.nbytes)
         except FabricError as exc:
             self.fail(exc)
             raise
-        sources = [x] * len(g.others) if root else [views.peers[half][k] for k in g.others]
+        sources = [x] * len(g.others) if root else [views.peers[slot][k] for k in g.others]
         plan.reduce([*sources[:g.rank], x, *sources[g.rank:]], result)
 
     def _copy_fallback_board(self, plan: BoardAllgather, x: np.ndarray, out: np.ndarray, seq: int) -> np.ndarray:

@@ -14,11 +14,12 @@ one of two layouts (the frames are mailbox frames: no system call; the
 phases are ``phases.Phase``'s, run through the engine as ``protocol.Phases``):
 
 * *whole* (arrays up to ``WHOLE_BYTES``): each member copies its array into the
-  half of its segment this call's parity picks; SHARED_READY frames say "it is
-  in place" (and carry the mismatch check); each member reduces the whole
-  array reading every peer's copy in index order. One phase. A half is
-  written again two calls later, after the next call's SHARED_READY showed that
-  every peer has finished reading it.
+  slot of its segment this call's number picks (``slots_for``: two, or more
+  for small arrays); SHARED_READY frames say "it is in place" (and carry the
+  mismatch check); each member reduces the whole array reading every peer's
+  copy in index order. One phase. A slot is written again two calls later at
+  the earliest, after the next call's SHARED_READY showed that every peer has
+  finished reading it.
 * *chunked* (larger): each member copies into its segment the chunks the
   others own; SHARED_READY; member k reduces chunk k, reading every peer's
   segment in index order, straight into its own segment (where no peer reads
@@ -63,6 +64,24 @@ SHARED_BYTES = 64 * 1024
 WHOLE_BYTES = 256 * 1024
 #: Segments grow in steps of this many bytes.
 GRANULE = 1 << 20
+#: The *whole* layout and the broadcasts' and allgathers' (``shared_copies``) rotate through this many bytes of
+#: slots, an array each (``slots_for``), so that by the time we write a slot again, the peers that read it have read
+#: the others since and its lines have left their CPU's private cache (2 MiB of L2 here). Writing lines another
+#: CPU's cache still holds waits for each to be taken back. Two processes pinned to the two CPUs here, one copying
+#: 256 KiB into shared memory and the other copying it out in turn (2026-11-25): with the CPUs near, the copy in
+#: took 28-40 us with one or two slots, 15 us with four, 7 us with eight or more; with the CPUs far apart, 116 us
+#: with one slot and 27-35 us with 16 to 128 (the copy out took the same throughout). A larger ring helped larger
+#: arrays with the CPUs far apart (2 MiB: 587 us to copy in with 8 MiB of slots, 373 us with 16 MiB) but made
+#: 1 and 4 MiB broadcasts slower with them near (16 MiB: 45 and 170 us a call, against 33 and 126 us with 4 MiB),
+#: and rotating the *chunked* layout's segment made its allreduce slower in both (4 MiB at N=2: 500 us against
+#: 355 us): it writes and reads its whole segment each call, and a warm segment is worth more there.
+RING_BYTES = 4 * 1024 * 1024
+
+
+def slots_for(nbytes: int) -> int:
+    """How many slots of ``nbytes`` a layout rotates through, call by call: two, or enough to span ``RING_BYTES``.
+    Every member of a group derives the same count from the same size."""
+    return max(2, -(-RING_BYTES // max(1, nbytes)))
 _ANNOUNCEMENT = struct.Struct("<QQ")  # segment size, 1 if a descriptor is attached
 ANNOUNCEMENT_BYTES = _ANNOUNCEMENT.size
 #: The announcement of a segment as its peers mapped it: size 0 (``adopt`` maps or remaps only a larger one).
@@ -107,7 +126,7 @@ class SharedArena:
         self._mine: _Segment | None = None
         self._peers: dict[int, _Segment] = {}
         self._fd_sent: set[int] = set()
-        #: The last allreduce's (layout, bytes, item size), and how many used the whole layout (its parity).
+        #: The last call's (layout, bytes, item size), and how many calls used the arena (their slots: ``slots_for``).
         self.layout: tuple[str, int, int] | None = None
         self.uses = 0
         #: Counts the (re)mappings of any segment here: views made before a change are made again.
@@ -188,11 +207,12 @@ def allreduce_shared(phases: Phases, arena: SharedArena, call: Call, x: np.ndarr
     arena.layout = layout
     flat = x.reshape(-1)
     if layout[0] == "whole":
-        half = arena.uses % 2
+        n, slots = x.nbytes, slots_for(x.nbytes)
+        slot = arena.uses % slots
         arena.uses += 1
-        arena.reserve(2 * x.nbytes)[half * x.nbytes:(half + 1) * x.nbytes] = flat.view(np.uint8)
-        peers = _announce(phases, arena, call, 2 * x.nbytes)
-        arrays = [flat if k == g.rank else peers[k][half * x.nbytes:(half + 1) * x.nbytes].view(x.dtype)
+        arena.reserve(slots * n)[slot * n:(slot + 1) * n] = flat.view(np.uint8)
+        peers = _announce(phases, arena, call, slots * n)
+        arrays = [flat if k == g.rank else peers[k][slot * n:(slot + 1) * n].view(x.dtype)
                   for k in range(len(g.members))]
         return reduce_in_order(ufunc, arrays, None if out is None else out.reshape(-1)).reshape(x.shape)
     spans = [slice(*span) for span in chunks(x.size, len(g.members))]

@@ -14,12 +14,13 @@ from the others' arenas:
 * allgather: each member copies its array into its arena; SHARED_READY;
   each copies every peer's array out of that peer's arena, in member order.
 
-The arena's two halves alternate, call by call, as in ``shared``'s *whole*
-layout: a half is written again two calls later, after the next call's
+The arena's slots (``shared.slots_for``: two, or more for small arrays)
+take turns, call by call, as in ``shared``'s *whole* layout: a slot is
+written again two calls later at the earliest, after the next call's
 SHARED_READY showed that every peer has left the call that read it. When the
 layout changes (another kind, size or root) a SHARED_DRAIN phase first makes
 every member wait until the others have left the previous call, since the
-new halves may overlap the old. These arenas are not the allreduce's: each
+new slots may overlap the old. These arenas are not the allreduce's: each
 keeps its own layout history (``Fabric.arena_for(g, "copy")``).
 
 From ``cross_memory.CROSS_MEMORY_BYTES`` per array, where the copies run at
@@ -41,7 +42,7 @@ from .calls import EMPTY, Call
 from .cross_memory import CrossMemory, allgather_cross, broadcast_cross
 from .phases import Phase
 from .protocol import Phases
-from .shared import SharedArena, _announce
+from .shared import SharedArena, _announce, slots_for
 
 
 def broadcast_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, call: Call, x: np.ndarray,
@@ -54,15 +55,16 @@ def broadcast_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, cal
         broadcast_cross(phases, cross, call, x, result, root_rank)
         return
     root = g.rank == root_rank
-    views, half = _begin(phases, arena, call, ("broadcast", n, root_rank), 2 * n if root else 0)
+    ring = slots_for(n) * n
+    views, slot = _begin(phases, arena, call, ("broadcast", n, root_rank), ring if root else 0)
     if root:
-        views.mine[half][:] = x.reshape(-1).view(np.uint8)
+        views.mine[slot][:] = x.reshape(-1).view(np.uint8)
         _ready(phases, arena, views, call, 0)  # (a segment to announce: the root maps the others', never reads)
         if result is not x:
             result[...] = x
         return
-    _ready(phases, arena, views, call, 2 * n)
-    result.reshape(-1).view(np.uint8)[:] = views.peers[half][root_rank]
+    _ready(phases, arena, views, call, ring)
+    result.reshape(-1).view(np.uint8)[:] = views.peers[slot][root_rank]
 
 
 def allgather_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, call: Call, x: np.ndarray,
@@ -73,13 +75,14 @@ def allgather_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, cal
         arena.layout = None  # (as in broadcast_shared)
         allgather_cross(phases, cross, call, x, result)
         return
-    views, half = _begin(phases, arena, call, ("allgather", n, 0), 2 * n)
+    ring = slots_for(n) * n
+    views, slot = _begin(phases, arena, call, ("allgather", n, 0), ring)
     mine = x.reshape(-1).view(np.uint8)
-    views.mine[half][:] = mine
-    _ready(phases, arena, views, call, 2 * n)
+    views.mine[slot][:] = mine
+    _ready(phases, arena, views, call, ring)
     rows = result.reshape(len(g.members), -1).view(np.uint8)
     rows[g.rank] = mine
-    for k, segment in views.peers[half].items():
+    for k, segment in views.peers[slot].items():
         rows[k] = segment
 
 
@@ -88,12 +91,13 @@ class _Views:
     call like the last one then costs its copies and one phase, little Python."""
 
     def __init__(self, arena: SharedArena, layout: tuple[str, int, int], mine_bytes: int) -> None:
-        n = layout[1]
+        n, slots = layout[1], slots_for(layout[1])
         whole = arena.reserve(mine_bytes)
         self.layout, self.epoch, self.mine_bytes = layout, arena.epoch, mine_bytes
-        self.mine = (whole[:n], whole[n:2 * n]) if mine_bytes else (whole, whole)
-        #: Each peer's two halves, by rank (filled by ``_ready`` once their segments are mapped).
-        self.peers: tuple[dict[int, np.ndarray], dict[int, np.ndarray]] = ({}, {})
+        #: My slots (``shared.slots_for``); all empty where I copy nothing in (a broadcast's reader).
+        self.mine = tuple(whole[s * n:(s + 1) * n] for s in range(slots)) if mine_bytes else (whole,) * slots
+        #: Each peer's slots, by rank (filled by ``_ready`` once their segments are mapped).
+        self.peers: tuple[dict[int, np.ndarray], ...] = tuple({} for _ in range(slots))
         #: The steady announcement (None until one call ran the general one), and where the peers' arrive.
         self.payload: bytes | None = None
         self.received: list[memoryview] = []
@@ -104,12 +108,12 @@ _views: weakref.WeakKeyDictionary[SharedArena, _Views] = weakref.WeakKeyDictiona
 
 def _begin(phases: Phases, arena: SharedArena, call: Call, layout: tuple[str, int, int],
            mine_bytes: int) -> tuple[_Views, int]:
-    """This call's views and the half it writes (SHARED_DRAIN first if the layout changed: module docstring)."""
-    half = _next_half(phases, arena, call, layout)
+    """This call's views and the slot it writes (SHARED_DRAIN first if the layout changed: module docstring)."""
+    slot = _next_slot(phases, arena, call, layout)
     views = _views.get(arena)
     if views is None or views.layout != layout or views.epoch != arena.epoch or views.mine_bytes != mine_bytes:
         views = _views[arena] = _Views(arena, layout, mine_bytes)
-    return views, half
+    return views, slot
 
 
 def _ready(phases: Phases, arena: SharedArena, views: _Views, call: Call, peer_bytes: int) -> None:
@@ -137,21 +141,21 @@ def _remake(views: _Views, arena: SharedArena, call: Call, segments: dict[int, n
     views.received = [memoryview(bytearray(len(views.payload or b""))) for _ in g.others]
     views.epoch = arena.epoch
     n = views.layout[1]
-    for h in (0, 1):
-        views.peers[h].clear()
-        views.peers[h].update({k: seg[h * n:(h + 1) * n] for k, seg in segments.items()} if peer_bytes else {})
+    for s, peers in enumerate(views.peers):
+        peers.clear()
+        peers.update({k: seg[s * n:(s + 1) * n] for k, seg in segments.items()} if peer_bytes else {})
 
 
 def steady_views(arena: SharedArena, layout: tuple[str, int, int], mine_bytes: int) -> tuple[_Views, int] | None:
     """For a call like the last one on ``arena`` (same layout, nothing remapped, the announcement steady): its
-    views and the half it writes, the use counted; None, having done nothing, otherwise."""
+    views and the slot it writes, the use counted; None, having done nothing, otherwise."""
     views = _views.get(arena)
     if (arena.layout != layout or views is None or views.payload is None or views.layout != layout
             or views.epoch != arena.epoch or views.mine_bytes != mine_bytes):
         return None
-    half = arena.uses % 2
+    slot = arena.uses % len(views.mine)
     arena.uses += 1
-    return views, half
+    return views, slot
 
 
 def current_views(arena: SharedArena) -> _Views:
@@ -166,11 +170,11 @@ def refresh_views(arena: SharedArena, views: _Views, call: Call, peer_bytes: int
         _remake(views, arena, call, {k: arena.peer(g.members[k], peer_bytes) for k in g.others}, peer_bytes)
 
 
-def _next_half(phases: Phases, arena: SharedArena, call: Call, layout: tuple[str, int, int]) -> int:
-    """The half of the arena this call writes; SHARED_DRAIN first if the layout changed (module docstring)."""
+def _next_slot(phases: Phases, arena: SharedArena, call: Call, layout: tuple[str, int, int]) -> int:
+    """The slot of the arena this call writes; SHARED_DRAIN first if the layout changed (module docstring)."""
     if arena.layout is not None and arena.layout != layout:
         phases.run_all(call, Phase.SHARED_DRAIN, EMPTY, [None] * len(call.group.others))
     arena.layout = layout
-    half = arena.uses % 2
+    slot = arena.uses % slots_for(layout[1])
     arena.uses += 1
-    return half
+    return slot
