@@ -86,6 +86,8 @@ def slots_for(nbytes: int) -> int:
     ``RING_BELOW`` enough to span ``RING_BYTES``. Every member of a group derives the same count from the same
     size."""
     return 2 if nbytes >= RING_BELOW else max(2, -(-RING_BYTES // max(1, nbytes)))
+
+
 _ANNOUNCEMENT = struct.Struct("<QQ")  # segment size, 1 if a descriptor is attached
 ANNOUNCEMENT_BYTES = _ANNOUNCEMENT.size
 #: The announcement of a segment as its peers mapped it: size 0 (``adopt`` maps or remaps only a larger one).
