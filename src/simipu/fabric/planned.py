@@ -23,7 +23,7 @@ from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCal
 from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
-from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena, slots_for
+from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena, ring_bytes, slots_for
 from .algorithms.shared_copies import current_views, refresh_views, steady_views
 from .algorithms.shared_copies_board import SharedCopyPlan
 from .errors import FabricError
@@ -166,7 +166,7 @@ class PlannedPaths(PhaseRunner):
             self.fail(exc)
             raise
         n = x.nbytes
-        peers = [arena.peer(g.members[k], slots_for(n) * n)[slot * n:(slot + 1) * n].view(x.dtype).reshape(x.shape)
+        peers = [arena.peer(g.members[k], ring_bytes(n))[slot * n:(slot + 1) * n].view(x.dtype).reshape(x.shape)
                  for k in g.others]
         return plan.reduce([*peers[:g.rank], x, *peers[g.rank:]], out)
 
@@ -190,7 +190,7 @@ class PlannedPaths(PhaseRunner):
         arena, n = self.arena_for(g, "copy"), x.nbytes
         root = root_rank >= 0 and g.rank == root_rank
         layout = ("allgather", n, 0) if root_rank < 0 else ("broadcast", n, root_rank)
-        steady = steady_views(arena, layout, slots_for(n) * n if root_rank < 0 or root else 0)
+        steady = steady_views(arena, layout, ring_bytes(n) if root_rank < 0 or root else 0)
         if steady is None:
             return False
         views, slot = steady
@@ -231,7 +231,7 @@ class PlannedPaths(PhaseRunner):
         try:
             for link, payload in zip(g.other_links, received):
                 arena.adopt(link, bytes(payload))
-            refresh_views(arena, views, call, 0 if root else slots_for(x.nbytes) * x.nbytes)
+            refresh_views(arena, views, call, 0 if root else ring_bytes(x.nbytes))
         except FabricError as exc:
             self.fail(exc)
             raise

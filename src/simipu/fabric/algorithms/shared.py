@@ -88,6 +88,12 @@ def slots_for(nbytes: int) -> int:
     return 2 if nbytes >= RING_BELOW else max(2, -(-RING_BYTES // max(1, nbytes)))
 
 
+def ring_bytes(nbytes: int) -> int:
+    """The bytes of a layout's slots of ``nbytes`` (``slots_for``): what a member that writes them reserves, and
+    what a peer that reads them maps."""
+    return slots_for(nbytes) * nbytes
+
+
 _ANNOUNCEMENT = struct.Struct("<QQ")  # segment size, 1 if a descriptor is attached
 ANNOUNCEMENT_BYTES = _ANNOUNCEMENT.size
 #: The announcement of a segment as its peers mapped it: size 0 (``adopt`` maps or remaps only a larger one).

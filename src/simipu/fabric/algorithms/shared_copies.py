@@ -42,7 +42,7 @@ from .calls import EMPTY, Call
 from .cross_memory import CrossMemory, allgather_cross, broadcast_cross
 from .phases import Phase
 from .protocol import Phases
-from .shared import SharedArena, _announce, slots_for
+from .shared import SharedArena, _announce, ring_bytes, slots_for
 
 
 def broadcast_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, call: Call, x: np.ndarray,
@@ -55,7 +55,7 @@ def broadcast_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, cal
         broadcast_cross(phases, cross, call, x, result, root_rank)
         return
     root = g.rank == root_rank
-    ring = slots_for(n) * n
+    ring = ring_bytes(n)
     views, slot = _begin(phases, arena, call, ("broadcast", n, root_rank), ring if root else 0)
     if root:
         views.mine[slot][:] = x.reshape(-1).view(np.uint8)
@@ -75,7 +75,7 @@ def allgather_shared(phases: Phases, arena: SharedArena, cross: CrossMemory, cal
         arena.layout = None  # (as in broadcast_shared)
         allgather_cross(phases, cross, call, x, result)
         return
-    ring = slots_for(n) * n
+    ring = ring_bytes(n)
     views, slot = _begin(phases, arena, call, ("allgather", n, 0), ring)
     mine = x.reshape(-1).view(np.uint8)
     views.mine[slot][:] = mine
