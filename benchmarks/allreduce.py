@@ -62,7 +62,7 @@ An anchor that cannot be had is skipped with a note; the rest still runs.
 Run it with the project's interpreter, so that ``poprun`` and ``torchrun`` are
 the ones beside it::
 
-    .venv/bin/python benchmarks/allreduce.py            # full run (5 rounds, 15 for two tools), 10-14 minutes
+    .venv/bin/python benchmarks/allreduce.py            # full run (5 rounds, 15 for two tools), 7-8 minutes
     .venv/bin/python benchmarks/allreduce.py --quick    # fewer iterations, one round
     .venv/bin/python benchmarks/allreduce.py --skip-install
 
