@@ -546,6 +546,18 @@ def test_shared_memory_calls_take_turns_over_a_ring_of_slots_and_stay_right(jobs
         assert segments["copy"] >= RING_BYTES, lines  # (the allgather's, and the root's broadcast)
 
 
+@pytest.mark.skipif(LOCAL != "unix+mailbox", reason="the boards' steady path needs shared-memory mailboxes (x86-64)")
+def test_steady_shared_memory_calls_let_a_crowded_instance_move_every_few_calls(jobs: list[Job],
+                                                                              tmp_path: Path) -> None:
+    """Three instances on one CPU: 40 broadcasts of 256 KiB (the boards' steady path from the second) give
+    each instance's spreader its turn (``board.SPREAD_SHARED``), which says where the instance is; before,
+    the steady plans spread every 256 calls, and a bad placement lasted whole loops."""
+    job = run_job(jobs, tmp_path, 3, "spread-shared")
+    lines = job.finish()
+    cpu = min(os.sched_getaffinity(0))
+    assert all(lines[i] == [{"done": i, "cpu": cpu + 1}] for i in range(3)), lines
+
+
 def test_shared_memory_broadcasts_and_allgathers_that_differ_raise_everywhere(jobs: list[Job],
                                                                              tmp_path: Path) -> None:
     """Broadcasts from two roots and an allgather, all through shared memory: each raises, none hangs."""

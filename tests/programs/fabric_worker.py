@@ -56,6 +56,9 @@ Scenarios:
             shared_copies_board.py), print "ready", then a third, instance 0 at once, the others after reading a
             line from stdin (instance 0's plan gives up waiting and falls back); then broadcasts; each result
             checked; then {"done": i, "fallbacks": calls that fell back}
+  spread-shared  (every instance on one CPU, so the host is oversubscribed) 40 broadcasts of 256 KiB from root
+            1, each checked (the boards' steady path from the second on): {"done": i, "cpu": the CPU this
+            instance last told the others it was on, plus one: 0 if its spreader never ran, pinned CPU + 1}
   mismatch-steady  two allgathers of float32[100000] (the second on the boards' steady path), then a third
             of float32[100001] on instance 0 alone ({"steady_plans": count} before it)
   mismatch-cross  one large allgather ({"cross": usable, "calls": 1}), then broadcasts from root 0
@@ -97,6 +100,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fabric_cases import make_input, suite  # noqa: E402
 
 from simipu.fabric import FabricError, PeerLostError  # noqa: E402
+from simipu.fabric.algorithms.placement import CPU  # noqa: E402
 from simipu.fabric.connect import connect  # noqa: E402
 
 
@@ -385,6 +389,15 @@ def run_mismatch_steady(fabric, instance: int) -> None:
         fabric.allgather(np.ones(100_001 if step == 2 and instance == 0 else 100_000, np.float32))
 
 
+def run_spread_shared(fabric) -> int:
+    count = 65_536  # float32: 256 KiB, 16 slots of the ring
+    for step in range(40):
+        values = np.full(count, 10 * fabric.instance + step, np.float32)
+        if not np.array_equal(fabric.broadcast(values, root=1), np.full(count, 10 + step, np.float32)):
+            raise SystemExit(f"broadcast {step}: wrong values")
+    return int(fabric._boards.spreader._mine[CPU])
+
+
 def run_cross_revoked(fabric, instance: int) -> None:
     lower_cross_threshold()
     big = np.ones(100_000, np.float32)
@@ -584,6 +597,8 @@ def main() -> int:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     host, port = os.environ["FABRIC_ADDRESS"].rsplit(":", 1)
     instance, n = int(os.environ["FABRIC_INSTANCE"]), int(os.environ["FABRIC_INSTANCES"])
+    if scenario == "spread-shared":  # (before connecting: the fabric's spreader reads the mask once)
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     try:
         fabric = connect((host, int(port)), bytes.fromhex(os.environ["FABRIC_TOKEN"]), job_id=os.environ["FABRIC_JOB"],
                          instance=instance, num_instances=n, transport=os.environ.get("FABRIC_TRANSPORT", "auto"),
@@ -630,6 +645,9 @@ def main() -> int:
             return 0
         elif scenario == "copy-late":
             report(done=instance, fallbacks=run_copy_late(fabric, instance, n))
+            return 0
+        elif scenario == "spread-shared":
+            report(done=instance, cpu=run_spread_shared(fabric))
             return 0
         elif scenario == "mismatch-steady":
             run_mismatch_steady(fabric, instance)

@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .algorithms.board import MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls
+from .algorithms.board import MAX_PLANS, SPREAD_SHARED, BoardAllreduce, BoardAllreduces, HotCalls
 from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
@@ -176,7 +176,7 @@ class PlannedPaths(PhaseRunner):
         we spin on its next one (as the board plans do)."""
         spreader = None if self._boards is None else self._boards.spreader
         if spreader is not None and spreader.oversubscribed:
-            if not seq % 16:
+            if not seq % SPREAD_SHARED:
                 spreader.spread()
             os.sched_yield()
 

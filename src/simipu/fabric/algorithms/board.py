@@ -31,8 +31,8 @@ the same steps unrolled, no loop (at 4 KiB, about 1.9 us a call against 2.8
 us before).
 
 With more instances on the host than CPUs, two more things (``algorithms.placement``):
-every ``SPREAD_EVERY``-th call lets the ``Spreader`` move a crowded
-instance to a quieter CPU, and a call that found every peer's frame there at
+every ``SPREAD_EVERY``-th call (``SPREAD_SHARED``-th for the shared-memory
+plans) lets the ``Spreader`` move a crowded instance to a quieter CPU, and a call that found every peer's frame there at
 once ends by yielding once: it published last, so a peer on our CPU may still
 have this call's reduction to do, and runs it before we race into the next
 call and spin on its publication (every instance's call then takes about one
@@ -82,6 +82,11 @@ from .placement import Spreader
 
 #: With more instances than CPUs, every this many calls (a power of two) an instance may move (``placement``).
 SPREAD_EVERY = 256
+#: The same for the shared-memory plans (``BoardAllreduces.shared_plan``, ``shared_copies_board``) and the shm
+#: allreduce's general path: a call of theirs is long, so a bad placement costs more calls' time, and a move is
+#: a small part of a call. With the plans at 256, a 256 KiB broadcast at N=4 on 2 CPUs kept three instances on
+#: one CPU for whole runs of 400 calls (75-85 us a call in some launches, 140-180 us in others); at 16, 80-88 us.
+SPREAD_SHARED = 16
 #: Plans kept per fabric; beyond, the cache starts again (a program that allreduces ever new shapes).
 MAX_PLANS = 64
 
@@ -163,7 +168,8 @@ class BoardAllreduces:
     def shared_plan(self, like: np.ndarray, op: str, phase: int, tail: bytes) -> BoardAllreduce:
         """A plan for a shared-memory allreduce's phase ``phase``, whose frames carry ``tail`` (the arrays are in
         the shared arenas: the caller passes them to each call as ``sources``)."""
-        return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail, hot=self.hot)
+        return BoardAllreduce(self._segment, self._group, like, op, self._spreader, phase, tail, hot=self.hot,
+                              spread_every=SPREAD_SHARED)
 
     @property
     def spreader(self) -> Spreader:
@@ -190,7 +196,7 @@ class BoardAllreduce:
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
                  spreader: Spreader, phase: int = Phase.FIRST, tail: bytes = b"",
-                 template: HeaderTemplate | None = None, *, hot: HotCalls) -> None:
+                 template: HeaderTemplate | None = None, *, hot: HotCalls, spread_every: int = SPREAD_EVERY) -> None:
         # the header the general path would write for this signature (``Call.prefix``), each call's seq put in;
         # with ``tail`` (a fixed payload compared with the header) when the arrays travel elsewhere: shm's;
         # ``template``: another kind's header, whose ``reduce`` replaces the reduction (``board_copies``)
@@ -209,6 +215,8 @@ class BoardAllreduce:
         #: makes a scalar), which take ``reduce``.
         self._inline = like.ndim > 0 and not self._mean and not copies
         self._spreader = spreader if spreader.oversubscribed else None  # (shm's too: measured, README)
+        #: Every how many calls the spreader may move us (``SPREAD_EVERY``, or ``SPREAD_SHARED``).
+        self._spread_every = spread_every
         self._crowded = spreader.oversubscribed
         #: How this plan waits for a peer's publication (see ``await_crowded`` and ``await_alone``).
         self._awaited = await_crowded if self._crowded else await_alone
@@ -306,10 +314,10 @@ def publisher(plan: BoardAllreduce) -> Callable[[int, np.ndarray, memoryview | N
     for one copy of these lines where the plans' calls, ``many_peers_call`` and
     ``board_copies.many_peers_copy_call``, would have two.)"""
     header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
-    mine, sleepers = plan._publication_views()
+    mine, sleepers, spread_every = *plan._publication_views(), plan._spread_every
 
     def publish(seq: int, x: np.ndarray, payload: memoryview | None) -> memoryview:
-        if spreader is not None and not seq % SPREAD_EVERY:
+        if spreader is not None and not seq % spread_every:
             spreader.spread()
         put_seq(header, SEQ_AT, seq)
         published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
@@ -383,6 +391,7 @@ def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
     header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
     ufunc, inline, rank, reduce, awaited = plan._ufunc, plan._inline, plan._rank, plan.reduce, plan._awaited
     take_pair, hooks, nudge, flag = plan.take_pair, plan._hot, link.nudge, plan._flags[0]
+    spread_every = plan._spread_every
     counter, spin, failed, fallback = hooks.counter, hooks.spin, hooks.failed, hooks.fallback
     mine, theirs = plan._pair_slots()
 
@@ -392,7 +401,7 @@ def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
         if hot:
             seq = counter[0] = counter[0] + 1
         try:
-            if spreader is not None and not seq % SPREAD_EVERY:
+            if spreader is not None and not seq % spread_every:
                 spreader.spread()
             put_seq(header, SEQ_AT, seq)
             published = segment.publications = segment.publications + 1

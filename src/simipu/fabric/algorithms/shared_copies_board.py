@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frames.header import ALLGATHER, BROADCAST, HeaderTemplate
-from .board import BoardAllreduce, BoardAllreduces
+from .board import SPREAD_SHARED, BoardAllreduce, BoardAllreduces
 from .phases import Phase
 
 
@@ -33,7 +33,7 @@ class SharedCopyPlan(BoardAllreduce):
                                   tuple(like.shape), root, group.key, like.nbytes, tail)
         # (a template: ``reduce`` copies in place of the reduction, also in ``board.one_peer_call``)
         super().__init__(boards._segment, group, like, "sum", boards._spreader, Phase.SHARED_READY, tail,
-                         template=template, hot=boards.hot)
+                         template=template, hot=boards.hot, spread_every=SPREAD_SHARED)
 
     def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Every member's array into its row of ``out`` (an allgather), or the root's into ``out``."""
