@@ -207,6 +207,8 @@ class Fabric(PlannedPaths):
         elif x.nbytes > SHARED_BYTES and len(g.members) > 1 and g.one_host and SharedArena.available():
             if group is not None or not self._copy_steady(x, result, root_rank):
                 self._copy_shared(broadcast_shared, self._call(BROADCAST, x, group, root=root), x, result, root_rank)
+            if group is None and self._copies is not None:  # the next such call: straight to the shm paths
+                self._steady_copy(x, root_rank).remember(array, out, x, result)
         else:
             if self.instance == root and result is not x:
                 result[...] = x
@@ -238,6 +240,8 @@ class Fabric(PlannedPaths):
             g = call.group
             if len(g.members) > 1 and result.nbytes > SHARED_BYTES and g.one_host and SharedArena.available():
                 self._copy_shared(allgather_shared, call, x, result)  # (fills ``result``)
+                if group is None and self._copies is not None:  # (as ``broadcast``'s)
+                    self._steady_copy(x, -1).remember(array, out, x, result)
             else:
                 sockets.allgather(self, call, x, result)
         if bad:

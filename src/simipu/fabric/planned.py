@@ -20,11 +20,11 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .algorithms.board import MAX_PLANS, SPREAD_SHARED, BoardAllreduce, BoardAllreduces, HotCalls
-from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
+from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast, SteadyCopy
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena, ring_bytes, slots_for
-from .algorithms.shared_copies import current_views, refresh_views, steady_views
+from .algorithms.shared_copies import allgather_shared, broadcast_shared, current_views, refresh_views, steady_views
 from .algorithms.shared_copies_board import SharedCopyPlan
 from .errors import FabricError
 from .frames.header import ALLGATHER, ALLREDUCE, BROADCAST
@@ -216,6 +216,29 @@ class PlannedPaths(PhaseRunner):
         if done is None:
             self._copy_fallback(plan, x, result, root_rank, seq, slot)
         return True
+
+    def _steady_copy(self, x: np.ndarray, root_rank: int) -> SteadyCopy:
+        """A new hot path's entry (algorithms/board_copies.py's ``SteadyCopy``) for the world group's
+        shared-memory broadcast from ``root_rank`` (-1: allgather) of ``x``'s signature, kept with the board
+        plans: each call takes ``_copy_steady``, or else the general path (``shared_copies``)."""
+        everyone = self._everyone
+
+        def run(x: np.ndarray, out: np.ndarray) -> None:
+            if self._broken is not None or self._closed:
+                self._check_usable()
+            if self._copy_steady(x, out, root_rank):
+                return
+            if root_rank < 0:
+                self._copy_shared(allgather_shared, self._call(ALLGATHER, x, None), x, out)
+            else:
+                self._copy_shared(broadcast_shared, self._call(BROADCAST, x, None, root=everyone[root_rank]), x, out,
+                                  root_rank)
+
+        plans = self._copies.plans  # type: ignore[union-attr]  # (the caller checked there are boards)
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        plan = plans[(root_rank, x.dtype, x.shape)] = SteadyCopy(run)
+        return plan
 
     def _copy_fallback(self, plan: SharedCopyPlan, x: np.ndarray, result: np.ndarray, root_rank: int, seq: int,
                        slot: int) -> None:

@@ -29,7 +29,9 @@ copy: ``cross_memory``), when the group's members may. A call like the last
 one (same layout, nothing remapped) reuses its views and announcement
 (``_Views``): with more instances than cores, each one's Python is paid by
 all of them. For the whole job, such a call's phase goes on the board
-(``shared_copies_board``, through ``planned.PlannedPaths._copy_steady``).
+(``shared_copies_board``, through ``planned.PlannedPaths._copy_steady``), and
+a call whose signature ran before skips the engine's checks of its arrays
+(``board_copies.SteadyCopy``, found where the hot paths find the board plans).
 """
 
 from __future__ import annotations
