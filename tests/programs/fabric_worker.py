@@ -37,7 +37,7 @@ Scenarios:
             ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
             last allgather (the fabric still works); then {"board_plans": [root rank or -1, shape] of each
             signature that took the boards, "steady": the same of each that went through shared memory, whose
-            next calls go there straight (``board_copies.SteadyCopy``)}
+            next calls go there straight (``board.SteadyCall``)}
   allreduce-out  allreduces into an ``out`` (another array, twice with new values: the second call takes the
             hot path; in place), sum, mean and max, small and through shared memory, each compared bit for bit
             with the fresh-array form; then a wrong ``out`` on instance 1 alone ({"bad_out": message or None}),
@@ -101,7 +101,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fabric_cases import make_input, suite  # noqa: E402
 
 from simipu.fabric import FabricError, PeerLostError  # noqa: E402
-from simipu.fabric.algorithms.board_copies import SteadyCopy  # noqa: E402
+from simipu.fabric.algorithms.board import SteadyCall  # noqa: E402
 from simipu.fabric.algorithms.placement import CPU  # noqa: E402
 from simipu.fabric.connect import connect  # noqa: E402
 
@@ -253,8 +253,8 @@ def run_copies_out(fabric, instance: int, n: int) -> None:
     fabric.allgather(np.ones(3, np.float32))
     plans = fabric._copies.plans
     report(board_plans=sorted([root, list(shape)] for (root, _, shape), plan in plans.items()
-                              if not isinstance(plan, SteadyCopy)),
-           steady=sorted([root, list(shape)] for (root, _, shape), plan in plans.items() if isinstance(plan, SteadyCopy)))
+                              if not isinstance(plan, SteadyCall)),
+           steady=sorted([root, list(shape)] for (root, _, shape), plan in plans.items() if isinstance(plan, SteadyCall)))
 
 
 def run_allreduce_out(fabric, instance: int, n: int) -> None:

@@ -113,6 +113,7 @@ class Fabric(PlannedPaths):
         if self._boards is not None and group is None and x.nbytes > SHARED_BYTES:
             shared = self._whole_on_board(x, op, out)
             if shared is not None:
+                self._steady_whole(x, op, self._allreduce_checked)  # the next such call: straight here
                 return shared
         call = self._call(ALLREDUCE, x, group, op=op)
         g = call.group

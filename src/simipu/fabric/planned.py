@@ -19,8 +19,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .algorithms.board import MAX_PLANS, SPREAD_SHARED, BoardAllreduce, BoardAllreduces, HotCalls
-from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast, SteadyCopy
+from .algorithms.board import MAX_PLANS, SPREAD_SHARED, BoardAllreduce, BoardAllreduces, HotCalls, SteadyCall
+from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena, ring_bytes, slots_for
@@ -217,27 +217,49 @@ class PlannedPaths(PhaseRunner):
             self._copy_fallback(plan, x, result, root_rank, seq, slot)
         return True
 
-    def _steady_copy(self, x: np.ndarray, root_rank: int) -> SteadyCopy:
-        """A new hot path's entry (algorithms/board_copies.py's ``SteadyCopy``) for the world group's
-        shared-memory broadcast from ``root_rank`` (-1: allgather) of ``x``'s signature, kept with the board
-        plans: each call takes ``_copy_steady``, or else the general path (``shared_copies``)."""
+    def _steady_whole(self, x: np.ndarray, op: str,
+                      general: Callable[[np.ndarray, str, None, np.ndarray | None], np.ndarray]) -> None:
+        """A hot path's entry (``SteadyCall``) for the world group's one-phase shared-memory allreduce of ``x``'s
+        signature (checked), kept with the board plans unless one is there: each call takes ``_whole_on_board``,
+        or else ``general(x, op, None, out)`` (the engine's checked path)."""
+        plans = self._boards.plans  # type: ignore[union-attr]  # (the caller checked there are boards)
+        key = (x.dtype, x.shape, op)
+        if key in plans:
+            return
+
+        def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+            if self._broken is not None or self._closed:
+                self._check_usable()
+            shared = self._whole_on_board(x, op, out)
+            return shared if shared is not None else general(x, op, None, out)
+
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        plans[key] = SteadyCall(run)
+
+    def _steady_copy(self, x: np.ndarray, root_rank: int) -> SteadyCall:
+        """A hot path's entry (``SteadyCall``) for the world group's shared-memory broadcast from ``root_rank``
+        (-1: allgather) of ``x``'s signature, kept with the board plans: each call takes ``_copy_steady``, or
+        else the general path (``shared_copies``)."""
         everyone = self._everyone
 
-        def run(x: np.ndarray, out: np.ndarray) -> None:
+        def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+            assert out is not None, "the hot paths pass the result"
             if self._broken is not None or self._closed:
                 self._check_usable()
             if self._copy_steady(x, out, root_rank):
-                return
+                return out
             if root_rank < 0:
                 self._copy_shared(allgather_shared, self._call(ALLGATHER, x, None), x, out)
             else:
                 self._copy_shared(broadcast_shared, self._call(BROADCAST, x, None, root=everyone[root_rank]), x, out,
                                   root_rank)
+            return out
 
         plans = self._copies.plans  # type: ignore[union-attr]  # (the caller checked there are boards)
         if len(plans) >= MAX_PLANS:
             plans.clear()
-        plan = plans[(root_rank, x.dtype, x.shape)] = SteadyCopy(run)
+        plan = plans[(root_rank, x.dtype, x.shape)] = SteadyCall(run)
         return plan
 
     def _copy_fallback(self, plan: SharedCopyPlan, x: np.ndarray, result: np.ndarray, root_rank: int, seq: int,

@@ -51,7 +51,7 @@ import numpy as np
 from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
 from ..frames.link import Link, send_boxed
 from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
-from .board import ALONE_SECONDS, MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls, publisher
+from .board import ALONE_SECONDS, MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls, SteadyCall, hot_pair, publisher
 from .calls import Group
 from .phases import Phase
 from .placement import Spreader
@@ -60,38 +60,6 @@ from .placement import Spreader
 #: (``placement``): more often than the allreduce's ``board.SPREAD_EVERY``, as the shared-memory allreduce's
 #: (probes at N=4, 4 KiB: 16 beat 256 in 7 of 10 paired runs; 4 was slower).
 SPREAD_BROADCASTS = 16
-
-
-def hot_pair(array: np.ndarray, out: np.ndarray | None, x: np.ndarray, result: np.ndarray) -> bool:
-    """Whether a call the engine checked (``x``: ``array`` checked; ``result``: ``out`` if it is fit, with ``x``
-    apart from it) leaves ``out`` and ``array`` fit for the next call's hot path, unchecked (``remember``)."""
-    return out is not None and result is out and x is array and (out is x or not np.may_share_memory(out, x))
-
-
-class SteadyCopy:
-    """A hot path's entry for the world group's shared-memory broadcast or allgather of one signature, made once
-    the engine ran one (``Fabric.broadcast``, ``Fabric.allgather``): the engine's checks of the array, the
-    group and ``out`` are made then and not again (``remember``, as a board plan's), and each call goes
-    straight to ``run(x, out)``, which takes the steady path (``planned.PlannedPaths._copy_steady``) or else
-    the general one. At N=4 on 2 CPUs the checks were about 10 us of a 256 KiB broadcast's 85 us per
-    instance, two instances to a CPU."""
-
-    #: As a board plan's (``BoardAllreduce``): the ``out`` last checked and the array it was checked with.
-    checked_out: np.ndarray | None = None
-    checked_for: np.ndarray | None = None
-
-    def __init__(self, run: Callable[[np.ndarray, np.ndarray], None]) -> None:
-        self._run = run
-
-    def remember(self, array: np.ndarray, out: np.ndarray | None, x: np.ndarray, result: np.ndarray) -> None:
-        """As ``BoardAllgather.remember``."""
-        if hot_pair(array, out, x, result):
-            self.checked_out, self.checked_for = out, x
-
-    def allreduce(self, seq: int, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The call (a board plan's name for it, so that the hot paths call either alike): ``out`` filled."""
-        self._run(x, out)
-        return out
 
 
 class BoardCopies:
@@ -105,12 +73,12 @@ class BoardCopies:
         self._spreader: Spreader = allreduces._spreader
         self._hot = allreduces.hot
         #: The plans by (root rank or -1, dtype, shape); the shared-memory calls' too, once one ran
-        #: (``planned.SteadyCopy``), so that the hot paths find them the same way.
-        self.plans: dict[tuple[int, np.dtype, tuple[int, ...]], BoardAllgather | SteadyCopy] = {}
+        #: (``board.SteadyCall``), so that the hot paths find them the same way.
+        self.plans: dict[tuple[int, np.dtype, tuple[int, ...]], BoardAllgather | SteadyCall] = {}
 
-    def plan_for(self, x: np.ndarray, root_rank: int = -1) -> BoardAllgather | SteadyCopy | None:
+    def plan_for(self, x: np.ndarray, root_rank: int = -1) -> BoardAllgather | SteadyCall | None:
         """The plan for allgathering ``x`` (checked by the engine), or broadcasting it from ``root_rank``; None
-        if it does not fit a board (and no shared-memory call of it ran: ``SteadyCopy``)."""
+        if it does not fit a board (and no shared-memory call of it ran: ``board.SteadyCall``)."""
         key = (root_rank, x.dtype, x.shape)
         plan = self.plans.get(key)
         if plan is None and BoardAllreduce.fits(self._segment, x):
