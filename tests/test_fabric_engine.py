@@ -579,7 +579,7 @@ def test_out_arrays_give_the_fresh_results_and_a_wrong_one_raises_without_a_hang
         assert len(lines[i]) == 6 and lines[i][5] == {"done": i}, lines
         if LOCAL == "unix+mailbox":  # the small calls took the boards (algorithms/board_copies.py)
             small = [[root, [count]] for root in range(-1, 3) for count in (7, 1_000)]
-            steady = [[root, [100_000]] for root in range(-1, 3)]  # (board.SteadyCall: the checks made once)
+            steady = [[root, [100_000]] for root in range(-1, 3)]  # (steady_calls.SteadyCall: the checks made once)
             assert lines[i][4] == {"board_plans": sorted([[-1, [3]], *small]), "steady": steady}, lines
         messages = [line["bad_out"] for line in lines[i][:4]]
         for count, message in zip((1_000, 100_000, 1_000, 100_000), messages):

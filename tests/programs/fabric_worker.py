@@ -37,7 +37,7 @@ Scenarios:
             ``out`` on instance 1 alone, then on every instance ({"bad_out": message or None} each), and a
             last allgather (the fabric still works); then {"board_plans": [root rank or -1, shape] of each
             signature that took the boards, "steady": the same of each that went through shared memory, whose
-            next calls go there straight (``board.SteadyCall``)}
+            next calls go there straight (``steady_calls.SteadyCall``)}
   allreduce-out  allreduces into an ``out`` (another array, twice with new values: the second call takes the
             hot path; in place), sum, mean and max, small and through shared memory, each compared bit for bit
             with the fresh-array form; then a wrong ``out`` on instance 1 alone ({"bad_out": message or None}),
@@ -101,8 +101,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fabric_cases import make_input, suite  # noqa: E402
 
 from simipu.fabric import FabricError, PeerLostError  # noqa: E402
-from simipu.fabric.algorithms.board import SteadyCall  # noqa: E402
 from simipu.fabric.algorithms.placement import CPU  # noqa: E402
+from simipu.fabric.algorithms.steady_calls import SteadyCall  # noqa: E402
 from simipu.fabric.connect import connect  # noqa: E402
 
 

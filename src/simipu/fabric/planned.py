@@ -19,13 +19,14 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .algorithms.board import MAX_PLANS, SPREAD_SHARED, BoardAllreduce, BoardAllreduces, HotCalls, SteadyCall
+from .algorithms.board import MAX_PLANS, SPREAD_SHARED, BoardAllreduce, BoardAllreduces, HotCalls
 from .algorithms.board_copies import BoardAllgather, BoardCopies, RootBroadcast
 from .algorithms.calls import EMPTY, to_bytes
 from .algorithms.phases import Phase
 from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena, ring_bytes, slots_for
 from .algorithms.shared_copies import allgather_shared, broadcast_shared, current_views, refresh_views, steady_views
 from .algorithms.shared_copies_board import SharedCopyPlan
+from .algorithms.steady_calls import SteadyCall
 from .errors import FabricError
 from .frames.header import ALLGATHER, ALLREDUCE, BROADCAST
 from .frames.link import Link

@@ -32,8 +32,8 @@ us before).
 
 With more instances on the host than CPUs, two more things (``algorithms.placement``):
 every ``SPREAD_EVERY``-th call (``SPREAD_SHARED``-th for the shared-memory
-plans) lets the ``Spreader`` move a crowded instance to a quieter CPU, and a call that found every peer's frame there at
-once ends by yielding once: it published last, so a peer on our CPU may still
+plans) lets the ``Spreader`` move a crowded instance to a quieter CPU, and
+a call that found every peer's frame there at once ends by yielding once: it published last, so a peer on our CPU may still
 have this call's reduction to do, and runs it before we race into the next
 call and spin on its publication (every instance's call then takes about one
 round, rather than one call none and the next two). A call that had to wait
@@ -79,6 +79,7 @@ from ..frames.mailbox import (
 from .calls import UFUNCS, Group, reduce_in_order
 from .phases import Phase
 from .placement import Spreader
+from .steady_calls import SteadyCall
 
 #: With more instances than CPUs, every this many calls (a power of two) an instance may move (``placement``).
 SPREAD_EVERY = 256
@@ -141,39 +142,6 @@ def await_crowded(words: memoryview, at: int, wanted: int, spin: float) -> bool:
     return True
 
 
-def hot_pair(array: np.ndarray, out: np.ndarray | None, x: np.ndarray, result: np.ndarray) -> bool:
-    """Whether a call the engine checked (``x``: ``array`` checked; ``result``: ``out`` if it is fit, with ``x``
-    apart from it) leaves ``out`` and ``array`` fit for the next call's hot path, unchecked (``remember``)."""
-    return out is not None and result is out and x is array and (out is x or not np.may_share_memory(out, x))
-
-
-class SteadyCall:
-    """A hot path's entry for one signature of the world group's collective through shared memory, made once
-    the engine ran one (``planned.PlannedPaths._steady_whole``, ``_steady_copy``) and kept with the board plans,
-    where the hot paths of ``Fabric`` and ``popdist.collectives`` find those: the engine's checks of the array,
-    the group and ``out`` are made then and not again (an ``out`` is remembered with the array it was checked
-    with, as a board plan's), and each call goes straight to ``run(x, out)``, which takes the steady path or
-    else the general one. At N=4 on 2 CPUs the checks were about 10 us of a 256 KiB broadcast's 85 us per
-    instance, two instances to a CPU."""
-
-    #: As a board plan's (``BoardAllreduce``): the ``out`` last checked and the array it was checked with.
-    checked_out: np.ndarray | None = None
-    checked_for: np.ndarray | None = None
-
-    def __init__(self, run: Callable[[np.ndarray, np.ndarray | None], np.ndarray]) -> None:
-        self._run = run
-
-    def remember(self, array: np.ndarray, out: np.ndarray | None, x: np.ndarray, result: np.ndarray) -> None:
-        """As ``board_copies.BoardAllgather.remember``."""
-        if hot_pair(array, out, x, result):
-            self.checked_out, self.checked_for = out, x
-
-    def allreduce(self, seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
-                  sources: tuple[np.ndarray, ...] = ()) -> np.ndarray:
-        """The call, by a board plan's name for it (so that the hot paths call either alike): the result."""
-        return self._run(x, out)
-
-
 class BoardAllreduces:
     """The world group's small allreduces on this host's boards: a plan per signature, made on first use."""
 
@@ -183,7 +151,7 @@ class BoardAllreduces:
         #: What each plan's hot call needs of the engine.
         self.hot = hot
         #: The plans by (dtype, shape, op): the engine's hot path looks its signature up here first; the shared
-        #: memory's one-phase allreduces too, once one ran (``SteadyCall``).
+        #: memory's one-phase allreduces too, once one ran (``steady_calls.SteadyCall``).
         self.plans: dict[tuple[np.dtype, tuple[int, ...], str], BoardAllreduce | SteadyCall] = {}
         peers = [(link.mailbox.position, link.mailbox.reader_views()[0])  # type: ignore[union-attr]
                  for link in group.other_links]
@@ -191,7 +159,7 @@ class BoardAllreduces:
 
     def plan_for(self, x: np.ndarray, op: str) -> BoardAllreduce | SteadyCall | None:
         """The plan for allreducing ``x`` (checked by the engine), or None if it does not fit a board (and no
-        shared-memory call of it ran: ``SteadyCall``)."""
+        shared-memory call of it ran: ``steady_calls.SteadyCall``)."""
         key = (x.dtype, x.shape, op)
         plan = self.plans.get(key)
         if plan is None and BoardAllreduce.fits(self._segment, x):

@@ -51,10 +51,11 @@ import numpy as np
 from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
 from ..frames.link import Link, send_boxed
 from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
-from .board import ALONE_SECONDS, MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls, SteadyCall, hot_pair, publisher
+from .board import ALONE_SECONDS, MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls, publisher
 from .calls import Group
 from .phases import Phase
 from .placement import Spreader
+from .steady_calls import SteadyCall, hot_pair
 
 #: With more instances than CPUs, every this many broadcasts (a power of two) an instance may move
 #: (``placement``): more often than the allreduce's ``board.SPREAD_EVERY``, as the shared-memory allreduce's
@@ -73,12 +74,12 @@ class BoardCopies:
         self._spreader: Spreader = allreduces._spreader
         self._hot = allreduces.hot
         #: The plans by (root rank or -1, dtype, shape); the shared-memory calls' too, once one ran
-        #: (``board.SteadyCall``), so that the hot paths find them the same way.
+        #: (``steady_calls.SteadyCall``), so that the hot paths find them the same way.
         self.plans: dict[tuple[int, np.dtype, tuple[int, ...]], BoardAllgather | SteadyCall] = {}
 
     def plan_for(self, x: np.ndarray, root_rank: int = -1) -> BoardAllgather | SteadyCall | None:
         """The plan for allgathering ``x`` (checked by the engine), or broadcasting it from ``root_rank``; None
-        if it does not fit a board (and no shared-memory call of it ran: ``board.SteadyCall``)."""
+        if it does not fit a board (and no shared-memory call of it ran: ``steady_calls.SteadyCall``)."""
         key = (root_rank, x.dtype, x.shape)
         plan = self.plans.get(key)
         if plan is None and BoardAllreduce.fits(self._segment, x):

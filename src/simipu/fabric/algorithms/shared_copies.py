@@ -31,7 +31,7 @@ one (same layout, nothing remapped) reuses its views and announcement
 all of them. For the whole job, such a call's phase goes on the board
 (``shared_copies_board``, through ``planned.PlannedPaths._copy_steady``), and
 a call whose signature ran before skips the engine's checks of its arrays
-(``board.SteadyCall``, found where the hot paths find the board plans).
+(``steady_calls.SteadyCall``, found where the hot paths find the board plans).
 """
 
 from __future__ import annotations
