@@ -39,10 +39,11 @@ Scenarios:
             signature that took the boards, "steady": the same of each that went through shared memory, whose
             next calls go there straight (``steady_calls.SteadyCall``)}
   allreduce-out  allreduces into an ``out`` (another array, twice with new values: the second call takes the
-            hot path; in place), sum, mean and max, small and through shared memory (160 KB: one phase; 400 KB:
-            chunked), each compared bit for bit with the fresh-array form; then a wrong ``out`` on instance 1 alone ({"bad_out": message or None}),
-            and {"checked": [op, shape] of each plan that remembered an ``out`` (a board plan, or a one-phase
-            shared-memory allreduce's ``steady_calls.SteadyCall``)}
+            hot path; in place), sum, mean and max, small and through shared memory (160 KB: one phase;
+            400 KB: chunked), each compared bit for bit with the fresh-array form; then a wrong ``out`` on
+            instance 1 alone ({"bad_out": message or None}), and {"checked": [op, shape] of each plan that
+            remembered an ``out`` (a board plan, or a one-phase shared-memory allreduce's
+            ``steady_calls.SteadyCall``)}
   copies-again  broadcasts (every root, in place and into another array) and allgathers into one ``out``,
             each twice with new values (the hot path the second time), compared with the fresh-array form
   after-break  a small allreduce twice (its plan made), then instance 0 calls another shape (a mismatch on
