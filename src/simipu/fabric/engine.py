@@ -113,8 +113,14 @@ class Fabric(PlannedPaths):
         if self._boards is not None and group is None and x.nbytes > SHARED_BYTES:
             shared = self._whole_on_board(x, op, out)
             if shared is not None:
-                self._steady_whole(x, op, self._allreduce_checked)  # the next such call: straight here
+                self._steady_whole(x, op, self._allreduce_general)  # the next such call: straight here
                 return shared
+        return self._allreduce_general(x, op, group, out)
+
+    def _allreduce_general(self, x: np.ndarray, op: str, group: Sequence[int] | None,
+                           out: np.ndarray | None = None) -> np.ndarray:
+        """``_allreduce_checked`` past the one-phase layout's board plan (which did nothing): the general
+        paths, through shared memory, hierarchical, or the sockets."""
         call = self._call(ALLREDUCE, x, group, op=op)
         g = call.group
         if len(g.members) == 1:

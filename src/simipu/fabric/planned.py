@@ -222,7 +222,7 @@ class PlannedPaths(PhaseRunner):
                       general: Callable[[np.ndarray, str, None, np.ndarray | None], np.ndarray]) -> None:
         """A hot path's entry (``SteadyCall``) for the world group's one-phase shared-memory allreduce of ``x``'s
         signature (checked), kept with the board plans unless one is there: each call takes ``_whole_on_board``,
-        or else ``general(x, op, None, out)`` (the engine's checked path)."""
+        or, where that does nothing, ``general(x, op, None, out)`` (the engine's general paths)."""
         plans = self._boards.plans  # type: ignore[union-attr]  # (the caller checked there are boards)
         key = (x.dtype, x.shape, op)
         if key in plans:
