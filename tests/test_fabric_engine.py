@@ -702,6 +702,21 @@ def receive_ints(link: Link) -> list[int]:
     raise AssertionError("the frame did not arrive")
 
 
+def test_a_peers_segment_is_mapped_writable_yet_read_through_read_only_views(link_pair) -> None:
+    """Our mapping of a peer's segment is read-write at the page level (a read-only one made every small exchange
+    slower: the mailbox module's docstring), but each view of it that our end keeps is read-only, so no code of
+    ours can write a peer's memory."""
+    link0, _, _, _ = link_pair
+    mappings = [line.split()[1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if line.split()[-2:] == ["/memfd:test-1", "(deleted)"]]
+    assert sorted(mappings) == ["rw-s", "rw-s"]  # instance 1's own, and instance 0's of it
+    box = link0.mailbox
+    views = (box._in, box._in_words, box._peer_header, box._board, box._board_words)
+    assert all(view.readonly for view in views)
+    with pytest.raises(TypeError):
+        box._board[0] = 1
+
+
 def test_a_link_keeps_frame_order_across_mailbox_and_socket(link_pair) -> None:
     """Frames 0 and 1 fill the mailbox, 2 takes the socket, 3 the slot frame 0 freed: received 0, 1, 2, 3."""
     link0, _, link1, _ = link_pair

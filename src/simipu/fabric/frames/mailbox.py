@@ -5,8 +5,12 @@ Unix socket (any size; file descriptors too), or through a *mailbox* in
 shared memory (up to ``SLOT_BYTES``). Each instance owns one segment, an
 anonymous ``memfd`` mapped shared (nothing in /dev/shm, so nothing to clean
 up, SIGKILL included), and sends its descriptor to each same-host peer once,
-when the mesh is built; peers map it read-only. Every instance writes only to
-its own segment.
+when the mesh is built; peers map it too, and read it only through read-only
+views. Every instance writes only to its own segment. (The peers' mapping is
+read-write at the page level all the same: with the peer's pages mapped
+read-only, a 4 KiB exchange between two processes took 0.75 us against 0.55
+us in C on this machine, and a 2-instance 4 KiB allreduce 0.4-0.9 us more a
+call; the views keep our code from writing there.)
 
 Layout of an instance's segment: a header (a line with its magic number and
 the CPU it last ran on, for ``algorithms.placement``; then its *sleeping* flag, on a
@@ -142,10 +146,10 @@ class MailboxSegment:
         """Map ``peer``'s segment (received as ``fd``, which this closes) and return our mailboxes with it."""
         try:
             size = os.fstat(fd).st_size
-            mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)  # (docstring)
         finally:
             os.close(fd)
-        theirs = memoryview(mapped)
+        theirs = memoryview(mapped).toreadonly()
         if size < self._board_at + _board_bytes(len(self.local)) or theirs.cast("Q")[0] != _MAGIC:
             theirs.release()
             mapped.close()
