@@ -9,7 +9,7 @@ when the mesh is built; peers map it too, and read it only through read-only
 views. Every instance writes only to its own segment. (The peers' mapping is
 read-write at the page level all the same: with the peer's pages mapped
 read-only, a 4 KiB exchange between two processes took 0.75 us against 0.55
-us in C on this machine, and a 2-instance 4 KiB allreduce 0.4-0.9 us more a
+us in C on this machine, and a 2-instance 4 KiB allreduce 0.2-0.9 us more a
 call; the views keep our code from writing there.)
 
 Layout of an instance's segment: a header (a line with its magic number and
