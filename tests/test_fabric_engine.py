@@ -706,9 +706,10 @@ def test_a_peers_segment_is_mapped_writable_yet_read_through_read_only_views(lin
     """Our mapping of a peer's segment is read-write at the page level (a read-only one made every small exchange
     slower: the mailbox module's docstring), but each view of it that our end keeps is read-only, so no code of
     ours can write a peer's memory."""
-    link0, _, _, _ = link_pair
-    mappings = [line.split()[1] for line in Path("/proc/self/maps").read_text().splitlines()
-                if line.split()[-2:] == ["/memfd:test-1", "(deleted)"]]
+    link0, _, _, seg1 = link_pair
+    inode = str(os.fstat(seg1.fd).st_ino)  # (instance 1's segment: another test's may still be mapped)
+    mappings = [fields[1] for fields in map(str.split, Path("/proc/self/maps").read_text().splitlines())
+                if len(fields) > 5 and fields[4] == inode]
     assert sorted(mappings) == ["rw-s", "rw-s"]  # instance 1's own, and instance 0's of it
     box = link0.mailbox
     views = (box._in, box._in_words, box._peer_header, box._board, box._board_words)
