@@ -30,11 +30,12 @@ callgrind), or with one peer (a job of two instances) ``one_peer_call``'s,
 the same steps unrolled, no loop (at 4 KiB, about 1.9 us a call against 2.8
 us before).
 
-With more instances on the host than CPUs, two more things (``algorithms.placement``):
-every ``SPREAD_EVERY``-th call (``SPREAD_SHARED``-th for the shared-memory
-plans) lets the ``Spreader`` move a crowded instance to a quieter CPU, and
-a call that found every peer's frame there at once ends by yielding once: it published last, so a peer on our CPU may still
-have this call's reduction to do, and runs it before we race into the next
+With more instances on the host than CPUs, two more things
+(``algorithms.placement``): every ``SPREAD_EVERY``-th call
+(``SPREAD_SHARED``-th for the shared-memory plans) lets the ``Spreader``
+move a crowded instance to a quieter CPU, and a call that found every
+peer's frame there at once ends by yielding once: it published last, so a
+peer on our CPU may still have this call's reduction to do, and runs it before we race into the next
 call and spin on its publication (every instance's call then takes about one
 round, rather than one call none and the next two). A call that had to wait
 for a frame does not yield at its end: it yielded while it waited, so a peer
