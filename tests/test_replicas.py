@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from popdist.backend import LoneFabric
+from simipu.fabric.errors import CollectiveMismatchError
 from simipu.replicas import ReplicaLayout, run_replicas
+from support import python_program, run_poprun
 
 FOUR = ReplicaLayout(num_total_replicas=4, num_local_replicas=4, replica_offset=0)
 
@@ -113,3 +117,87 @@ def test_many_ops_in_a_row_each_get_their_own_result() -> None:
         return True
 
     assert run_replicas(program, LoneFabric(), FOUR) == [True] * 4
+
+
+def _bounded(program, layout: ReplicaLayout = FOUR, fabric=None) -> BaseException | list:
+    """``run_replicas(program)``'s results or the error it raised, failing the test if it has not returned
+    within 30 s (a hang: the threads are daemons, so they do not keep the test process alive)."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(run_replicas(program, fabric or LoneFabric(), layout))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(30)
+    assert outcome, "run_replicas did not return: the replicas hang"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda r, v: (r.cross_replica_max if r.local_index == 0 else r.cross_replica_sum)(v),
+     "replica 0 called cross_replica_max on float64 (1,), replica 1 called cross_replica_sum on float64 (1,)"),
+    (lambda r, v: r.cross_replica_sum(v) if r.local_index == 0 else r.cross_replica_allgather(v),
+     "replica 1 called cross_replica_allgather on float64 (1,)"),
+    (lambda r, v: r.cross_replica_broadcast(v, root=r.local_index % 2),
+     "replica 0 called cross_replica_broadcast from replica 0 on float64 (1,), replica 1 called "
+     "cross_replica_broadcast from replica 1"),
+    (lambda r, v: r.cross_replica_sum(v if r.local_index == 0 else np.ones(3)),
+     "replica 1 called cross_replica_sum on float64 (3,)"),
+    (lambda r, v: r.cross_replica_sum(v if r.local_index < 3 else v.astype(np.float32)),
+     "replica 3 called cross_replica_sum on float32 (1,)"),
+], ids=["op", "kind", "root", "shape", "dtype"])
+def test_replicas_making_different_calls_all_raise_a_mismatch_naming_both(call, expected) -> None:
+    """Replica 0 combines for everyone: before, each got replica 0's op (the max for a sum, a sum for an
+    allgather, root 0's value for root 1, a (1,) array broadcast into a (3,) one), silently."""
+    error = _bounded(lambda r: call(r, np.array([float(r.index + 1)])))
+    assert isinstance(error, CollectiveMismatchError), error
+    assert "replicas of instance 0 made different cross-replica calls" in str(error)
+    assert expected in str(error)
+
+
+def test_a_replica_returning_without_the_others_call_releases_them_with_an_error() -> None:
+    """Replica 1's program returns while the others wait for it in a sum: before, they waited forever."""
+    def program(replica):
+        if replica.index == 1:
+            return None
+        return replica.cross_replica_sum(np.ones(2))
+
+    error = _bounded(program)
+    assert isinstance(error, CollectiveMismatchError), error
+    assert "replica 1's program returned while other replicas of instance 0 still made cross-replica calls" \
+        in str(error)
+
+
+def test_a_replica_returning_after_the_last_op_is_no_error() -> None:
+    """Replicas that finish at different moments after their last common op: nobody is released early."""
+    def program(replica):
+        total = replica.cross_replica_sum(np.array([replica.index]))
+        return total.tolist()  # replica 0 returns at once, while the others may not have taken theirs yet
+
+    for _ in range(50):
+        assert _bounded(program) == [[6]] * 4
+
+
+def test_replicas_mismatching_through_poprun_fail_the_job_naming_the_calls() -> None:
+    """Two instances of four replicas each, through the real poprun: each instance's replicas 0 take the max
+    while the others take the sum; the job fails with the mismatch named, nothing left running."""
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "8",
+                        *python_program("replica_calls.py", "op"))
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode != 0, err
+    assert "CollectiveMismatchError: replicas of instance" in err, err
+    assert "called cross_replica_max on float64 (1,)" in err and "called cross_replica_sum" in err, err
+
+
+def test_a_replica_returning_early_through_poprun_fails_the_job_instead_of_hanging() -> None:
+    """Global replica 1 returns without the sum its instance's other replicas wait in: the job fails at once
+    with that named (before, it hung until killed)."""
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "4",
+                        *python_program("replica_calls.py", "early"))
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode != 0, err
+    assert "replica 1's program returned while other replicas of instance 0 still made cross-replica calls" in err
