@@ -274,6 +274,7 @@ def test_mpi4py_semantics_over_three_instances() -> None:
         assert out["self"] == [1, r + 5] and out["hasattr_Win"] is False
         assert out["missing"].startswith("MPI.Comm.Create_intercomm is not provided by poprun-py's mpi4py")
         assert "Running Graphcore's programs" in out["missing"]
+        assert out["missing_on_the_class"].startswith("MPI.Comm.Compare is not provided by poprun-py's mpi4py; see")
     assert by_rank[2]["recv"] == {"hello": "from 0"} and by_rank[0]["recv"] == [1, 2, 3]
     assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
 
@@ -378,6 +379,35 @@ def test_a_large_isend_returns_while_its_receiver_waits_for_another_rank(transpo
     assert by_rank[1]["iprobe"] == ["polled by iprobe", True] and by_rank[1]["test"] == ["polled by test", True]
     assert [by_rank[r]["ring"] for r in range(3)] == [2.0, 0.0, 1.0]
     assert [by_rank[r]["allreduce"] for r in range(3)] == [3, 3, 3]
+
+
+def test_comm_worlds_buffer_collectives_span_execute_on_instances_group() -> None:
+    """Inside execute_on_instances, COMM_WORLD's Allreduce, Allgather and Bcast span the group as allreduce
+    (pickled) and popdist.collectives do. Before, they spanned the whole job: a pair's Allreduce gave 1111,
+    each single instance's too, with exit 0; and a rank reducing alone while another waited for its message
+    failed the job with a false mismatch."""
+    by_rank = records(run_poprun(*job(4), *python_program("mpi_instance_groups.py")))
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    for r, out in by_rank.items():
+        pair = (0, 1) if r < 2 else (2, 3)
+        total = sum(10.0 ** p for p in pair)
+        assert out["pair"] == {"Allreduce": total, "allreduce": total, "C": total, "Allgather": [float(p) for p in pair],
+                               "Bcast": float(pair[1])}, out
+        assert out["alone"] == 10.0 ** r and out["size"] == 4, out
+    assert by_rank[0]["heard"] == "after"
+
+
+def test_pickle_based_reductions_naming_different_ops_or_roots_raise_a_mismatch() -> None:
+    """allreduce with SUM on rank 0 and PROD on rank 1 gave 3 and 2 with exit 0; reduce with each rank its own
+    root gave each its own answer. Now they raise on every rank, as Allreduce and Reduce do."""
+    by_rank = records(run_poprun(*job(2), *python_program("mpi_mismatched_ops.py")))
+    for out in by_rank.values():
+        assert out["allreduce"] == ("allreduce: the ranks called it differently (rank 0 op=SUM, rank 1 op=PROD); "
+                                    "every rank must name the same op and root"), out
+        assert out["reduce"].startswith("reduce: the ranks called it differently (rank 0 op=SUM root=0, "
+                                        "rank 1 op=SUM root=1)"), out
+        assert out["scan"].startswith("scan: the ranks called it differently (rank 0 op=MAX, rank 1 op=MIN)"), out
+        assert out["after"] == 3
 
 
 def test_split_communicators_hold_their_ranks_collectives_and_messages() -> None:

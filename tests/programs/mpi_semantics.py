@@ -44,6 +44,10 @@ try:
     comm.Create_intercomm(0, MPI.COMM_WORLD, 1)
 except AttributeError as exc:
     out["missing"] = str(exc)
+try:
+    MPI.Comm.Compare(comm, MPI.COMM_WORLD)  # (a class attribute: a plain AttributeError before)
+except AttributeError as exc:
+    out["missing_on_the_class"] = str(exc)
 out["hasattr_Win"] = hasattr(MPI, "Win")
 comm.Barrier()
 print(json.dumps(out), flush=True)

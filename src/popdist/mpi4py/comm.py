@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from popdist.backend import current_fabric, fabric_place
+from popdist.backend import current_fabric, current_group, fabric_place
 from popdist.mpi4py.alltoall import AllToAll
 from popdist.mpi4py.graphs import Adjacency, DistGraphMethods, GraphConstructors, WholeGraph, WholeGraphMethods
 from popdist.mpi4py.neighbours import NeighbourCollectives
@@ -28,7 +28,7 @@ from popdist.mpi4py.nonblocking import NonblockingCollectives
 from popdist.mpi4py.nonblocking_vectors import NonblockingVectorCollectives
 from popdist.mpi4py.point_to_point import PointToPoint
 from popdist.mpi4py.reduce_scatter import ReduceScatter
-from popdist.mpi4py.reductions import Op, combiner, reduction
+from popdist.mpi4py.reductions import Op, alike, combiner, op_name, reduction
 from popdist.mpi4py.scans import PrefixReductions
 from popdist.mpi4py.specs import (
     COMM_TYPE_SHARED,
@@ -38,6 +38,7 @@ from popdist.mpi4py.specs import (
     UNDEFINED,
     Datatype,
     MPIException,
+    NamesWhatIsNotProvided,
     NotProvidedError,
     RankError,
     buffer_of,
@@ -53,7 +54,7 @@ from popdist.ragged import allgather_objects, broadcast_object
 
 
 class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceScatter, NonblockingCollectives,
-           NonblockingVectorCollectives, GridConstructor, GraphConstructors):
+           NonblockingVectorCollectives, GridConstructor, GraphConstructors, metaclass=NamesWhatIsNotProvided):
     """A communicator: ``members`` are instance indices in rank order (None: every instance).
 
     The fabric's groups are instances in increasing order; a communicator whose ranks are in another
@@ -77,7 +78,10 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
 
     # -- who ----------------------------------------------------------------------------------------------
     def _group(self) -> tuple[int, ...] | None:
-        return self._fabric_group
+        """The instances a collective here spans: this communicator's; for COMM_WORLD, those of
+        ``popdist.execute_on_instances`` inside it (the buffer methods, as the pickle-based ones and
+        ``popdist.collectives``), else all."""
+        return self._fabric_group if self._fabric_group is not None else current_group()
 
     def _in_rank_order(self, gathered: Any) -> Any:
         """What a collective gathered in the fabric's order (a list, or an array's rows), in rank order."""
@@ -131,10 +135,11 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return self.bcast(list(sendobj) if self.Get_rank() == root else None, root)[self.Get_rank()]  # type: ignore[arg-type]
 
     def allreduce(self, sendobj: Any, op: Op | None = None) -> Any:
-        return functools.reduce(combiner(op, "allreduce"), self.allgather(sendobj))
+        return functools.reduce(combiner(op, "allreduce"), alike(self.allgather, "allreduce", sendobj, op=op_name(op)))
 
     def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
-        result = functools.reduce(combiner(op, "reduce"), self.allgather(sendobj))
+        gathered = alike(self.allgather, "reduce", sendobj, op=op_name(op), root=root)
+        result = functools.reduce(combiner(op, "reduce"), gathered)
         return result if self.Get_rank() == root else None
 
     # -- buffers ------------------------------------------------------------------------------------------

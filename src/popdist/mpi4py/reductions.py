@@ -30,6 +30,7 @@ from popdist.mpi4py.specs import (
     same_datatype,
     spec_datatype,
 )
+from simipu.fabric.errors import CollectiveMismatchError
 
 #: Combines two Python objects (the lowercase calls).
 Combine = Callable[[Any, Any], Any]
@@ -179,6 +180,28 @@ def combiner(op: Any, what: str) -> Callable[[Any, Any], Any]:
         raise TypeError(f"{what}: op {op!r} is not an MPI.Op: pass MPI.SUM, MPI.MAX, ... or "
                         "MPI.Op.Create(function)")
     return op
+
+
+def op_name(op: Any) -> str:
+    """How ranks name a lowercase call's ``op`` to each other (``alike``): MPI's operations by name, a function
+    by its qualified name."""
+    if op is None:
+        return "SUM"
+    return op.name if isinstance(op, Op) else str(getattr(op, "__qualname__", "a function"))
+
+
+def alike(allgather: Callable[[Any], list[Any]], what: str, sendobj: Any, **call: Any) -> list[Any]:
+    """Every rank's ``sendobj`` in rank order (``allgather``, the communicator's), once every rank named the same
+    ``call`` (its op, its root): otherwise ``CollectiveMismatchError`` on every rank, as the buffer methods
+    raise (each rank reduced with its own op or root before, silently giving each its own answer)."""
+    pairs = allgather((call, sendobj))
+    calls = [named for named, _ in pairs]
+    if any(named != calls[0] for named in calls):
+        ranks = ", ".join(f"rank {k} {' '.join(f'{key}={value}' for key, value in named.items())}"
+                          for k, named in enumerate(calls))
+        raise CollectiveMismatchError(f"{what}: the ranks called it differently ({ranks}); every rank must "
+                                      "name the same op and root")
+    return [obj for _, obj in pairs]
 
 
 def _fold_user(function: Callable[[Any, Any, Any], Any], arrays: Sequence[np.ndarray],

@@ -19,23 +19,14 @@ from popdist.mpi4py.specs import (
     README_SECTION,
     UNDEFINED,
     MPIException,
+    NamesWhatIsNotProvided,
     NotProvidedError,
     Status,
     fill_status,
 )
 
 
-class _NotProvided(type):
-    """Names a missing class attribute (``MPI.Request.Testany``) as a missing instance one is named."""
-
-    def __getattr__(cls, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise NotProvidedError(f"MPI.Request.{name} is not provided by poprun-py's mpi4py; see {README_SECTION} for "
-                               "the methods that are")
-
-
-class Request(metaclass=_NotProvided):
+class Request(metaclass=NamesWhatIsNotProvided):
     """One nonblocking operation. ``finish`` turns a receive's message into what ``wait`` returns (and fills
     an ``Irecv``'s buffer); ``rank_of`` names its source as a rank of the communicator; ``status`` is a
     completed request's (a send's, or a receive from ``PROC_NULL``)."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from popdist.backend import current_fabric
-from popdist.mpi4py.reductions import Op, combiner, reduction
+from popdist.mpi4py.reductions import Op, alike, combiner, op_name, reduction
 from popdist.mpi4py.specs import buffer_of, fill, in_place, same_datatype, spec_datatype
 
 
@@ -26,10 +26,11 @@ class PrefixReductions:
         def allgather(self, sendobj: Any) -> list[Any]: ...
 
     def scan(self, sendobj: Any, op: Op | None = None) -> Any:
-        return functools.reduce(combiner(op, "scan"), self.allgather(sendobj)[:self.Get_rank() + 1])
+        everyone = alike(self.allgather, "scan", sendobj, op=op_name(op))
+        return functools.reduce(combiner(op, "scan"), everyone[:self.Get_rank() + 1])
 
     def exscan(self, sendobj: Any, op: Op | None = None) -> Any:
-        everyone = self.allgather(sendobj)
+        everyone = alike(self.allgather, "exscan", sendobj, op=op_name(op))
         return functools.reduce(combiner(op, "exscan"), everyone[:self.Get_rank()]) if self.Get_rank() else None
 
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:

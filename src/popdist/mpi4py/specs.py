@@ -56,6 +56,18 @@ class NotProvidedError(AttributeError, NotImplementedError):
     """A part of mpi4py's API that poprun-py does not provide (an AttributeError, so ``hasattr`` is False)."""
 
 
+class NamesWhatIsNotProvided(type):
+    """The metaclass of a class of mpi4py's (``MPI.Comm``, ``MPI.Request``) whose missing class attributes raise
+    ``NotProvidedError`` pointing to the README, as its instances' missing attributes do: ``MPI.Comm.Compare``
+    as ``comm.Compare``."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotProvidedError(f"MPI.{cls.__name__}.{name} is not provided by poprun-py's mpi4py; see "
+                               f"{README_SECTION} for the methods that are")
+
+
 class Datatype:
     """An MPI datatype, as the NumPy dtype of a buffer spec such as ``[array, MPI.FLOAT]``; the (value, index)
     pair types are structured dtypes laid out as C lays out MPI's (``MPI.DOUBLE_INT``: 12 bytes in 16)."""
