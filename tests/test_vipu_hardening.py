@@ -20,6 +20,7 @@ from poprun_py import errors
 from simipu.devices import UnsafeDeviceDir, attach
 from simipu.vipu import PartitionRequest, VipuClient, VipuService, VipuUnauthorized, VipuUnreachable
 from simipu.vipu.api import default_token_path
+from simipu.vipu.errors import VipuProtocolError
 from simipu.vipu.testing import RunningServer, server_process, start_server_process, stop_process
 from simipu.vipu.token import read_token
 from support import run_poprun
@@ -34,10 +35,11 @@ def server(tmp_path: Path) -> Iterator[RunningServer]:
         yield running
 
 
-def raw(server: RunningServer, head: str, body: bytes = b"", *, close_write: bool = True) -> tuple[int, dict]:
+def raw(server: RunningServer, head: str, body: bytes = b"", *, close_write: bool = True,
+        encoding: str = "utf-8") -> tuple[int, dict]:
     """Send ``head`` (request line and headers, CRLF-separated, without the blank line) and ``body``; parse the reply."""
     with socket.create_connection((server.host, server.port), timeout=REPLY_WAIT) as sock:
-        sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        sock.sendall(head.encode(encoding) + b"\r\n\r\n" + body)
         if close_write:
             sock.shutdown(socket.SHUT_WR)
         reply = b""
@@ -131,6 +133,48 @@ def test_a_negative_content_length_is_refused(server: RunningServer) -> None:
     status, reply = raw(server, f"POST /v1/partitions HTTP/1.0\r\nAuthorization: Bearer {token()}\r\n"
                                 "Content-Length: -1", b'{"name": "p", "size": 4}', close_write=False)
     assert status == 400 and "Content-Length" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("path, length, body, said", [
+    ("/v1/partitions", "\u00b2", b"{}", "Content-Length"),  # (a digit to str.isdigit, not to int())
+    ("/v1/partitions", None, b'{"request": {"name": "p", "size": 4}, "holder": [1, 2]}', "a lease must be a JSON object"),
+    ("/v1/partitions", None, b'{"request": {"name": "p", "size": 4}, "holder": {"host": 1}}', "a lease lacks the field"),
+    ("/v1/leases/reclaim", None, b"{}", "a lease must be a JSON object, got NoneType"),
+    ("/v1/leases/reclaim", None, b'{"lease": "x"}', "a lease must be a JSON object, got str"),
+], ids=["superscript length", "holder a list", "holder without fields", "no lease", "lease a string"])
+def test_a_malformed_request_from_a_token_holder_is_a_400_not_a_server_error(
+        server: RunningServer, path: str, length: str | None, body: bytes, said: str) -> None:
+    """Before: 500 "protocol_error" (and a traceback in the server's log for the length)."""
+    head = (f"POST {path} HTTP/1.0\r\nAuthorization: Bearer {token()}\r\n"
+            f"Content-Length: {len(body) if length is None else length}")
+    status, reply = raw(server, head, body, encoding="latin-1")  # (HTTP headers are Latin-1: one byte 0xB2)
+    assert status == 400 and reply["error"]["kind"] == "invalid_request", reply
+    assert said in reply["error"]["message"], reply
+    assert server.client().list_partitions() == []
+
+
+@pytest.mark.parametrize("answer, said", [
+    (b'{"partitions": "x"}', 'listed its partitions as "x", not a list of JSON objects'),
+    (b'{"partitions": [1]}', "listed its partitions as [1], not a list of JSON objects"),
+    (b"[]", "answered a JSON list, not the object of the V-IPU API"),
+], ids=["a string", "a list of numbers", "a list"])
+def test_a_server_answering_json_of_the_wrong_shape_is_named_as_such(answer: bytes, said: str) -> None:
+    """Before: 'a partition is not valid JSON' of valid JSON (the client parsed each character), 'answered list'."""
+    reply = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + answer
+
+    def answer_once(listener: socket.socket) -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(reply)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=answer_once, args=(listener,), daemon=True)
+        thread.start()
+        with pytest.raises(VipuProtocolError) as error:
+            VipuClient("127.0.0.1", port=listener.getsockname()[1], timeout=REPLY_WAIT).list_partitions()
+        thread.join(REPLY_WAIT)
+    assert said in str(error.value)
 
 
 def test_a_short_body_gets_an_error_not_a_hung_handler(server: RunningServer) -> None:

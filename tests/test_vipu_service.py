@@ -7,6 +7,7 @@ file: the same calls must give the same records and the same error types.
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
 import subprocess
@@ -39,6 +40,7 @@ from simipu.vipu import (
 )
 from simipu.vipu.lease import boot_id, pid_namespace, process_start
 from simipu.vipu.server import VipuServer
+from support import run_poprun
 
 
 @pytest.fixture(params=["embedded", "http"])
@@ -171,6 +173,18 @@ def test_unusable_state_file_is_a_state_error(tmp_path: Path) -> None:
         db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(VipuStateError, match="schema version 99"):
         VipuService(newer)
+
+
+def test_poprun_with_an_unusable_state_file_says_how_to_use_another(tmp_path: Path) -> None:
+    """poprun's embedded service has no ``--state`` (simipu has): the hint names what poprun takes."""
+    state = Path(os.environ["XDG_STATE_HOME"], "poprun-py")
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "vipu.sqlite").write_bytes(b"x\n")
+    result = run_poprun("--num-replicas", "2", "true")
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 77 and len(lines) == 1, lines
+    assert lines[0].endswith("is not a usable V-IPU state file (file is not a database); move it away, or use "
+                             "another state file (simipu: --state FILE; poprun: another XDG_STATE_HOME)"), lines
 
 
 def test_default_state_path_honours_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

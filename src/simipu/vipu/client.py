@@ -92,7 +92,8 @@ class VipuClient:
         except ValueError:
             raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} did not answer JSON") from None
         if not isinstance(reply, dict):
-            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} answered {type(reply).__name__}")
+            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} answered a JSON "
+                                    f"{type(reply).__name__}, not the object of the V-IPU API")
         return reply
 
     def _exchange(self, message: bytes, deadline: float) -> bytes:
@@ -157,8 +158,11 @@ class VipuClient:
         return self._partition(self._request("GET", self._path(name)))
 
     def list_partitions(self) -> list[Partition]:
-        reply = self._request("GET", "/partitions")
-        return [Partition.from_json(p) for p in reply.get("partitions", [])]
+        listed = self._request("GET", "/partitions").get("partitions", [])
+        if not isinstance(listed, list) or not all(isinstance(p, dict) for p in listed):
+            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} listed its partitions as "
+                                    f"{json.dumps(listed)[:80]}, not a list of JSON objects")
+        return [Partition.from_json(p) for p in listed]
 
     def update_partition(self, name: str, request: PartitionRequest, holder: Optional[Lease] = None) -> Partition:
         body = {"request": request.to_json(), "holder": holder.to_json() if holder else None}

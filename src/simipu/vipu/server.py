@@ -147,7 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> dict[str, Any]:
         text = self.headers.get("Content-Length") or "0"
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # (isdigit alone takes '²', which int() refuses)
             raise InvalidPartitionRequest(f"the request's Content-Length {text[:20]!r} is not a byte count")
         length = int(text)
         if length > MAX_BODY_BYTES:
@@ -164,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
     def _holder(self, body: dict[str, Any]) -> Optional[Lease]:
-        return Lease.from_json(body["holder"]) if body.get("holder") is not None else None
+        return _lease(body["holder"]) if body.get("holder") is not None else None
 
     def _partition_request(self, body: dict[str, Any]) -> PartitionRequest:
         """The request under "request", or (the first wire format) the body itself."""
@@ -193,8 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return 201, {"partition": service.create_partition(
                     self._partition_request(body), self._holder(body), temporary).to_json()}
         if rest == ["leases", "reclaim"] and method == "POST":
-            lease = self._body().get("lease")
-            return 200, {"removed": service.reclaim(Lease.from_json(lease))}
+            return 200, {"removed": service.reclaim(_lease(self._body().get("lease")))}
         if len(rest) == 2 and rest[0] == "partitions":
             name = rest[1]
             actions: dict[str, Callable[[], Any]] = {
@@ -218,6 +217,14 @@ class _Handler(BaseHTTPRequestHandler):
                 method_of = service.claim_partition if action == "claim" else service.release_partition
                 return 200, {"partition": method_of(name, holder).to_json()}
         raise _NoRoute(f"no route {method} {self.path}")
+
+
+def _lease(data: Any) -> Lease:
+    """The lease a request body carries: one that is not a lease is the request's fault (400), not ours."""
+    try:
+        return Lease.from_json(data)
+    except VipuProtocolError as exc:
+        raise InvalidPartitionRequest(str(exc)) from None
 
 
 class _Connection:

@@ -57,6 +57,9 @@ from simipu.vipu.models import (
 log = logging.getLogger("simipu.vipu")
 
 SCHEMA_VERSION = "2"
+#: How a user picks another state file, in the errors about this one: simipu's option, or (poprun's embedded
+#: service, which has no option for it) the directory it keeps its file in.
+_ANOTHER_STATE = "use another state file (simipu: --state FILE; poprun: another XDG_STATE_HOME)"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clusters (name TEXT PRIMARY KEY, size INTEGER NOT NULL);
@@ -142,7 +145,7 @@ class VipuService:
             elif row[0] != SCHEMA_VERSION:
                 raise VipuStateError(
                     f"the V-IPU state file {self.state_path} has schema version {row[0]}, this simipu reads "
-                    f"{SCHEMA_VERSION}; use another --state file"
+                    f"{SCHEMA_VERSION}; {_ANOTHER_STATE}"
                 )
             stored = db.execute("SELECT size FROM clusters WHERE name = ?", (cluster_name,)).fetchone()
             if stored is None:
@@ -151,7 +154,7 @@ class VipuService:
             elif cluster is not None and stored[0] != size:
                 raise ClusterMismatch(
                     f"the V-IPU state file {self.state_path} holds cluster {cluster_name} of {stored[0]} IPUs, "
-                    f"not {size}; drop --cluster, or use another --state file"
+                    f"not {size}; drop --cluster, or {_ANOTHER_STATE}"
                 )
 
     def __repr__(self) -> str:
@@ -180,7 +183,7 @@ class VipuService:
             raise VipuStateError(f"cannot use the V-IPU state file {self.state_path}: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise VipuStateError(
-                f"{self.state_path} is not a usable V-IPU state file ({exc}); move it away or use another --state"
+                f"{self.state_path} is not a usable V-IPU state file ({exc}); move it away, or {_ANOTHER_STATE}"
             ) from None
         finally:
             if db is not None:
