@@ -196,6 +196,32 @@ def test_program_not_executable_is_126(tmp_path) -> None:
     assert result.returncode == EXIT_NOT_EXECUTABLE and b"chmod +x" in result.stderr
 
 
+@pytest.mark.parametrize("content, needle", [
+    (b"echo no interpreter line\n", "./prog: cannot execute: not a program for this machine, or a script without a "
+                                      "'#!' line (add one, or run it with its interpreter)"),
+    (b"\x7fELFnot really\n", "./prog: cannot execute: not a program for this machine"),
+], ids=["script without #!", "corrupt binary"])
+def test_a_program_the_kernel_cannot_execute_is_126_with_one_line(tmp_path, content, needle) -> None:
+    """ENOEXEC, as bash gives it: 126 and why, not exit 70 and "internal error" (an OSError unhandled)."""
+    (tmp_path / "prog").write_bytes(content)
+    (tmp_path / "prog").chmod(0o755)
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2", "./prog", cwd=tmp_path)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == EXIT_NOT_EXECUTABLE, lines
+    assert len(lines) == 1 and lines[0].startswith("poprun: error: ") and needle in lines[0], lines
+
+
+def test_a_script_whose_interpreter_is_missing_says_so(tmp_path) -> None:
+    """The kernel says ENOENT for a script whose '#!' interpreter is missing: 127 as bash, naming the
+    interpreter (before: "no such program", of a file that is there)."""
+    (tmp_path / "prog").write_text("#!/nonexistent/python3 -u\nprint('hi')\n")
+    (tmp_path / "prog").chmod(0o755)
+    result = run_poprun("--offline-mode=1", "./prog", cwd=tmp_path)
+    assert result.returncode == EXIT_NOT_FOUND
+    assert result.stderr.decode().splitlines() == [
+        "poprun: error: ./prog: cannot execute: its interpreter /nonexistent/python3 (its '#!' line) was not found"]
+
+
 def test_help_and_version_exit_0() -> None:
     assert run_poprun("--help").returncode == 0
     version = run_poprun("--version")

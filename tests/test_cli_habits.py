@@ -109,6 +109,21 @@ def test_mpirun_and_torchrun_counts_get_a_hint(argv: list[str], hint: bytes) -> 
     assert result.stderr.count(b"\n") == 1 and hint in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("argv,hint", [
+    (["-x", "FOO=1", "echo", "hi"], b"-x is mpirun's option; poprun takes mpirun's options as Graphcore's PopRun "
+                                    b"does: --mpi-local-args='-x FOO=1'"),
+    (["-x=PATH", "echo"], b"--mpi-local-args='-x PATH'"),
+    (["--bind-to", "core", "x"], b"--mpi-global-args='--bind-to core'"),
+    (["--oversubscribe", "x"], b"--mpi-global-args='--oversubscribe'"),
+    (["--timestamp-output", "x"], b"--mpi-global-args='--timestamp-output'"),
+])
+def test_mpiruns_own_options_get_a_hint_to_their_place(argv: list[str], hint: bytes) -> None:
+    """Before: "No such option: -x" (and for --oversubscribe a suggestion of --verbose)."""
+    result = run_poprun(*argv)
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr.count(b"\n") == 1 and hint in result.stderr, result.stderr
+
+
 def test_np_inside_the_programs_arguments_is_the_programs() -> None:
     line = given(["--offline-mode", "prog", "-np", "4"])
     assert line.program == ("prog", "-np", "4")

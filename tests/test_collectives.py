@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from poprun_py.errors import EXIT_STARTUP_TIMEOUT
-from support import python_program, run_poprun
+from support import Launch, poprun_command, python_program, read_line, run_poprun
 
 OFFLINE = "--offline-mode=1"
 SHM = Path("/dev/shm")
@@ -110,6 +111,46 @@ def test_start_up_timeout_names_the_missing_instance(tmp_path: Path) -> None:
     result = run_failing("late", "--startup-timeout", "2", argv=(str(tmp_path),))
     assert result.returncode == EXIT_STARTUP_TIMEOUT, result.stderr
     assert b"instances 1 did not check in to the fabric within 2 s" in result.stderr, result.stderr
+
+
+def test_an_instance_leaving_without_joining_fails_the_others_first_collective_at_once() -> None:
+    """Instance 1 exits with code 0 before any collective: the others' first one fails naming it, not after
+    the start-up deadline (600 s here, longer than the run's bound: before, this timed out)."""
+    result = run_failing("leaves", "--startup-timeout", "600")
+    lines = result.stdout.decode().splitlines()
+    refused = [line for line in lines if line.startswith("refused:")]
+    assert len(refused) == 2 and all("instance 1 exited with code 0, without joining the fabric" in line
+                                     for line in refused), lines
+    assert result.returncode == 6, result.stderr
+
+
+def test_a_peer_holding_the_gil_past_the_fabric_timeout_on_this_host_is_late_not_lost(tmp_path: Path) -> None:
+    """Instance 1 holds Python's GIL in a C call (as a huge pickle.load does), so its heartbeats stop, for
+    longer than --fabric-timeout: its process is alive on this host, so it is a late peer, and the job goes on
+    once it lets go. Before, the others were told "instance 1 is gone: ... its host may be unreachable"."""
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    command = [*poprun_command(OFFLINE, "-v", "--num-instances", "2", "--num-replicas", "2", "--fabric-timeout", "1",
+                               *python_program("fabric_fail.py", "gil", str(fifo)))]
+    launch = Launch(argv=["sh", "-c", 'exec "$@" 2>&1', "sh", *command])  # (the log lines in the same stream)
+    lines = []
+    while not lines or b"not lost" not in lines[-1]:
+        line = read_line(launch.process.stdout)
+        assert line, f"poprun ended first: {b''.join(lines).decode(errors='replace')}"
+        lines.append(line)
+    assert b"instance 1 sent no heartbeat for 1 s, but its process on this host is alive" in lines[-1], lines[-1]
+    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # instance 1's open returns: it lets go of the GIL
+    rest = launch.process.stdout.read()
+    assert launch.finish() == 0, rest
+    assert rest.count(b"second: 2.0") == 2, rest
+
+
+def test_a_stopped_peer_on_this_host_is_still_lost_by_its_heartbeats() -> None:
+    """A peer stopped (SIGSTOP) is not "alive and running": past --fabric-timeout it is lost, as before."""
+    result = run_failing("stopped", "--fabric-timeout", "1", "--stop-grace", "1")
+    lost = [line for line in result.stdout.decode().splitlines() if line.startswith("lost:")]
+    assert len(lost) == 2 and all("instance 1 is gone: no heartbeat for 1 s" in line for line in lost), result
+    assert result.returncode == 3, result.stderr
 
 
 def test_mismatched_shapes_are_an_error_on_every_side() -> None:

@@ -66,6 +66,26 @@ def test_sigint_stops_all_instances() -> None:
     assert_all_gone(pids)
 
 
+def test_sigusr1_and_sigusr2_are_passed_on_and_the_job_goes_on() -> None:
+    """As mpirun: a scheduler's "checkpoint now" (Slurm's --signal=USR1@120) reaches every instance, and the job
+    goes on. Before, poprun died of SIGUSR1 (exit 138, no word) and the guardian killed its instances. SIGQUIT
+    then stops the job as a stop signal, passed on (it was as silent)."""
+    launch = Launch(OFFLINE, "-v", "--num-instances", "2", "--num-replicas", "2",
+                    *python_program("behave.py", "--ready", "--others", "signals"))
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        launch.process.send_signal(signum)
+        got = sorted(launch.wait_for_lines(b"instance", 2))
+        assert got == [f"instance {i} got {signum.name}\n".encode() for i in range(2)], got
+    launch.process.send_signal(signal.SIGQUIT)
+    assert sorted(launch.wait_for_lines(b"instance", 2)) == [b"instance 0 got SIGQUIT\n", b"instance 1 got SIGQUIT\n"]
+    assert launch.finish() == 128 + signal.SIGQUIT, launch.stderr
+    assert b"received SIGUSR1: passed on to instances 0, 1" in launch.stderr, launch.stderr
+    assert b"received SIGUSR2: passed on to instances 0, 1" in launch.stderr, launch.stderr
+    assert b"received SIGQUIT: stopping 2 instances" in launch.stderr, launch.stderr
+    assert_all_gone(pids)
+
+
 def test_instances_ignoring_sigterm_get_sigkill_after_the_grace_period() -> None:
     launch = Launch(OFFLINE, "--num-instances", "2", "--num-replicas", "2", "--stop-grace", "1",
                     *python_program("behave.py", "--ready", "--others", "ignore_term"))
@@ -179,6 +199,53 @@ def test_a_time_limit_stops_every_instance_and_is_the_reported_cause() -> None:
     assert report.signalled == {0, 1} and {f.signal for f in report.knock_ons} == {signal.SIGTERM}
     assert summary_lines(report) == ["timed out after 0.5s: poprun stopped the instances",
                                      "instances stopped by poprun as a consequence: 0, 1"]
+
+
+def test_an_instance_gone_from_the_fabric_is_named_first_though_its_peers_failures_are_reported_first(
+        tmp_path) -> None:
+    """The fabric saw instance 1's connection close (it died), and instances 0 and 2 fail of it (exit 3) before
+    instance 1's own exit is reported (under load its kernel exit can take longer than their whole failure):
+    instance 1 is the first failure, they are knock-ons. Before, the first exit reported won (a CI run at
+    5a33d94 named instance 0 with code 3 where instance 1 had been SIGKILLed). Here instance 1 dies of its own
+    SIGKILL once poprun's stop reaches it, after the others' failures: they fail only once its trap is in
+    place (each opens a FIFO that instance 1 opens after setting it; the CI of record once caught poprun's
+    SIGTERM arriving before the trap under load, and instance 1 dying of poprun's own signal)."""
+    from poprun_py.events import EventQueue, PeerGone
+    from poprun_py.executors.local import LocalExecutor
+    from poprun_py.job import Job
+    from poprun_py.output import OutputOptions, OutputRouter
+    from poprun_py.plan import LOCALHOST, InstancePlan
+
+    events = EventQueue()
+    events.put(PeerGone(1))  # (as the rendezvous puts it, before the failures it causes)
+    for i in (0, 2):
+        os.mkfifo(tmp_path / f"go{i}")
+    dies_when_stopped = ("sh", "-c", 'trap "kill -9 $$" TERM; : > go0; : > go2; sleep 60 & wait')
+    plans = [InstancePlan(i, LOCALHOST, i, dies_when_stopped if i == 1 else ("sh", "-c", f": < go{i}; exit 3"),
+                          {}, str(tmp_path)) for i in range(3)]
+    report = Job(LocalExecutor(events, dict(os.environ)), events, OutputRouter(OutputOptions(), 3), 3, grace=30).run(plans)
+    assert report.first_failure is not None and report.first_failure.instance == 1, report
+    assert report.first_failure.signal == signal.SIGKILL and report.exit_code == 137
+    assert sorted(f.instance for f in report.knock_ons) == [0, 2]
+
+
+def test_an_instance_that_left_the_fabric_but_died_of_poprun_s_stop_is_not_named_first() -> None:
+    """The fabric saw instance 1's connection close as it was exiting of its own failure, and poprun's stop (for
+    instance 0's failure) killed it before it could: instance 0's failure comes first (a fresh-clone CI at
+    78e6ed2 named instance 1, 'terminated from outside poprun', exit 143)."""
+    from poprun_py.events import EventQueue, PeerGone
+    from poprun_py.executors.local import LocalExecutor
+    from poprun_py.job import Job
+    from poprun_py.output import OutputOptions, OutputRouter
+    from poprun_py.plan import LOCALHOST, InstancePlan
+
+    events = EventQueue()
+    events.put(PeerGone(1))
+    plans = [InstancePlan(0, LOCALHOST, 0, ("sh", "-c", "exit 3"), {}, os.getcwd()),
+             InstancePlan(1, LOCALHOST, 1, ("sleep", str(RUN_TIMEOUT)), {}, os.getcwd())]
+    report = Job(LocalExecutor(events, dict(os.environ)), events, OutputRouter(OutputOptions(), 2), 2, grace=30).run(plans)
+    assert report.first_failure is not None and report.first_failure.instance == 0, report
+    assert report.exit_code == 3 and [f.signal for f in report.knock_ons] == [signal.SIGTERM]
 
 
 def test_every_exit_category_has_its_own_code() -> None:

@@ -110,6 +110,47 @@ def test_missing_instances_are_named_when_start_up_times_out(server_factory) -> 
     assert timeouts == [(2,)]
 
 
+@pytest.mark.parametrize("exits_first", [True, False], ids=["before any check-in", "while the others wait"])
+def test_an_instance_that_exits_without_checking_in_fails_start_up_at_once(server_factory, exits_first) -> None:
+    """The launcher says instance 2 exited cleanly, never having checked in: the others' joins fail naming it,
+    where before they waited out the start-up deadline (an hour here)."""
+    server = server_factory(3, checkin_timeout=3600, exit_grace=0)
+    if exits_first:
+        server.instance_exited(2, "with code 0")
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(join, server.address, TOKEN, peer(i), 3, job_id="j", timeout=BOUND) for i in (0, 1)]
+        if not exits_first:
+            server.instance_exited(2, "with code 0")
+        for future in futures:
+            with pytest.raises(RendezvousError, match="instance 2 exited with code 0, without joining the fabric, "
+                                                      "so no collective of the whole job can complete") as info:
+                future.result(timeout=BOUND)
+            assert not isinstance(info.value, RendezvousTimeout)
+
+
+def test_an_exit_reported_before_the_instances_check_in_does_not_fail_it_within_the_grace(server_factory) -> None:
+    """An instance may check in and exit at once (from another host, its check-in may come after the launcher
+    heard of the exit): within the grace, its check-in still counts, and the job starts."""
+    server = server_factory(3, exit_grace=3600)
+    server.instance_exited(2, "with code 0")
+    for _, channel in join_all(server, range(3), 3):
+        assert channel.lost() == {}
+        channel.close()
+
+
+def test_an_exit_nobody_waits_for_leaves_the_rendezvous_asleep() -> None:
+    """An instance exited without checking in and no other has checked in (a job that never uses the fabric):
+    the rendezvous sleeps until its next heartbeat round. Before, the exit's passed grace was its next deadline,
+    always due: its thread spun (poprun used 2.9 s of CPU in a 4 s job)."""
+    server = RendezvousServer(2, TOKEN, exit_grace=0)  # (not started: the test runs its loop's steps)
+    try:
+        server.instance_exited(1, "with code 0")
+        server._check_deadlines()
+        assert server._next_timeout() > 0
+    finally:
+        server.close()
+
+
 def test_a_duplicate_instance_is_refused(server_factory) -> None:
     server = server_factory(2)
     joined = join_all(server, range(2), 2)

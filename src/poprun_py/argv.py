@@ -29,9 +29,17 @@ _COUNT_HABITS = {
     "--nproc_per_node": "torchrun's",
 }
 
+#: mpirun's own options that poprun honours when they come the way Graphcore's PopRun takes them: in
+#: ``--mpi-local-args`` (an instance's environment) or ``--mpi-global-args`` (the job's output and placement).
+#: (``--tag-output`` and ``--allow-run-as-root`` are poprun's own options too.)
+_MPIRUN_HABITS = {
+    "-x": "--mpi-local-args", "--output-filename": "--mpi-global-args", "--bind-to": "--mpi-global-args",
+    "--oversubscribe": "--mpi-global-args", "--timestamp-output": "--mpi-global-args",
+}
+
 
 def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iterable[str]) -> list[str]:
-    """``argv`` with every bare boolean flag written ``--opt=yes``; mpirun's ``-np`` gets its hint.
+    """``argv`` with every bare boolean flag written ``--opt=yes``; mpirun's ``-np`` and ``-x`` get their hints.
 
     ``booleans`` are the yes/no options' names, ``valued`` every other option
     that takes a value (so its value is never mistaken for the program).
@@ -47,6 +55,8 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
         following = argv[i + 1] if i + 1 < len(argv) else None
         if name in _COUNT_HABITS:
             raise UsageError(_count_hint(name, token, following))
+        if name in _MPIRUN_HABITS and name not in flags and name not in takes_value:  # (should poprun take one)
+            raise UsageError(_mpirun_hint(name, token, following))
         if name in flags and not has_value:
             if following is not None and following.strip().lower() in BOOLEAN_WORDS:
                 out += [token, following]
@@ -70,3 +80,12 @@ def _count_hint(name: str, token: str, following: str | None) -> str:
         return (f"{name} is {_COUNT_HABITS[name]} option; poprun counts instances in total: "
                 f"use --num-instances {value} (times the number of hosts)")
     return f"{name} is {_COUNT_HABITS[name]} option; use --num-instances {value}"
+
+
+def _mpirun_hint(name: str, token: str, following: str | None) -> str:
+    value = token.partition("=")[2]
+    if not value and name in ("-x", "--output-filename", "--bind-to") and following and not following.startswith("-"):
+        value = following
+    example = f"{name} {value}" if value else name
+    return (f"{name} is mpirun's option; poprun takes mpirun's options as Graphcore's PopRun does: "
+            f"{_MPIRUN_HABITS[name]}='{example}'")

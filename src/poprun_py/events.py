@@ -77,6 +77,14 @@ class StartupTimedOut:
 
 
 @dataclass(frozen=True)
+class PeerGone:
+    """The job's fabric saw an instance's connection close without a clean leave: it died (its ``Exited``
+    follows, on its own time), and the instances in a collective with it fail of that."""
+
+    instance: int
+
+
+@dataclass(frozen=True)
 class SignalReceived:
     """The launcher received a signal (turned into an event on the main loop)."""
 
@@ -100,7 +108,7 @@ class StartInterrupted(Exception):
         self.planned = planned
 
 
-Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, SignalReceived, ConsoleClosed]
+Event = Union[Started, Output, Exited, HostLost, StartupTimedOut, PeerGone, SignalReceived, ConsoleClosed]
 
 
 class EventQueue:

@@ -24,6 +24,7 @@ from .events import (
     Exited,
     HostLost,
     Output,
+    PeerGone,
     SignalReceived,
     Started,
     StartInterrupted,
@@ -39,7 +40,11 @@ log = logging.getLogger("poprun.job")
 
 #: How long instances may take to die after SIGKILL before poprun gives up on them.
 REAP_AFTER_KILL_SECONDS = 10.0
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+#: Signals passed on to every running instance, the job going on, as mpirun does: a scheduler's "checkpoint
+#: now, you will be stopped soon" (Slurm's ``--signal=USR1@120``, ``scancel --signal=USR1``). Their default
+#: action is to terminate, so without a handler poprun itself died of one and its instances were killed.
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 #: A stop signal this soon after the first is the same keypress delivered twice (to poprun and to a
 #: wrapper that forwards it, say), not a second Ctrl-C: it does not kill at once.
 REPEAT_WINDOW_SECONDS = 0.5
@@ -136,8 +141,11 @@ class Job:
         status: StatusLine | None = None,
         on_started: Callable[[], None] | None = None,
         time_limit: TimeLimit | None = None,
+        on_clean_exit: Callable[[int, str], None] | None = None,
     ) -> None:
         self._on_started = on_started
+        #: ``(instance, how)``: an instance exited with code 0 (the fabric's rendezvous wants to know).
+        self._on_clean_exit = on_clean_exit
         self._time_limit = time_limit
         self._time_deadline: float | None = None
         self._timed_out: TimeLimit | None = None
@@ -151,6 +159,13 @@ class Job:
         self._pids: dict[int, int] = {}
         self._first_failure: Failure | None = None
         self._knock_ons: list[Failure] = []
+        #: Instances whose fabric connection closed without a leave, in that order (``PeerGone``): dead, though
+        #: their ``Exited`` may come after the failures of the instances their death made fail.
+        self._gone: list[int] = []
+        #: The gone instance a failure waits for, to be named first in its place (``_record_failure``).
+        self._cause_awaited: int | None = None
+        #: The signals poprun has sent the instances to stop them.
+        self._sent: set[int] = set()
         self._stop_signal: int | None = None
         self._stop_signal_time: float | None = None
         self._stopping = False
@@ -173,6 +188,8 @@ class Job:
             self._executor.cleanup()
             self._status.hide()
             self._router.close()
+        if self._first_failure is None and self._knock_ons and self._cause_awaited is not None:
+            self._first_failure = self._knock_ons.pop(0)  # (the one awaited did not fail, or was never reported)
         return JobReport(
             self._num_instances,
             self._first_failure,
@@ -234,6 +251,8 @@ class Job:
                 self._on_host_lost(event)
             elif isinstance(event, StartupTimedOut):
                 self._on_startup_timeout(event)
+            elif isinstance(event, PeerGone):
+                self._gone.append(event.instance)
             elif isinstance(event, ConsoleClosed):
                 self._on_console_closed(event.stream)
 
@@ -275,6 +294,8 @@ class Job:
             self._record_failure(failure)
         else:
             log.debug("instance %d (pid %d) exited with code 0", event.instance, event.pid)
+            if self._on_clean_exit is not None:
+                self._on_clean_exit(event.instance, "with code 0")
 
     def _on_host_lost(self, event: HostLost) -> None:
         log.error("lost %s: %s", event.host, event.reason)
@@ -308,8 +329,28 @@ class Job:
         self._begin_stop(signal.SIGTERM)
 
     def _record_failure(self, failure: Failure) -> None:
+        """The first failure stops the job. One that comes while an instance whose fabric connection closed
+        first (it died) is still to be reported is that death's knock-on: the dead one, once reported, is named
+        first (its process may take longer to be reaped than its peers take to fail of its loss)."""
         if self._stopping:
+            if self._first_failure is None and failure.instance == self._cause_awaited:
+                if failure.signal is not None and failure.signal in self._sent and failure.instance in self._signalled:
+                    # it died of our stop: it was alive when it left the fabric (exiting of its own failure), so
+                    # the failure that came first is first after all
+                    self._first_failure = self._knock_ons.pop(0)
+                    self._knock_ons.append(failure)
+                else:
+                    self._first_failure = failure
+            else:
+                self._knock_ons.append(failure)
+            return
+        cause = next((i for i in self._gone if i != failure.instance and i in self._remaining), None)
+        if cause is not None:
+            log.info("instance %d failed after instance %d left the fabric: stopping the other %d instances",
+                     failure.instance, cause, len(self._remaining))
+            self._cause_awaited = cause
             self._knock_ons.append(failure)
+            self._begin_stop(signal.SIGTERM)
             return
         self._first_failure = failure
         if self._remaining:
@@ -318,6 +359,13 @@ class Job:
 
     def _on_signal(self, signum: int, received: float | None = None) -> None:
         name = signal.Signals(signum).name
+        if signum in FORWARDED_SIGNALS:
+            if self._stopping:
+                log.info("received %s while stopping: not passed on", name)
+                return
+            log.info("received %s: passed on to instances %s", name,
+                     format_indices(sorted(self._executor.signal_all(signum))))
+            return
         received = time.monotonic() if received is None else received
         first = self._stop_signal_time
         if self._stopping and first is not None and signum == self._stop_signal and \
@@ -338,11 +386,13 @@ class Job:
 
     def _begin_stop(self, signum: int) -> None:
         self._stopping = True
+        self._sent.add(signum)
         self._signalled.update(self._executor.signal_all(signum))
         self._kill_deadline = time.monotonic() + self._grace
 
     def _kill_now(self) -> None:
         self._stopping = True
+        self._sent.add(signal.SIGKILL)
         self._signalled.update(self._executor.kill_all())
         self._reap_deadline = time.monotonic() + REAP_AFTER_KILL_SECONDS
 
@@ -353,12 +403,18 @@ class Job:
         previous: dict[int, signal._HANDLER] = {}
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, self._on_signal_received)
+        for signum in FORWARDED_SIGNALS:
+            previous[signum] = signal.signal(signum, self._on_forwarded_signal)
         return previous
 
     def _on_signal_received(self, signum: int, _frame: object) -> None:
         """A signal handler: queue the signal; a start in progress stops spawning at once."""
         self._events.put(SignalReceived(signum))
         self._executor.stop_starting()
+
+    def _on_forwarded_signal(self, signum: int, _frame: object) -> None:
+        """A signal handler: queue the signal, to pass on (a start in progress goes on)."""
+        self._events.put(SignalReceived(signum))
 
     @staticmethod
     def _restore_signal_handlers(previous: dict[int, signal._HANDLER]) -> None:

@@ -29,7 +29,7 @@ from simipu.fabric.join.rendezvous import RendezvousServer
 
 from .console import ConsoleWatch
 from .errors import UsageError
-from .events import ConsoleClosed, EventQueue, StartupTimedOut, Stream
+from .events import ConsoleClosed, EventQueue, PeerGone, StartupTimedOut, Stream
 from .executors.descriptors import check_descriptor_limit
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner, exec_program
@@ -144,6 +144,7 @@ def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, Devic
         checkin_timeout=fabric.startup_timeout,
         heartbeat_timeout=fabric.timeout,
         on_timeout=lambda missing, message: events.put(StartupTimedOut(missing, message)),
+        on_gone=lambda instance: events.put(PeerGone(instance)),
     )
     try:
         return _run_with_rendezvous(launch, events, rendezvous, token, allocation, devices)
@@ -221,8 +222,10 @@ def _run_with_rendezvous(
     guardian = options.guardian or Guardian(grace)
     try:
         executor = _executor(launch, plan, events, environ, guardian)
+        rendezvous.alive_here = executor.alive_here  # (before it starts serving: ``on_started``)
         return Job(executor, events, router, num_instances, grace, status,
-                   on_started=on_started, time_limit=options.time_limit).run(plan.instances)
+                   on_started=on_started, time_limit=options.time_limit,
+                   on_clean_exit=rendezvous.instance_exited).run(plan.instances)
     finally:
         for watch in console:
             watch.close()

@@ -7,6 +7,13 @@ usage: fabric_fail.py MODE
   late DIR    instance 1 never joins the fabric; the others wait in init(), which instances 0 and 2
               enter together (each leaves a file in DIR and waits for the other's), so that however
               slowly each process starts, only instance 1 is late
+  leaves      instance 1 exits at once, without joining the fabric; the others print "refused: <error>"
+              when their first collective raises
+  stopped     instance 1 stops itself (SIGSTOP) after a barrier; the others print "lost: <error>" when
+              their allreduce raises
+  gil FIFO    after an allreduce, instance 1 opens FIFO for reading through libc, holding the GIL (its
+              heartbeat thread cannot run) until the test opens it for writing; then every instance
+              prints "second: <sum>" of a second allreduce
   mismatch    instance 0 reduces 3 floats, the others 4
   wrong-token instance 0 joins with a token it made up
 """
@@ -32,13 +39,37 @@ def enter_together(directory: Path, me: int, instances: tuple[int, ...], limit: 
         time.sleep(0.005)
 
 
-def main() -> int:
+def reported(call, error: type[Exception], label: str, code: int) -> int | None:
+    """``call()``; if it raises ``error``, print "<label>: <error>" and give ``code`` (else None)."""
+    try:
+        call()
+    except error as exc:
+        print(f"{label}: {exc}", flush=True)
+        return code
+    return None
+
+
+def main() -> int | None:
     mode = sys.argv[1]
     me = popdist.getInstanceIndex()
     if mode == "late":
         if me == 1:
             signal.pause()
         enter_together(Path(sys.argv[2]), me, (0, 2))
+    if mode == "leaves":
+        return 0 if me == 1 else reported(lambda: C.allreduce(np.ones(3)), RendezvousError, "refused", 6)
+    if mode == "stopped":
+        C.barrier()
+        if me == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return reported(lambda: C.allreduce(np.ones(1)), PeerLostError, "lost", 3)
+    if mode == "gil":
+        C.allreduce(np.ones(1))
+        if me == 1:
+            import ctypes  # (PyDLL: the call keeps the GIL, as a long C call in a program does)
+            ctypes.PyDLL(None).open(sys.argv[2].encode(), os.O_RDONLY)
+        print(f"second: {C.allreduce(np.ones(1))[0]}", flush=True)
+        return 0
     if mode == "wrong-token" and me == 0:
         os.environ["POPRUN_JOB_TOKEN"] = "0" * 64
         try:
@@ -53,17 +84,10 @@ def main() -> int:
         C.barrier()  # every instance is in the fabric before instance 1 dies
         if me == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        try:
-            C.allreduce(np.ones(1000, np.float32))
-        except PeerLostError as exc:
-            print(f"lost: {exc}", flush=True)
-            return 3
+        return reported(lambda: C.allreduce(np.ones(1000, np.float32)), PeerLostError, "lost", 3)
     if mode == "mismatch":
-        try:
-            C.allreduce(np.ones(3 if me == 0 else 4, np.float32))
-        except CollectiveMismatchError as exc:
-            print(f"mismatch: {exc}", flush=True)
-            return 4
+        return reported(lambda: C.allreduce(np.ones(3 if me == 0 else 4, np.float32)), CollectiveMismatchError,
+                        "mismatch", 4)
     C.barrier()
     return 0
 

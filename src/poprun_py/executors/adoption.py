@@ -69,7 +69,8 @@ def child_pids() -> set[int]:
     return found
 
 
-def _state(pid: int) -> str | None:
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T``, ``Z``...) from /proc, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return stat.read().rsplit(b")", 1)[1].split()[0].decode()
@@ -89,7 +90,7 @@ class Adopter:
     def reap_exited(self, instances: Collection[int]) -> None:
         """Adopted children that have exited are reaped, so zombies do not pile up in a long job."""
         for pid in self.adopted(instances):
-            if _state(pid) == "Z":
+            if process_state(pid) == "Z":
                 _reap(pid)
 
     def kill_adopted(self, instances: Collection[int]) -> int:

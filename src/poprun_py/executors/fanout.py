@@ -50,6 +50,10 @@ class FanOutExecutor:
         for executor in self._all():
             executor.stop_starting()
 
+    def alive_here(self, index: int) -> bool:
+        """``LocalExecutor.alive_here``: an instance on another host is never (only its agent could tell)."""
+        return self._local is not None and self._local.alive_here(index)
+
     def signal_all(self, signum: int) -> list[int]:
         return [index for executor in self._all() for index in executor.signal_all(signum)]
 

@@ -24,6 +24,7 @@ the same for both.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -39,7 +40,7 @@ from typing import Collection, Iterator, Mapping, Protocol, Sequence
 from ..errors import ProgramNotExecutable, ProgramNotFound
 from ..events import EventQueue, Exited, HostLost, Output, Started, StartInterrupted, Stream
 from ..plan import InstancePlan
-from .adoption import Adopter, become_subreaper, child_pids
+from .adoption import Adopter, become_subreaper, child_pids, process_state
 from .guardian import Guardian
 from .polling import readable
 
@@ -94,9 +95,28 @@ def exec_program(
             pass_fds=plan.pass_fds,
         )
     except FileNotFoundError:
-        raise ProgramNotFound(f"{plan.argv[0]}: no such program") from None
+        raise ProgramNotFound(_not_found(plan.argv[0], plan.cwd)) from None
     except PermissionError:
         raise ProgramNotExecutable(f"{plan.argv[0]}: permission denied (is it executable?)") from None
+    except OSError as exc:
+        if exc.errno != errno.ENOEXEC:
+            raise
+        raise ProgramNotExecutable(f"{plan.argv[0]}: cannot execute: not a program for this machine, or a script "
+                                   "without a '#!' line (add one, or run it with its interpreter)") from None
+
+
+def _not_found(program: str, cwd: str | None) -> str:
+    """Why exec found no ``program``: it is not there, or (as the kernel says ENOENT for both) it is a script
+    whose '#!' interpreter is not."""
+    try:
+        with open(os.path.join(cwd or ".", program), "rb") as file:
+            first = file.readline(256)
+    except OSError:
+        return f"{program}: no such program"
+    if first.startswith(b"#!") and first[2:].split():
+        interpreter = first[2:].split()[0].decode(errors="replace")
+        return f"{program}: cannot execute: its interpreter {interpreter} (its '#!' line) was not found"
+    return f"{program}: cannot execute: a file it needs (its interpreter or loader) was not found"
 
 
 @dataclass(eq=False)
@@ -233,6 +253,18 @@ class LocalExecutor:
         log.debug("Started instance %d (pid %d): %s", plan.index, process.pid, " ".join(plan.argv))
 
     # -- stopping ------------------------------------------------------------
+    def alive_here(self, index: int) -> bool:
+        """Whether instance ``index`` runs on this host, alive and not stopped. Then its fabric heartbeats
+        missing cannot mean it is gone (its exit closes its fabric connection at once): it is busy, say in a
+        long call that holds Python's GIL, so that its heartbeat thread cannot run. (Its pid is ours until
+        ``cleanup`` reaps it.)"""
+        with self._lock:
+            instance = self._instances.get(index)
+            if instance is None or instance.exited or instance.reaped:
+                return False
+            state = process_state(instance.process.pid)
+        return state is not None and state not in "TtZXx"
+
     def signal_all(self, signum: int) -> list[int]:
         """Send ``signum`` to the process group of every instance still running.
 

@@ -13,7 +13,11 @@ rendezvous (which the whole job relies on to hear of losses).
 Start-up is one stage with its own deadline: once the first instance has
 checked in, the others have ``checkin_timeout`` seconds; on expiry every
 waiting instance gets an error naming the missing ones. (A program that never
-uses the fabric never checks in, and then nothing times out.) Heartbeats
+uses the fabric never checks in, and then nothing times out.) An instance
+that exits without having checked in (the launcher says so:
+``instance_exited``) fails start-up at once: the instances waiting in their
+first collective, or arriving at it later, get an error naming it, instead
+of waiting out the deadline for an instance that is gone. Heartbeats
 count only from the end of start-up: an instance waiting for slow starters
 (a program that imports torch or loads data before ``init()``) is not lost
 for being quiet while it waits.
@@ -21,7 +25,12 @@ for being quiet while it waits.
 After start-up the connection stays open as a control channel: an instance
 whose connection closes without a clean leave, or that misses heartbeats for
 ``heartbeat_timeout`` seconds, is declared lost and every other instance is
-told, so no collective waits forever on a peer that is gone.
+told, so no collective waits forever on a peer that is gone. Missed
+heartbeats are not a loss when the launcher knows the instance's process on
+its own host is alive and not stopped (``alive_here``): its exit would have
+closed its connection, so it is busy, in a long call that holds Python's GIL
+(a huge ``pickle.load``, big-integer arithmetic) and keeps its heartbeat
+thread from running: a late peer, not a gone one.
 
 Frames are a 4-byte big-endian length and a JSON object: never pickle.
 """
@@ -54,6 +63,9 @@ ACCEPT_PAUSE = 0.5
 _ACCEPTS_PER_WAKE = 32
 #: Peer addresses remembered so that each one's refusals are logged once.
 _REMEMBERED_REFUSALS = 1024
+#: Seconds from the launcher seeing an instance exit without having checked in to the start-up failing for it:
+#: a check-in it sent just before it exited (from another host, still on its way) arrives first.
+EXIT_GRACE = 1.0
 
 
 def _format_indices(indices: tuple[int, ...]) -> str:
@@ -90,6 +102,8 @@ class RendezvousServer:
         heartbeat_timeout: float = 10.0,
         on_timeout: Callable[[tuple[int, ...], str], None] | None = None,
         checkin_frame_deadline: float = CHECKIN_FRAME_DEADLINE,
+        exit_grace: float = EXIT_GRACE,
+        on_gone: Callable[[int], None] | None = None,
     ) -> None:
         self._num_instances = num_instances
         self._token = token
@@ -97,6 +111,8 @@ class RendezvousServer:
         self._heartbeat_timeout = heartbeat_timeout
         self._on_timeout = on_timeout
         self._frame_deadline = checkin_frame_deadline
+        self._exit_grace = exit_grace
+        self._on_gone = on_gone
         self._max_pending = num_instances + SPARE_PENDING
         self._listener = socket.create_server((bind_host, 0), backlog=max(128, num_instances))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
@@ -112,7 +128,18 @@ class RendezvousServer:
         self._warned_out_of_fds = False
         self._complete = False
         self._timed_out = False
-        self._stop_r, self._stop_w = os.pipe()
+        #: Instances the launcher saw exit: (index, how, when), from its thread (``instance_exited``).
+        self._exits: list[tuple[int, str, float]] = []
+        #: Those that had not checked in: how and when they exited.
+        self._gone: dict[int, tuple[str, float]] = {}
+        #: Why start-up failed for an instance that exited (sent to every member that checks in).
+        self._start_failure: str | None = None
+        #: ``(instance) -> bool``, set by the launcher before ``start``: whether the instance's process is on the
+        #: launcher's host, alive and not stopped (then missed heartbeats do not make it lost).
+        self.alive_here: Callable[[int], bool] | None = None
+        self._busy_noted: set[int] = set()
+        self._stop_r, self._stop_w = os.pipe()  # (a byte: look at ``_closed``, then at the exits)
+        os.set_blocking(self._stop_w, False)  # (a full pipe wakes the loop as well as one more byte would)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="poprun-rendezvous", daemon=True)
 
@@ -122,13 +149,27 @@ class RendezvousServer:
         self._selector.register(self._stop_r, selectors.EVENT_READ, "stop")
         self._thread.start()
 
+    def instance_exited(self, instance: int, how: str) -> None:
+        """The launcher reaped ``instance``, which exited cleanly (``how``: ``"with code 0"``). If it never
+        checked in, start-up fails for it (module docstring). Called from the launcher's thread."""
+        if self._closed:
+            return
+        self._exits.append((instance, how, time.monotonic()))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._stop_w, b"w")
+        except BlockingIOError:
+            pass  # (full: the loop is woken already)
+
     def close(self) -> None:
         """Stop serving; every member sees its control line close. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
         if self._thread.is_alive():
-            os.write(self._stop_w, b"x")
+            self._wake()
             self._thread.join(5)
         for connection in list(self._connections):
             connection.sock.close()
@@ -143,7 +184,10 @@ class RendezvousServer:
         while True:
             for key, _ in self._selector.select(self._next_timeout()):
                 if key.data == "stop":
-                    return
+                    os.read(self._stop_r, 4096)
+                    if self._closed:
+                        return
+                    continue  # an exit: looked at with the deadlines
                 if key.data is None:
                     self._accept()
                 elif key.data in self._connections:  # (not one dropped earlier in this round)
@@ -170,6 +214,8 @@ class RendezvousServer:
         oldest = next(iter(self._pending), None)
         if oldest is not None:
             deadlines.append(oldest.opened + self._frame_deadline)
+        if self._start_failure is None:  # an exit's grace still running (past it, the next check-in fails at once)
+            deadlines += [when + self._exit_grace for _, when in self._gone.values() if when + self._exit_grace > now]
         return max(0.0, min(deadlines) - now)
 
     # -- new connections -----------------------------------------------------------
@@ -249,8 +295,13 @@ class RendezvousServer:
         self._checked_in[peer.instance] = connection
         self._peers[peer.instance] = asdict(peer)
         log.debug("instance %d checked in from %s", peer.instance, connection.address)
+        if self._start_failure is not None:
+            self._send(connection, {"error": self._start_failure})
+            return
         if self._checkin_deadline is None:
             self._checkin_deadline = time.monotonic() + self._checkin_timeout
+        if self._fail_start_for_the_gone(time.monotonic()):
+            return
         if len(self._checked_in) == self._num_instances:
             self._complete = True
             self._checkin_deadline = None
@@ -275,6 +326,8 @@ class RendezvousServer:
     def _drop(self, connection: _Connection) -> None:
         self._forget(connection)
         if connection.instance is not None and not connection.left:
+            if self._on_gone is not None and connection.instance not in self._lost:
+                self._on_gone(connection.instance)  # (first: the failures it causes come after)
             self._declare_lost(connection.instance, "its process exited or closed its fabric connection")
 
     def _forget(self, connection: _Connection) -> None:
@@ -298,6 +351,7 @@ class RendezvousServer:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        self._take_exits(now)
         if self._accept_paused_until is not None and now >= self._accept_paused_until:
             self._accept_paused_until = None
             self._selector.register(self._listener, selectors.EVENT_READ, None)
@@ -314,8 +368,44 @@ class RendezvousServer:
             if not connection.left and now - connection.last_seen > self._heartbeat_timeout:
                 instance = connection.instance
                 assert instance is not None
+                if self.alive_here is not None and self.alive_here(instance):
+                    connection.last_seen = now  # (asked again after another timeout's silence)
+                    if instance not in self._busy_noted:
+                        self._busy_noted.add(instance)
+                        log.info("fabric: instance %d sent no heartbeat for %g s, but its process on this host is "
+                                 "alive and running (a long call holding Python's GIL?): not lost",
+                                 instance, self._heartbeat_timeout)
+                    continue
                 self._forget(connection)
                 self._declare_lost(instance, f"no heartbeat for {self._heartbeat_timeout:g} s: its host may be unreachable")
+
+    def _take_exits(self, now: float) -> None:
+        """The exits the launcher reported: those of instances that never checked in may fail start-up."""
+        while self._exits:
+            instance, how, when = self._exits.pop(0)
+            if instance not in self._peers and instance not in self._lost:
+                self._gone[instance] = (how, when)
+        self._fail_start_for_the_gone(now)
+
+    def _fail_start_for_the_gone(self, now: float) -> bool:
+        """Start-up fails, every member checked in hearing why, if an instance exited without checking in
+        (``exit_grace`` ago: no check-in of its can still come) while another has checked in (an instance
+        waits in a collective it can never complete); whether it did."""
+        if self._complete or self._timed_out or self._start_failure is not None or not self._checked_in:
+            return False
+        gone = sorted(i for i, (_, when) in self._gone.items() if i not in self._peers and now >= when + self._exit_grace)
+        if not gone:
+            return False
+        self._checkin_deadline = None
+        exits = ", ".join(f"instance {i} exited {self._gone[i][0]}" for i in gone)
+        self._start_failure = message = (
+            f"{exits}, without joining the fabric, so no collective of the whole job can complete: every instance "
+            "must call the same collectives"
+        )
+        log.error("%s", message)
+        for other in list(self._checked_in.values()):
+            self._send(other, {"error": message})
+        return True
 
     def _start_up_timed_out(self) -> None:
         self._checkin_deadline = None
