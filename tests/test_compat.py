@@ -127,6 +127,18 @@ def test_horovod_corners_behave_as_horovod_0_28() -> None:
         assert out["grouped_async"] == [[2.0, 2.0], [2.0]] and out["built"] == [False, False]
 
 
+def test_horovod_collectives_refuse_before_init_and_after_shutdown() -> None:
+    """As Horovod's ("call hvd.init() first"). Before, hvd.allreduce ran before init (its fast path once the
+    fabric was joined, its general path joining it), while hvd.size() refused."""
+    refused = "Horovod (poprun-py) is not initialised yet: call hvd.init() first"
+    by_rank = records(run_poprun(*job(2), *python_program("horovod_before_init.py")))
+    assert sorted(by_rank) == [0, 1]
+    for out in by_rank.values():
+        assert out["initialised"] == [2.0] * 4
+        for when in ("before_init", "after_shutdown"):
+            assert out[when] == {name: refused for name in out[when]} and len(out[when]) == 9, out[when]
+
+
 def test_a_horovod_call_mismatch_names_the_call_the_header_begins() -> None:
     """hvd.allreduce against hvd.allgather: the allgather's first step, an exchange of shapes, is named as such.
     Before: "instance 1 called allgather on int64[18]", a call the user never made."""

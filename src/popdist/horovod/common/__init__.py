@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
     "allreduce_array", "barrier", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "init",
-    "is_homogeneous", "is_initialized", "local_rank", "local_size", "resolve_op", "rank", "rocm_built",
-    "shutdown", "size",
+    "is_homogeneous", "is_initialized", "local_rank", "local_size", "require_init", "resolve_op", "rank",
+    "rocm_built", "shutdown", "size",
 ]
 
 
@@ -75,28 +75,30 @@ def is_initialized() -> bool:
     return _state.initialised
 
 
-def _require() -> None:
+def require_init() -> None:
+    """Horovod's rule: nothing before ``init()`` (or after ``shutdown()``), collectives included, though the
+    fabric they would use may be joined already (by ``popdist.collectives``)."""
     if not _state.initialised:
         raise ValueError("Horovod (poprun-py) is not initialised yet: call hvd.init() first")
 
 
 def rank() -> int:
-    _require()
+    require_init()
     return collectives.rank()  # (the fabric's, once connected: cheap enough for every step)
 
 
 def size() -> int:
-    _require()
+    require_init()
     return collectives.size()
 
 
 def local_rank() -> int:
-    _require()
+    require_init()
     return core.getLocalInstanceIndex()
 
 
 def local_size() -> int:
-    _require()
+    require_init()
     launch = core._launch()
     return 1 if launch is None else launch.num_local_instances
 
@@ -114,7 +116,7 @@ def cross_size() -> int:
 
 def is_homogeneous() -> bool:
     """True when every host holds as many instances (poprun places them so)."""
-    _require()
+    require_init()
     return size() == local_size() * cross_size()
 
 
@@ -130,7 +132,7 @@ nccl_built = cuda_built = rocm_built = ddl_built = ccl_built = _not_here
 
 def barrier(process_set: object = None) -> None:
     """Wait until every instance has called it (Horovod's ``barrier``)."""
-    _require()
+    require_init()
     if process_set is not None:
         raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
     current_fabric().barrier(current_group())
@@ -164,6 +166,7 @@ def allreduce_array(x: np.ndarray, op: ReduceOp, prescale_factor: float = 1.0,
     Average of an integer array sums, scales once by ``postscale_factor / size`` and truncates toward zero, as
     Horovod's scaling does (dividing and truncating first, then scaling, lost what the division had left).
     """
+    require_init()
     fabric, group = current_fabric(), current_group()
     if prescale_factor != 1.0:
         x = _scaled(x, prescale_factor)

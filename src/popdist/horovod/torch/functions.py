@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from popdist.backend import current_group
+from popdist.horovod.common import require_init
 from popdist.horovod.torch.mpi_ops import _root, agreed_root, broadcast_
 from popdist.ragged import allgather_objects
 from popdist.ragged import broadcast_object as _broadcast_object
@@ -79,6 +80,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
 
 def allgather_object(obj: Any, name: str | None = None, process_set: object = None) -> list[Any]:
     """Every instance's ``obj``, in rank order."""
+    require_init()
     if process_set is not None:
         raise NotImplementedError("process sets are not provided by poprun-py's Horovod")
     return allgather_objects(obj, current_group(), _dumps)

@@ -39,6 +39,7 @@ from popdist.horovod.common import (  # (Horovod's mpi_ops has these names too: 
     mpi_threads_supported,
     nccl_built,
     rank,
+    require_init,
     resolve_op,
     shutdown,
     size,
@@ -120,8 +121,9 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """A new tensor: ``tensor`` reduced over every instance (default: the average). ``name`` is accepted
     and unused: collectives match by the order instances call them."""
     fabric = _backend.fabric
-    if (fabric is not None and average is None and compression is NoneCompressor and process_set is None
-            and prescale_factor == 1.0 and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp)):
+    if (fabric is not None and is_initialized() and average is None and compression is NoneCompressor
+            and process_set is None and prescale_factor == 1.0 and postscale_factor == 1.0
+            and (op is None or type(op) is ReduceOp)):
         fabric_op = _FAST_OPS.get(op)  # (None for Adasum: that raises on the general path)
         try:  # ``Tensor.numpy()`` refuses what needs the general path: another device, bfloat16, a lazy negation
             # bit, a gradient to track (autograd on); a strided tensor gives a strided array, which the fabric
@@ -146,8 +148,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                process_set: object = None) -> torch.Tensor:
     """``allreduce`` into ``tensor`` itself; returns ``tensor``."""
     fabric = _backend.fabric
-    if (fabric is not None and average is None and process_set is None and prescale_factor == 1.0
-            and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp)):
+    if (fabric is not None and is_initialized() and average is None and process_set is None
+            and prescale_factor == 1.0 and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp)):
         fabric_op = _FAST_OPS.get(op)
         array = _own_array(tensor) if fabric_op is not None else None
         if array is not None:  # (the fabric reduces into the tensor's memory: no result to copy back)
@@ -211,6 +213,7 @@ class HorovodAllgather(torch.autograd.Function):
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: object = None) -> torch.Tensor:
     """Every instance's tensor concatenated on the first dimension, in rank order (first dimensions may
     differ; the others, and the dtype, may not)."""
+    require_init()
     _no_process_set(process_set)
     return HorovodAllgather.apply(tensor)
 
