@@ -208,8 +208,10 @@ def test_an_instance_gone_from_the_fabric_is_named_first_though_its_peers_failur
     instance 1 is the first failure, they are knock-ons. Before, the first exit reported won (a CI run at
     5a33d94 named instance 0 with code 3 where instance 1 had been SIGKILLed). Here instance 1 dies of its own
     SIGKILL once poprun's stop reaches it, after the others' failures: they fail only once its trap is in
-    place (each opens a FIFO that instance 1 opens after setting it; the CI of record once caught poprun's
-    SIGTERM arriving before the trap under load, and instance 1 dying of poprun's own signal)."""
+    place, reading a line each that instance 1 writes into a FIFO after setting it (the CI of record once
+    caught poprun's SIGTERM arriving before the trap under load, and instance 1 dying of poprun's own signal).
+    Instance 1 opens the FIFO for reading and writing, which never blocks, and its writes fit the pipe: a
+    blocking open would fail of the SIGTERM (EINTR, exit 2), as one per reader did under load."""
     from poprun_py.events import EventQueue, PeerGone
     from poprun_py.executors.local import LocalExecutor
     from poprun_py.job import Job
@@ -218,11 +220,11 @@ def test_an_instance_gone_from_the_fabric_is_named_first_though_its_peers_failur
 
     events = EventQueue()
     events.put(PeerGone(1))  # (as the rendezvous puts it, before the failures it causes)
-    for i in (0, 2):
-        os.mkfifo(tmp_path / f"go{i}")
-    dies_when_stopped = ("sh", "-c", 'trap "kill -9 $$" TERM; : > go0; : > go2; sleep 60 & wait')
-    plans = [InstancePlan(i, LOCALHOST, i, dies_when_stopped if i == 1 else ("sh", "-c", f": < go{i}; exit 3"),
-                          {}, str(tmp_path)) for i in range(3)]
+    os.mkfifo(tmp_path / "go")
+    dies_when_stopped = ("sh", "-c", 'trap "kill -9 $$" TERM; exec 3<>go; echo >&3; echo >&3; sleep 60 & wait')
+    fails = ("sh", "-c", "read line < go; exit 3")
+    plans = [InstancePlan(i, LOCALHOST, i, dies_when_stopped if i == 1 else fails, {}, str(tmp_path))
+             for i in range(3)]
     report = Job(LocalExecutor(events, dict(os.environ)), events, OutputRouter(OutputOptions(), 3), 3, grace=30).run(plans)
     assert report.first_failure is not None and report.first_failure.instance == 1, report
     assert report.first_failure.signal == signal.SIGKILL and report.exit_code == 137
