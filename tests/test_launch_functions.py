@@ -158,6 +158,29 @@ def test_sys_exit_0_counts_as_returning_none() -> None:
     assert poprun_py.launch(lambda: sys.exit(0), num_instances=2) == [None, None]
 
 
+def forks_a_child_that(ends: str) -> tuple[int, list[float]]:
+    C.allreduce(np.ones(1))
+    pid = os.fork()
+    if pid == 0:  # the child leaves the function, each way a function can
+        if ends == "exits":
+            sys.exit(5)
+        if ends == "raises":
+            raise RuntimeError("the child's own error")
+        return -1, []
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), C.allreduce(np.ones(1)).tolist()
+
+
+def test_a_process_the_function_forks_is_not_the_instance(capfd: pytest.CaptureFixture[str]) -> None:
+    """The child's exit, error or result is its own (its code, its traceback on stderr), the instance's result
+    is the instance's, and the instance's fabric works on. Before, the child's outcome, written first, was the
+    instance's: a child's sys.exit(5) made the result None, its return value the instance's."""
+    for ends, code in (("exits", 5), ("raises", 1), ("returns", 0)):
+        assert poprun_py.launch(forks_a_child_that, ends, num_instances=2) == [(code, [2.0])] * 2, ends
+    err = capfd.readouterr().err
+    assert err.count("RuntimeError: the child's own error") == 2 and err.count('in forks_a_child_that') == 2, err
+
+
 def test_a_result_that_cannot_be_pickled_is_a_failure_with_a_reason() -> None:
     with pytest.raises(InstancesFailed, match="cannot be sent back"):
         poprun_py.launch(lambda: (lambda: None), num_instances=1)

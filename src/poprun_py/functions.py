@@ -18,8 +18,9 @@ import os
 import pickle
 import signal
 import sys
+import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from popdist.env import FabricSettings
 
@@ -223,22 +224,54 @@ class _InstanceBody:
         # On SIGUSR1 (the time limit): dump every thread's stack, then die of the signal (chain to SIG_DFL).
         faulthandler.register(signal.SIGUSR1, file=channel.stacks, all_threads=True, chain=True)
         _install_import_hook()
-        code, outcome = self._run()
+        code, outcome = self._run(os.getpid())
         _finalize_popdist()
         return code if channel.write(outcome) else 1
 
-    def _run(self) -> tuple[int, _Outcome]:
+    def _run(self, instance_pid: int) -> tuple[int, _Outcome]:
         fn, args, kwargs = self._call
         try:
-            return 0, _Outcome(fn(*args, **kwargs))
-        except SystemExit as exc:
-            if exc.code is None or exc.code == 0:
-                return 0, _Outcome(None)
-            return (exc.code if isinstance(exc.code, int) else 1), _Outcome(error=self._describe(_without_this_frame(exc)))
-        except KeyboardInterrupt as exc:
-            return 130, _Outcome(error=self._describe(_without_this_frame(exc)))
+            result = fn(*args, **kwargs)
         except BaseException as exc:
-            return 1, _Outcome(error=self._describe(_without_this_frame(exc)))
+            if os.getpid() != instance_pid:
+                _end_forked_child(exc)
+            return self._failed(exc)
+        if os.getpid() != instance_pid:
+            _end_forked_child(None)
+        return 0, _Outcome(result)
+
+    def _failed(self, exc: BaseException) -> tuple[int, _Outcome]:
+        if isinstance(exc, SystemExit) and (exc.code is None or exc.code == 0):
+            return 0, _Outcome(None)
+        return _exit_code(exc), _Outcome(error=self._describe(_without_this_frame(exc)))
+
+
+def _exit_code(exc: BaseException) -> int:
+    """The code Python exits with when ``exc`` ends the program."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _end_forked_child(exc: BaseException | None) -> NoReturn:
+    """A process the function forked has left it (returned or raised): it ends as a forked Python program
+    would, its error on its stderr, its code its own. It is not the instance: its outcome is not the
+    instance's (before, the first written won: a child's ``sys.exit(0)`` made the instance's result None),
+    and it leaves the fabric's connections, shared with the instance, alone."""
+    code = 0
+    if exc is not None:
+        code = _exit_code(exc)
+        if isinstance(exc, SystemExit):
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        else:
+            traceback.print_exception(type(exc), exc, _without_this_frame(exc).__traceback__)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _install_import_hook() -> None:
