@@ -123,3 +123,31 @@ def test_loader_rejects_what_it_cannot_shard() -> None:
         DataLoader({"replicas": 2}, np.zeros(3))  # type: ignore[arg-type]
     with pytest.raises(IndexError, match="has 1"):
         next(DataLoader(ReplicaSettings(), np.zeros(3)).replica_batches(1, 0))
+
+
+def test_a_list_is_a_list_of_samples_as_torchs_dataloader_takes_it() -> None:
+    """10 rows of 2 features in a list are 10 samples (before: a tuple of 10 arrays of 2 samples each)."""
+    rows = [[k, k + 100] for k in range(10)]
+    loader = DataLoader(ReplicaSettings(), rows, batch_size=2)
+    assert len(loader) == 5
+    assert [batch.tolist() for (batch,) in loader] == [rows[k: k + 2] for k in range(0, 10, 2)]
+    assert len(DataLoader(ReplicaSettings(), list(range(10)), batch_size=5)) == 2
+    with pytest.raises(TypeError, match=r"for \(features, label\) pairs pass a tuple of arrays"):
+        DataLoader(ReplicaSettings(), [(np.zeros(3), 1), (np.zeros(3), 0)])
+
+
+def test_numpy_integers_and_negative_epochs_are_taken_other_values_refused_in_one_line() -> None:
+    """len() of an array and NumPy arithmetic give np.int64 batch sizes (refused before, 'must be an integer');
+    a negative epoch ended in an OverflowError from NumPy when shuffling."""
+    settings = ReplicaSettings(random_seed=1)
+    assert len(DataLoader(settings, np.arange(10), np.int64(2))) == 5
+    assert sorted(epoch_order(5, seed=1, epoch=-1).tolist()) == list(range(5))
+    assert epoch_order(5, seed=1, epoch=-1).tolist() == epoch_order(5, seed=1, epoch=2**64 - 1).tolist()
+    loader = DataLoader(settings, np.arange(8), 2, shuffle=True)
+    loader.set_epoch(np.int64(-1))
+    assert sorted(np.concatenate([batch for (batch,) in loader]).tolist()) == list(range(8))
+    for bad in (1.5, "1", True):
+        with pytest.raises(ValueError, match="epoch must be an integer"):
+            loader.set_epoch(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            DataLoader(settings, np.arange(8), bad)  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ differ in size: reduce sums (and the sample count) across replicas, then divide.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -52,8 +53,27 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def _integer(value: Any) -> int | None:
+    """``value`` as an int if it is an integer (NumPy's too; not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _epoch(epoch: Any) -> int:
+    value = _integer(epoch)
+    if value is None:
+        raise ValueError(f"epoch must be an integer, got {epoch!r}")
+    return value
+
+
 def epoch_order(num_samples: int, *, seed: int | None = None, epoch: int = 0, shuffle: bool = True) -> np.ndarray:
-    """The order an epoch reads the samples in: int64 indices, identical on every host for the same arguments."""
+    """The order an epoch reads the samples in: int64 indices, identical on every host for the same arguments.
+    Any integer is an epoch (a negative one too, as torch's samplers take it), taken modulo 2**64."""
+    epoch = _epoch(epoch) % 2**64
     if not shuffle:
         return np.arange(num_samples, dtype=np.int64)
     if seed is None:
@@ -77,9 +97,11 @@ class Sharding:
 
     def __post_init__(self) -> None:
         for name in ("num_samples", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "num_samples" else 1):
-                raise ValueError(f"{name} must be an integer >= {0 if name == 'num_samples' else 1}, got {value!r}")
+            value, least = getattr(self, name), 0 if name == "num_samples" else 1
+            count = _integer(value)
+            if count is None or count < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+            object.__setattr__(self, name, count)  # (a NumPy integer, as len() of an array gives, as a plain int)
         if self.shuffle and self.settings.random_seed is None:
             raise ValueError("shuffle=True needs a seed that every instance shares, so that all of them shuffle "
                              "alike: call options.randomSeed(n) with the same n on every instance")
@@ -142,7 +164,8 @@ class Sharding:
 class DataLoader:
     """Per-replica batches of a NumPy dataset for this process, sharded as the module docstring says.
 
-    ``dataset`` is an array or a tuple of arrays with the same first
+    ``dataset`` is an array, a list of samples (made one array, as torch's
+    DataLoader takes a list), or a tuple of arrays with the same first
     dimension (e.g. ``(images, labels)``); a batch is the same structure with
     the rows picked. ``batch_size`` is one replica's micro-batch, as in
     PopTorch. ``iter(loader)`` yields, per item, a tuple of the local
@@ -168,7 +191,7 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch``'s order next (e.g. when resuming from a checkpoint)."""
-        self.epoch = epoch
+        self.epoch = _epoch(epoch)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         epoch, self.epoch = self.epoch, self.epoch + 1
@@ -201,11 +224,28 @@ def _replica_settings(options: Any) -> ReplicaSettings:
 
 
 def _as_arrays(dataset: Any) -> tuple[Sequence[np.ndarray], bool]:
-    single = not isinstance(dataset, (tuple, list))
+    if isinstance(dataset, list):  # a list of samples, as torch's DataLoader takes it (before, its items were
+        dataset = _samples(dataset)  # taken as a tuple's arrays: 10 samples of 2 features made 2 samples)
+    single = not isinstance(dataset, tuple)
     arrays = [np.asarray(a) for a in ([dataset] if single else dataset)]
     if not arrays or any(a.ndim == 0 for a in arrays):
-        raise TypeError("dataset must be an array or a tuple of arrays indexed by sample along the first axis")
+        raise TypeError("dataset must be an array, a list of samples or a tuple of arrays indexed by sample along "
+                        "the first axis")
     lengths = {len(a) for a in arrays}
     if len(lengths) != 1:
         raise ValueError(f"the dataset's arrays have different numbers of samples: {[len(a) for a in arrays]}")
     return arrays, single
+
+
+def _samples(dataset: list) -> np.ndarray:
+    """A list of samples as one array of them; samples that do not make one (of different shapes, or
+    (features, label) pairs) are refused with the form that takes them."""
+    try:
+        array = np.asarray(dataset)
+    except ValueError:
+        array = None
+    if array is None or array.dtype == object:
+        raise TypeError("a list dataset is a list of samples, which must make one array (the same shape and type "
+                        "each); for (features, label) pairs pass a tuple of arrays, e.g. "
+                        "(np.stack(features), np.array(labels))")
+    return array
