@@ -53,3 +53,47 @@ def test_an_array_that_cannot_be_bound_is_refused_with_the_fix() -> None:
     assert len(lines) == 8, lines  # four arrays on each of two instances
     assert sum("np.ascontiguousarray" in line for line in lines) == 6
     assert sum("numeric arrays" in line for line in lines) == 2
+
+
+def keeps_its_group() -> dict:
+    import numpy as np
+
+    import popdist.collectives as C
+
+    me = C.rank()
+    x = np.full(3, me + 1.0)
+    whole, out = C.allreduce_init(x), {}
+    try:  # instances 0 and 1 only: instance 2 is not calling it, so it must not wait for it
+        out["whole_in_pair"] = C.execute_on_instances({0, 1}, lambda: whole().tolist())
+    except ValueError as error:
+        out["whole_in_pair"] = str(error)
+    out["whole_in_everyone"] = C.execute_on_instances({0, 1, 2}, lambda: whole().tolist())
+    pair = C.execute_on_instances({0, 1}, lambda: C.allreduce_init(x))
+    if pair is not None:  # bound across the pair: inside it, and outside any group, it spans the pair
+        out["pair"] = [C.execute_on_instances({0, 1}, lambda: pair().tolist()), pair().tolist()]
+    for name, call in (("root", lambda: C.broadcast(x, root=1.5)),
+                       ("instances", lambda: C.execute_on_instances({0.7}, lambda: "ran"))):
+        try:
+            out[name] = call()
+        except TypeError as error:
+            out[name] = str(error)
+    C.barrier()
+    return out
+
+
+def test_a_persistent_allreduce_keeps_the_group_it_was_bound_across_and_roots_are_integers() -> None:
+    """Called inside execute_on_instances of other instances it refuses at once; before, instances 0 and 1
+    waited for instance 2 until its next collective, then all three raised CollectiveMismatchError. A root of
+    1.5 and an instance 0.7 were truncated by int() into instances 1 and 0."""
+    import poprun_py
+
+    results = poprun_py.launch(keeps_its_group, num_instances=3, timeout=60)
+    refused = ("this persistent allreduce was bound across every instance and is called inside "
+               "execute_on_instances of instances [0, 1]")
+    for me, out in enumerate(results):
+        if me < 2:
+            assert out["whole_in_pair"].startswith(refused), out
+            assert out["pair"] == [[3.0] * 3, [3.0] * 3]
+        assert out["whole_in_everyone"] == [6.0] * 3
+        assert out["root"] == "broadcast's root must be an instance index (an integer), got 1.5"
+        assert out["instances"] == "execute_on_instances: each instance must be an instance index (an integer), got 0.7"

@@ -13,6 +13,7 @@ so code written for ``horovod`` beside PopDist ports by changing an import.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Iterable, TypeVar
 
 from popdist import core
@@ -83,8 +84,9 @@ def allreduce(array: Any, op: str = Sum, out: Any = None):
 def allreduce_init(array: Any, op: str = Sum) -> Callable[[], Any]:
     """A persistent allreduce, as MPI 4's ``MPI_Allreduce_init``: bind ``array`` (a C-contiguous NumPy array)
     once, then each call of the returned function allreduces its current contents across the instances of the
-    current group, with the same result, bit for bit, as ``allreduce(array, op)``, into one output array that
-    it returns every time (the next call overwrites it). The plan, the checks and the output are made once."""
+    group current at binding (as an MPI persistent request keeps its communicator), with the same result, bit
+    for bit, as ``allreduce(array, op)``, into one output array that it returns every time (the next call
+    overwrites it). The plan, the checks and the output are made once."""
     import numpy as np
 
     if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or not array.dtype.isnative:
@@ -94,13 +96,30 @@ def allreduce_init(array: Any, op: str = Sum) -> Callable[[], Any]:
     init = getattr(fabric, "allreduce_init", None)
     x, op, group = _array(array), _op(op), _backend.groups.members
     if init is not None:
-        return init(x, op, group)
-    out = np.empty_like(x)  # one instance, no fabric: each call copies the array
+        bound = init(x, op, group)
+    else:
+        out = np.empty_like(x)  # one instance, no fabric: each call copies the array
 
-    def alone():
-        np.copyto(out, fabric.allreduce(x, op, group))
-        return out
-    return alone
+        def bound():
+            np.copyto(out, fabric.allreduce(x, op, group))
+            return out
+
+    def persistent():
+        if _backend.grouped and _backend.groups.members != group:
+            _check_regrouped(group, _backend.groups.members, fabric.num_instances)
+        return bound()
+    return persistent
+
+
+def _check_regrouped(bound: tuple[int, ...] | None, current: tuple[int, ...] | None, size: int) -> None:
+    """A persistent allreduce called inside ``execute_on_instances`` of other instances than it was bound
+    across refuses: it would wait for instances that are not calling it (or leave out some that are)."""
+    if current is None or (bound or tuple(range(size))) == current:
+        return  # (outside any group it spans the group it was bound across)
+    across = "every instance" if bound is None else f"instances {list(bound)}"
+    raise ValueError(f"this persistent allreduce was bound across {across} and is called inside "
+                     f"execute_on_instances of instances {list(current)}: call allreduce_init inside the group it "
+                     "is to reduce across (an MPI persistent request keeps its communicator)")
 
 
 def grouped_allreduce(arrays: Iterable[Any], op: str = Sum) -> list:
@@ -122,7 +141,8 @@ def broadcast(array: Any, root: int = 0, out: Any = None):
     fabric = _backend.fabric or current_fabric()
     if type(array) is not _ndarray or array.dtype.kind not in _NUMERIC:  # (as ``allreduce``: a call's Python is
         array = _array(array)  # most of a small collective's time)
-    return fabric.broadcast(array, root if type(root) is int else int(root), _backend.groups.members, out)
+    return fabric.broadcast(array, root if type(root) is int else _instance_index(root, "broadcast's root"),
+                            _backend.groups.members, out)
 
 
 def allgather(array: Any, out: Any = None):
@@ -159,7 +179,7 @@ def execute_on_instances(instances: Iterable[int], func: Callable[..., T], *args
     Collectives inside ``func`` span only those instances, e.g. a checkpoint
     saved by instance 0 alone: ``execute_on_instances({0}, save, model)``.
     """
-    members = tuple(sorted({int(i) for i in instances}))
+    members = tuple(sorted({_instance_index(i, 'execute_on_instances: each instance') for i in instances}))
     count = core.getNumInstances()
     bad = [i for i in members if not 0 <= i < count]
     if bad:
@@ -168,6 +188,15 @@ def execute_on_instances(instances: Iterable[int], func: Callable[..., T], *args
         return None
     with instance_group(members):
         return func(*args, **kwargs)
+
+
+def _instance_index(value: Any, what: str) -> int:
+    """``value`` as an instance index: an integer, NumPy's too; 1.5 or "1" is refused, where ``int()`` truncated
+    or parsed it into some instance."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an instance index (an integer), got {value!r}") from None
 
 
 def rank() -> int:
