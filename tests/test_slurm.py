@@ -97,6 +97,27 @@ def test_sigkill_of_poprun_inside_an_allocation_leaves_nothing(slurm: SlurmClust
     assert_all_gone(pids)
 
 
+def test_scancel_signal_usr1_reaches_every_instance_and_the_job_goes_on(slurm: SlurmCluster) -> None:
+    """Slurm's "checkpoint now" (``scancel --signal=USR1``, ``--signal=USR1@120``) signals the job's steps: poprun's
+    agents. Each passes it on to its instances, as poprun does. Before, the agent died of it: "lost ...: User
+    defined signal 1", exit 1, and no instance saw it."""
+    env = slurm.command_env()
+    launch = Launch(argv=salloc(slurm, OFFLINE, "--num-instances", "2", "--num-replicas", "2",
+                                *python_program("behave.py", "--ready", "--others", "signals")), env=env)
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    (job,) = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, env=env, timeout=RUN_TIMEOUT,
+                            check=True).stdout.split()
+    for signum in ("USR1", "USR2"):
+        subprocess.run(["scancel", f"--signal={signum}", job.decode()], env=env, timeout=RUN_TIMEOUT, check=True)
+        got = sorted(launch.wait_for_lines(b"instance", 2))
+        assert got == [f"instance {i} got SIG{signum}\n".encode() for i in range(2)], (got, launch.stderr)
+    (poprun,) = [p for p in psutil.Process(launch.process.pid).children() if "poprun_py" in " ".join(p.cmdline())]
+    poprun.send_signal(signal.SIGQUIT)  # (the job ends as the local test's: each instance exits 0 on SIGQUIT)
+    assert launch.finish() == 128 + signal.SIGQUIT, launch.stderr
+    assert b"lost" not in launch.stderr, launch.stderr
+    assert_all_gone(pids)
+
+
 def test_hosts_given_with_h_win_over_the_allocation(slurm: SlurmCluster) -> None:
     result = run_in_allocation(slurm, OFFLINE, "-H", "localhost", "--num-instances", "2", "--num-replicas", "2",
                                *python_program("print_env.py"))

@@ -3,7 +3,9 @@
 It says hello (version, Python, platform), takes one START frame (the
 instances and their environment), spawns them with the same ``LocalExecutor``
 as a local launch and streams its events back as frames on stdout. SIGNAL
-frames are passed on to the instances' groups.
+frames are passed on to the instances' groups. SIGUSR1 and SIGUSR2 sent to
+the agent itself it lives through (``scancel --signal`` in a Slurm step: Slurm
+signals the instances too).
 
 When the channel closes (the launcher died, even by SIGKILL, or its host
 dropped off) or the agent is told to stop by a signal, the instances get
@@ -36,7 +38,13 @@ from .local import LocalExecutor
 
 log = logging.getLogger("poprun.agent")
 _STDIN, _STDOUT = 0, 1
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+#: Not the agent's to die of. Inside a Slurm allocation the agent is a job step's task, so
+#: ``scancel --signal=USR1`` and ``--signal=USR1@120`` ("checkpoint now") reach it, not poprun; before, it died
+#: of them and the whole job was lost. Slurm's process tracking (proctrack/cgroup, linuxproc) signals every
+#: process of the step, the instances too, so the agent only lives on: passing it on would deliver it twice.
+#: (poprun passes on the ones it receives itself as SIGNAL frames.)
+_LIVES_THROUGH = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def hello() -> dict[str, Any]:
@@ -188,6 +196,8 @@ def _read_signals(channel: _Channel, executor: LocalExecutor, stopper: _Stopper)
 
 def serve() -> int:
     """Run one job's instances on this host; the exit status says whether the start worked."""
+    for signum in _LIVES_THROUGH:  # (caught, not ignored: an exec resets a caught signal, so instances get them)
+        signal.signal(signum, lambda *_: None)
     channel = _Channel()
     channel.send(wire.MAGIC + wire.encode_json(wire.Kind.HELLO, hello()))
     frame = channel.receive()
