@@ -10,11 +10,15 @@ it: they are caught as new descendants of the test process instead.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import psutil
 import pytest
+
+from infra.sshd import SshServer, unavailable_reason, wait_gone, write_config
 
 MARKER = "POPRUN_TEST_MARKER"
 
@@ -66,3 +70,30 @@ def no_leaked_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     for proc in alive:
         proc.kill()
     assert not alive, f"processes left running: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+# -- nodeA and nodeB: a real OpenSSH server on 127.0.0.2 and 127.0.0.3 (tests/infra/sshd.py) --------------
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no OpenSSH server here: {reason} (scripts/test.sh installs it when run as root)")
+    with SshServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture
+def home(sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A HOME whose ~/.ssh/config names the two hosts nodeA and nodeB, as users set them up; after the test, no
+    session, agent or instance may be left on either host (bounded wait, then fail)."""
+    ssh = tmp_path / "home" / ".ssh"
+    ssh.mkdir(parents=True)
+    shutil.copy(sshd.client_key, ssh / "id_ed25519")
+    shutil.copy(sshd.known_hosts, ssh / "known_hosts")
+    write_config(ssh, sshd, {"nodeA": "127.0.0.2", "nodeB": "127.0.0.3"})
+    monkeypatch.setenv("HOME", str(ssh.parent))
+    yield ssh.parent
+    left = wait_gone([p for p in sshd.session_processes() if p.pid != sshd.process.pid], timeout=15)
+    for proc in left:
+        proc.kill()
+    assert not left, f"left running on the hosts: {[(p.pid, p.cmdline()) for p in left]}"

@@ -128,6 +128,7 @@ BAD_INPUT = [
     ("-H unclosed range", [O, "-H", "node[1-3", "true"], b"unclosed"),
     ("-H slash", [O, "-H", "no/de", "true"], b"bad host name"),
     ("-H same host twice", [O, "-H", "a,A", "true"], b"appears twice"),
+    ("-H this machine twice", [O, "-H", "localhost,127.0.0.1", "true"], b"are both this machine"),
     ("-H range of 10**8", [O, "-H", "n[0-99999999]", "true"], b"more than 65536 hosts"),
     ("--host-file missing", [O, "--host-file", "{d}/nowhere", "true"], b"cannot read host file"),
     ("--host-file a directory", [O, "--host-file", "{d}", "true"], b"Is a directory"),

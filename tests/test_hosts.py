@@ -148,6 +148,16 @@ def test_duplicate_hosts_are_refused(text: str) -> None:
         parse_host_list(text)
 
 
+@pytest.mark.parametrize("text", ["localhost,127.0.0.1", "127.0.0.1,::1", f"localhost,{socket.gethostname()}",
+                                  f"{socket.gethostname().upper()},localhost.localdomain"])
+def test_two_names_of_this_machine_are_refused_as_one_host(text: str) -> None:
+    """Before, only the same spelling was refused: localhost and this machine's hostname were two hosts, each
+    instance local rank 0 of 1, with no OMP_NUM_THREADS share, on the same NUMA node."""
+    first, second = text.split(",")
+    with pytest.raises(HostListError, match=f"hosts '{first}' and '{second}' in the host list are both this machine"):
+        parse_host_list(text)
+
+
 def test_same_name_on_different_ports_are_different_hosts() -> None:
     assert len(parse_host_list("localhost:2222,localhost:2223,localhost")) == 3
 

@@ -18,61 +18,19 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import paramiko
 import psutil
 import pytest
 
-from infra.sshd import MARKER, SshServer, unavailable_reason, wait_gone
+from infra.sshd import MARKER, SshServer, write_config
 from poprun_py.errors import EXIT_PREFLIGHT, EXIT_USAGE
 from poprun_py.ranges import format_cpus
 from support import PROGRAMS, Launch, assert_all_gone, pids_of, python_program, run_poprun
 
 OFFLINE = "--offline-mode=1"
 FORWARD_MARKER = f"-x {MARKER}"  # remote instances join the test's leak check
-HOSTS = "nodeA,nodeB"
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"no OpenSSH server here: {reason} (scripts/test.sh installs it when run as root)")
-    with SshServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
-
-
-@pytest.fixture
-def home(sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A HOME whose ~/.ssh/config names the two hosts nodeA and nodeB, as users set them up."""
-    ssh = tmp_path / "home" / ".ssh"
-    ssh.mkdir(parents=True)
-    shutil.copy(sshd.client_key, ssh / "id_ed25519")
-    shutil.copy(sshd.known_hosts, ssh / "known_hosts")
-    write_config(ssh, sshd, {"nodeA": "127.0.0.2", "nodeB": "127.0.0.3"})
-    monkeypatch.setenv("HOME", str(ssh.parent))
-    return ssh.parent
-
-
-def write_config(ssh: Path, sshd: SshServer, aliases: dict[str, str], key: str = "id_ed25519") -> None:
-    (ssh / "config").write_text("".join(
-        f"Host {alias}\n  HostName {address}\n  Port {sshd.port}\n  User {sshd.user}\n"
-        f"  IdentityFile ~/.ssh/{key}\n  IdentitiesOnly yes\n"
-        for alias, address in aliases.items()))
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_on_the_hosts(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test: no session, agent or instance on any host (bounded wait, then fail)."""
-    yield
-    if "sshd" not in request.fixturenames:
-        return
-    server: SshServer = request.getfixturevalue("sshd")
-    left = wait_gone([p for p in server.session_processes() if p.pid != server.process.pid], timeout=15)
-    for proc in left:
-        proc.kill()
-    assert not left, f"left running on the hosts: {[(p.pid, p.cmdline()) for p in left]}"
+HOSTS = "nodeA,nodeB"  # (the fixtures sshd and home: tests/conftest.py)
 
 
 def launch_args(*args: str) -> tuple[str, ...]:

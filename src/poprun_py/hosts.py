@@ -168,15 +168,23 @@ def reject_duplicate_hosts(specs: Iterable[HostSpec], source: str = "the host li
     Public so that hosts gathered from several ``-H`` options and a host
     file can be checked together.
     """
-    seen: set[tuple[str, int | None]] = set()
+    seen: dict[tuple[str, int | None], HostSpec] = {}
     for spec in specs:
-        key = (spec.name.lower(), spec.port)
+        # Every name of this machine is one host: two would each get local rank 0 of 1, no OMP_NUM_THREADS
+        # share and the same NUMA node (before, only the same spelling was refused).
+        key = ("", None) if spec.is_local else (spec.name.lower(), spec.port)
         if key in seen:
+            first = seen[key]
+            if first.name.lower() != spec.name.lower():
+                raise HostListError(
+                    f"hosts {str(first)!r} and {str(spec)!r} in {source} are both this machine; list it once "
+                    "(every host gets the same number of instances)"
+                )
             raise HostListError(
                 f"host {str(spec)!r} appears twice in {source}; list each host once "
                 "(every host gets the same number of instances)"
             )
-        seen.add(key)
+        seen[key] = spec
 
 
 def _parse(text: str) -> tuple[HostSpec, ...]:

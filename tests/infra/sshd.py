@@ -262,3 +262,10 @@ def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Pr
             return alive
         procs = alive
         time.sleep(0.01)
+
+
+def write_config(ssh: Path, sshd: SshServer, aliases: dict[str, str], key: str = "id_ed25519") -> None:
+    (ssh / "config").write_text("".join(
+        f"Host {alias}\n  HostName {address}\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile ~/.ssh/{key}\n  IdentitiesOnly yes\n"
+        for alias, address in aliases.items()))
