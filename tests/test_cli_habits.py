@@ -194,6 +194,19 @@ def test_dry_run_on_several_hosts_connects_to_none() -> None:
     assert "command: python3 x.py (found there by poprun's agent)" in out
 
 
+def test_a_host_files_slots_it_exceeds_are_said_not_silently_ignored(tmp_path: Path) -> None:
+    """mpirun reads slots=N as a host's capacity; poprun places evenly (as Graphcore's), so a host given more than
+    its slots gets a warning. Before, slots=N was parsed and dropped without a word, even with -v."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=1\n")
+    result = run_poprun("--offline-mode", "--host-file", str(hosts), "--num-instances", "2", "--num-replicas", "2",
+                        "true")
+    assert result.returncode == 0, result.stderr
+    assert b"host localhost runs 2 instances, more than its slots=1" in result.stderr, result.stderr
+    result = run_poprun("--offline-mode", "--host-file", str(hosts), "true")
+    assert result.returncode == 0 and b"slots" not in result.stderr, result.stderr
+
+
 def test_dry_run_is_not_saved_with_the_launch(tmp_path: Path) -> None:
     saved = tmp_path / "launch.json"
     assert run_poprun("--dry-run", "--offline-mode", "--export-config", str(saved)).returncode == 0

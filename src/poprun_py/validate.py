@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -36,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from popdist.env import MAX_TIMEOUT_SECONDS
 
 from .errors import UsageError
+
+log = logging.getLogger("poprun.validate")
 
 if TYPE_CHECKING:
     from .hosts import HostSpec
@@ -157,6 +160,18 @@ def check_host_names(hosts: Iterable[HostSpec]) -> None:
             )
 
 
+def warn_hosts_over_their_slots(hosts: tuple[HostSpec, ...], num_instances: int) -> None:
+    """A host file's ``slots=N`` is a host's capacity to mpirun; poprun places instances evenly whatever the
+    slots (as Graphcore's), so a host given more than its slots is said, not silently oversubscribed."""
+    if not hosts or num_instances % len(hosts):
+        return  # (an uneven split is refused with its own message)
+    per_host = num_instances // len(hosts)
+    for host in hosts:
+        if host.slots is not None and per_host > host.slots:
+            log.warning("host %s runs %d instances, more than its slots=%d: poprun places instances evenly among "
+                        "the hosts, whatever their slots", host, per_host, host.slots)
+
+
 def check_exec_size(program: Iterable[str], extra_env: Mapping[str, str], environ: Mapping[str, str]) -> None:
     """The instances' argv and environment must fit ``execve``'s limits, or no instance can start."""
     strings = 0
@@ -202,5 +217,6 @@ def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
             "(--num-replicas x --ipus-per-replica); use a number of IPU-Link domains that divides it"
         )
     check_host_names(placement.hosts)
+    warn_hosts_over_their_slots(placement.hosts, placement.num_instances)
     extra = {setting.name: setting.value for setting in spec.instance.all_settings() if setting.value is not None}
     check_exec_size(spec.program, extra, environ)
