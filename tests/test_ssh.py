@@ -195,6 +195,23 @@ def test_refused_key_is_an_authentication_verdict(home: Path, sshd: SshServer) -
     assert f"nodeA: authentication: authentication refused for user '{sshd.user}'" in text
 
 
+def test_no_key_to_offer_is_an_authentication_verdict_naming_the_missing_file(home: Path, sshd: SshServer,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: 'ssh handshake: no SSH server answered properly ... (No authentication methods available)', which
+    sent users to the server and the port; the server had answered, and the client had no key to offer."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    write_config(home / ".ssh", sshd, {"nodeA": "127.0.0.2"}, key="id_missing")
+    text = preflight("-H", "nodeA")
+    assert (f"nodeA: authentication: no key to offer for user '{sshd.user}': IdentityFile "
+            f"{home / '.ssh' / 'id_missing'} does not exist and ssh-agent is not used (IdentitiesOnly)") in text, text
+    (home / ".ssh" / "id_ed25519").unlink()
+    write_config(home / ".ssh", sshd, {"nodeA": "127.0.0.2"})
+    (home / ".ssh" / "config").write_text((home / ".ssh" / "config").read_text().replace(
+        "  IdentityFile ~/.ssh/id_ed25519\n  IdentitiesOnly yes\n", ""))
+    text = preflight("-H", "nodeA")
+    assert f"nodeA: authentication: no key to offer for user '{sshd.user}': no key in ~/.ssh" in text, text
+
+
 def test_missing_remote_python(home: Path) -> None:
     text = preflight("-H", "nodeA", "--remote-python", "/nonexistent/bin/python3")
     assert "nodeA: remote python: /nonexistent/bin/python3 not found there" in text

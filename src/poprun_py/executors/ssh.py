@@ -299,9 +299,26 @@ def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: Any, timeout
         raise HostCheckFailed("authentication", f"the key needs a passphrase ({exc}); add it to ssh-agent") from None
     except paramiko.AuthenticationException:
         raise HostCheckFailed("authentication", f"authentication refused for user {target.user!r}") from None
-    except (paramiko.SSHException, EOFError, OSError) as exc:
+    except paramiko.SSHException as exc:
+        if "No authentication methods available" not in str(exc):  # (Paramiko's words when it had no key to try)
+            raise HostCheckFailed("ssh handshake", f"no SSH server answered properly on port {target.port} "
+                                  f"({exc or type(exc).__name__})") from None
+        raise HostCheckFailed("authentication", _no_key(target, key_files)) from None
+    except (EOFError, OSError) as exc:
         raise HostCheckFailed("ssh handshake", f"no SSH server answered properly on port {target.port} "
                               f"({exc or type(exc).__name__})") from None
+
+
+def _no_key(target: SshTarget, key_files: tuple[str, ...]) -> str:
+    """Why there was no key to offer: ssh says "no such identity" and "Permission denied (publickey)"."""
+    missing = [p for p in target.identity_files if p not in key_files]
+    if missing:
+        why = "IdentityFile " + ", ".join(missing) + (" does not exist" if len(missing) == 1 else " do not exist")
+    else:
+        why = "no key in ~/.ssh (id_rsa, id_ecdsa, id_ed25519, id_dsa)"
+    agent = " and ssh-agent is not used (IdentitiesOnly)" if target.identities_only else " and no ssh-agent key"
+    return (f"no key to offer for user {target.user!r}: {why}{agent}; fix IdentityFile in ~/.ssh/config, "
+            "or add a key with ssh-add")
 
 
 def _key_name(target: SshTarget) -> str:
