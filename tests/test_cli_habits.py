@@ -207,6 +207,17 @@ def test_a_host_files_slots_it_exceeds_are_said_not_silently_ignored(tmp_path: P
     assert result.returncode == 0 and b"slots" not in result.stderr, result.stderr
 
 
+def test_dry_run_shows_this_hosts_cpus_only_for_its_own_instances() -> None:
+    """A remote host's agent binds its instances to its own NUMA nodes; before, the dry run showed this host's
+    CPUs for them, a binding that did not exist."""
+    result = run_poprun("--dry-run", "--offline-mode", "--numa-aware=yes", "-H", "localhost,node-that-does-not-exist",
+                        "--num-instances", "2", "--num-replicas", "2", "true")
+    assert result.returncode == 0, result.stderr
+    blocks = result.stdout.decode().split("instance ")[1:]
+    assert "\n  cpus: " in blocks[0] and "placed on that host" not in blocks[0], blocks[0]
+    assert "\n  cpus: placed on that host's NUMA nodes by its agent\n" in blocks[1], blocks[1]
+
+
 def test_dry_run_is_not_saved_with_the_launch(tmp_path: Path) -> None:
     saved = tmp_path / "launch.json"
     assert run_poprun("--dry-run", "--offline-mode", "--export-config", str(saved)).returncode == 0

@@ -269,6 +269,17 @@ def test_remote_agents_bind_their_instances_to_numa_nodes(home: Path) -> None:
         assert f"instance {index} on {host}: CPUs {format_cpus(cpus)}" in stderr
 
 
+def test_print_topology_leaves_remote_instances_cpus_to_their_agents(home: Path) -> None:
+    """Before, --print-topology showed this host's CPUs for nodeA's and nodeB's instances; their agents bind them
+    by their own hosts' NUMA nodes (--vv shows what they chose)."""
+    result = run_poprun(*launch_args("--num-instances", "2", "--num-replicas", "2", "--numa-aware=yes",
+                                     "--print-topology=yes", "true"))
+    assert result.returncode == 0, result.stderr
+    stderr = result.stderr.decode()
+    for index, host in ((0, "nodeA"), (1, "nodeB")):
+        assert f"instance {index} on {host}: CPUs chosen there by its agent" in stderr, stderr
+
+
 def test_remote_agents_bind_each_instance_to_a_core_as_mpirun_does(home: Path) -> None:
     """``--mpi-local-args='--bind-to core'`` reaches each agent: its two instances get a CPU each, in order."""
     cpus = sorted(os.sched_getaffinity(0))

@@ -58,7 +58,7 @@ def dry_run(spec: LaunchSpec, out: TextIO | None = None) -> int:
                      allocation=allocation, master_port=_PLACEHOLDER_PORT,
                      rendezvous=("127.0.0.1", _PLACEHOLDER_PORT), launcher_environ=os.environ, cwd=cwd,
                      fabric=dataclasses.replace(spec.fabric, token="dry-run"),
-                     cpus=numa_binding(placement), host_cpus=local_host_cpus(placement))
+                     cpus=numa_binding(placement, remote), host_cpus=local_host_cpus(placement, remote))
     out.write("\n".join(_lines(spec, plan, via_srun, partition)) + "\n")
     out.flush()
     return 0

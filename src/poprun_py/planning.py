@@ -45,9 +45,10 @@ def local_host_cpus(placement: Placement, remote_hosts: Collection[str] = ()) ->
     return {str(host): cpus for host in placement.hosts or (LOCALHOST,) if str(host) not in remote_hosts}
 
 
-def numa_binding(placement: Placement) -> dict[int, tuple[int, ...]]:
-    """CPUs per instance on this host: a NUMA node's, or a core's or one (``--bind-to core|hwthread``); remote
-    agents place their own instances on their own nodes."""
+def numa_binding(placement: Placement, remote_hosts: Collection[str] = ()) -> dict[int, tuple[int, ...]]:
+    """CPUs per instance on this host: a NUMA node's, or a core's or one (``--bind-to core|hwthread``). None for
+    the instances of ``remote_hosts``: their agents place them on their own hosts' nodes (before, this host's
+    CPUs were shown for them by --print-topology and --dry-run, a binding that did not exist)."""
     if not placement.numa_wanted:
         return {}
     per_host = placement.instances_per_host
@@ -58,7 +59,8 @@ def numa_binding(placement: Placement) -> dict[int, tuple[int, ...]]:
     except ValueError as exc:
         log.warning("NUMA placement is off: %s", exc)
         return {}
-    return {index: cpus[index % per_host][1] for index in range(placement.num_instances)}
+    remote = {index for host, block in placement.blocks() if str(host) in remote_hosts for index in block}
+    return {index: cpus[index % per_host][1] for index in range(placement.num_instances) if index not in remote}
 
 
 def plan_job(
@@ -89,7 +91,7 @@ def plan_job(
         rendezvous=rendezvous,
         fabric=fabric,
         device_fds=device_fds,
-        cpus=numa_binding(placement),
+        cpus=numa_binding(placement, programs.remote_hosts),
         addresses=addresses,
         host_cpus=local_host_cpus(placement, programs.remote_hosts),
     )

@@ -204,5 +204,8 @@ def print_plan_topology(plan: Plan, placement: Placement) -> None:
     for instance in plan.instances:
         if instance.cpus is not None:
             lines.append(f"instance {instance.index} on {instance.host}: CPUs {format_cpus(instance.cpus)}")
+        elif placement.numa_wanted and not instance.host.is_local:
+            lines.append(f"instance {instance.index} on {instance.host}: CPUs chosen there by its agent "
+                         "(its host's NUMA nodes; --vv shows them)")
     sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()
