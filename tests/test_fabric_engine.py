@@ -85,16 +85,18 @@ class Job:
 
     def __init__(self, n: int, scenario: str, out: Path, *, transport: str = "auto",
                  heartbeat_timeout: float = 10.0, spawn: tuple[int, ...] | None = None,
-                 fabric_timeout: float = 10.0, hosts: tuple[str, ...] | None = None) -> None:
+                 fabric_timeout: float = 10.0, hosts: tuple[str, ...] | None = None, bind: str = "127.0.0.1") -> None:
+        """``bind``: the address the rendezvous and every worker's TCP listener bind (an IPv6 one too)."""
         self.n, self.out = n, out
         self.job_id = f"t{uuid.uuid4().hex[:12]}"
         self.token = os.urandom(32)
-        self.server = RendezvousServer(n, self.token, heartbeat_timeout=heartbeat_timeout, checkin_timeout=30)
+        self.server = RendezvousServer(n, self.token, bind_host=bind, heartbeat_timeout=heartbeat_timeout,
+                                       checkin_timeout=30)
         self.server.start()
         self.deadline = time.monotonic() + JOB_TIMEOUT
         self.workers: list[Worker] = []
         for i in range(n) if spawn is None else spawn:
-            env = dict(os.environ, FABRIC_ADDRESS=f"{self.server.address[0]}:{self.server.address[1]}",
+            env = dict(os.environ, FABRIC_ADDRESS=f"{self.server.address[0]}:{self.server.address[1]}", FABRIC_BIND=bind,
                        FABRIC_TOKEN=self.token.hex(), FABRIC_JOB=self.job_id, FABRIC_INSTANCE=str(i),
                        FABRIC_INSTANCES=str(n), FABRIC_TRANSPORT=transport, FABRIC_TIMEOUT=str(fabric_timeout),
                        FABRIC_HOST=hosts[i] if hosts else "")
@@ -171,6 +173,22 @@ def test_every_collective_matches_numpy(jobs: list[Job], tmp_path: Path, n: int,
         assert sorted(results) == sorted(case.name for case in cases)
         for case in cases:
             assert_bit_identical(results[case.name], case.expect(i, n, None), f"instance {i}, {case.name}")
+
+
+def test_every_collective_over_tcp_on_ipv6_loopback(jobs: list[Job], tmp_path: Path) -> None:
+    """The rendezvous and each instance's TCP listener on ``::1``: IPv6 addresses bind and connect as IPv4 ones."""
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    job = run_job(jobs, tmp_path, 3, "suite", transport="tcp", bind="::1")
+    lines = job.finish()
+    assert all(lines[i] == [{"links": links_seen_by(i, 3, "tcp")}, {"done": i}] for i in range(3)), lines
+    for i in range(3):
+        results = job.results(i)
+        for case in suite(3):
+            if i in case.members(3):
+                assert_bit_identical(results[case.name], case.expect(i, 3, None), f"instance {i}, {case.name}")
 
 
 @pytest.mark.parametrize("hosts", LAYOUTS, ids="".join)

@@ -232,3 +232,18 @@ def test_unreachable_rendezvous_is_a_clear_error() -> None:
         address = sock.getsockname()  # bound but not listening: connection refused
         with pytest.raises(RendezvousError, match="cannot reach"):
             join(address, TOKEN, peer(0), 1, job_id="j", timeout=BOUND)
+
+
+def test_on_every_network_it_takes_ipv4_and_ipv6_check_ins(server_factory) -> None:
+    """Bound on "" (the launcher's hosts are on several networks), instances reach it by either family."""
+    if not socket.has_dualstack_ipv6():
+        pytest.skip("no dual-stack IPv6 sockets here")
+    server = server_factory(2, bind_host="")
+    port = server.address[1]
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(join, (host, port), TOKEN, peer(i), 2, job_id="j", timeout=BOUND)
+                   for i, host in enumerate(("127.0.0.1", "::1"))]
+        joined = [f.result(timeout=BOUND) for f in futures]
+    assert [m.instance for m, _ in joined] == [0, 1]
+    for _, channel in joined:
+        channel.close()

@@ -77,7 +77,8 @@ def _partition(spec: LaunchSpec) -> tuple[Allocation, str]:
             f"IPU-Link routing {request.resolved_ipu_link_routing_type()}, "
             f"GW-Link routing {request.resolved_gw_link_routing_type()}, sync type {request.resolved_sync_type()}")
     where = f" in cluster {request.cluster}" if request.cluster else ""
-    server = f"{vipu.server_host}:{vipu.server_port}" if vipu.server_host else "the embedded V-IPU service"
+    host = f"[{vipu.server_host}]" if ":" in (vipu.server_host or "") else vipu.server_host  # IPv6: [addr]:port
+    server = f"{host}:{vipu.server_port}" if vipu.server_host else "the embedded V-IPU service"
     if vipu.partition:
         line = f"{name} from {server}: used if it exists and fits, created otherwise ({what}{where})"
     else:

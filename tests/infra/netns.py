@@ -10,8 +10,11 @@ network the root namespace has no route to.
 
 Addresses come from 198.18.0.0/15 (RFC 2544's benchmarking range, never routed on real networks):
 one /24 per network, chosen under a lock among those no interface here uses, so concurrent test
-runs never share one. Names carry the pid. Everything is made as root and removed by ``close()``,
-which a ``with`` block or fixture calls even when a test fails.
+runs never share one. A network made with ``ipv6=True`` gives its hosts on the switch IPv6
+addresses only, from the unique-local /64 ``fd00:5050:<that /24's number>::`` (so it is as free as
+the /24), and the root namespace one there beside its IPv4 address; all with ``nodad``: usable at
+once, with no duplicate-address detection to wait for. Names carry the pid. Everything is made as
+root and removed by ``close()``, which a ``with`` block or fixture calls even when a test fails.
 """
 
 from __future__ import annotations
@@ -74,8 +77,9 @@ class NetHost:
 class Network:
     """A switch, the root namespace's link to it, and hosts; ``close`` removes them all."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, ipv6: bool = False) -> None:
         self.state_dir = state_dir
+        self.ipv6 = ipv6
         serial = next(_SERIALS)  # two networks of one process never share a name either
         self.tag = f"{os.getpid():x}{serial:x}"  # interface names must fit in 15 characters
         self.prefix = f"poprun-{os.getpid()}-{serial}"
@@ -95,6 +99,8 @@ class Network:
                 self.subnet = self._free_subnet()
                 ip("link", "add", self.root_link, "type", "veth", "peer", "name", f"p{self.tag}R")
                 ip("addr", "add", f"{self.outer(1)}/24", "dev", self.root_link)
+                if self.ipv6:
+                    ip("addr", "add", f"{self.outer6(1)}/64", "dev", self.root_link, "nodad")
                 # The bastion's private network must not reach the default route from here: were a
                 # regression to skip the jump and connect straight to it, its packets would leave the
                 # machine. An unreachable route fails such a connection at once, on this host.
@@ -114,6 +120,10 @@ class Network:
         """An address on the switch's network (the root namespace is .1)."""
         return f"198.18.{self.subnet}.{last}"
 
+    def outer6(self, last: int) -> str:
+        """An IPv6 address on the switch's network, with ``ipv6`` (the root namespace is ::1)."""
+        return f"fd00:5050:{self.subnet:x}::{last:x}"
+
     @property
     def inner_network(self) -> str:
         return f"198.19.{self.subnet}.0/24"
@@ -127,9 +137,10 @@ class Network:
         number = len(self.hosts) + 1
         netns = self._namespace(f"{self.prefix}-{name}")
         port = f"p{self.tag}s{number}"
-        self._link(netns, "eth0", self.outer(10 + number), self.switch, port)
+        address = self.outer6(10 + number) if self.ipv6 else self.outer(10 + number)
+        self._link(netns, "eth0", address, self.switch, port)
         ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
-        return self._serve(NetHost(name, netns, self.outer(10 + number), port))
+        return self._serve(NetHost(name, netns, address, port))
 
     def add_host_behind(self, name: str, bastion: NetHost) -> NetHost:
         """A host linked to ``bastion`` alone: reachable from here only through it (a new namespace
@@ -147,14 +158,17 @@ class Network:
 
     def _link(self, netns: str, name: str, address: str, other_netns: str, other_name: str,
               other_address: str | None = None) -> None:
-        """A veth pair: ``name`` with ``address`` in ``netns``, ``other_name`` in ``other_netns``."""
+        """A veth pair: ``name`` with ``address`` (IPv4 or IPv6) in ``netns``, ``other_name`` in ``other_netns``."""
         here, there = f"p{self.tag}a", f"p{self.tag}b"
         ip("link", "add", here, "type", "veth", "peer", "name", there)
         ip("link", "set", here, "netns", netns)
         ip("link", "set", there, "netns", other_netns)
         ip("-n", netns, "link", "set", here, "name", name)
         ip("-n", other_netns, "link", "set", there, "name", other_name)
-        ip("-n", netns, "addr", "add", f"{address}/24", "dev", name)
+        if ":" in address:
+            ip("-n", netns, "addr", "add", f"{address}/64", "dev", name, "nodad")
+        else:
+            ip("-n", netns, "addr", "add", f"{address}/24", "dev", name)
         ip("-n", netns, "link", "set", name, "up")
         if other_address:
             ip("-n", other_netns, "addr", "add", f"{other_address}/24", "dev", other_name)

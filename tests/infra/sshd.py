@@ -130,7 +130,8 @@ class SshServer:
 
     def _write_configs(self) -> None:
         path = os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])
-        lines = [f"ListenAddress {address}:{self.port}" for address in self.addresses] + [
+        lines = [f"ListenAddress {f'[{address}]' if ':' in address else address}:{self.port}"  # IPv6: [a]:port
+                 for address in self.addresses] + [
             f"HostKey {self.host_key}",
             f"AuthorizedKeysFile {self.authorized_keys}",
             f"PidFile {self.state_dir / 'sshd.pid'}",

@@ -4,7 +4,8 @@ usage: fabric_worker.py SCENARIO OUT_DIR
 
 The job comes from the environment (never argv: the token is a secret):
 FABRIC_ADDRESS=host:port, FABRIC_TOKEN=hex, FABRIC_JOB, FABRIC_INSTANCE,
-FABRIC_INSTANCES, FABRIC_TRANSPORT, FABRIC_HOST (the host label, if any).
+FABRIC_INSTANCES, FABRIC_TRANSPORT, FABRIC_HOST (the host label, if any), FABRIC_BIND (the address
+its TCP listener binds; default 127.0.0.1).
 Results go to OUT_DIR/<instance>.npz; errors are printed as one JSON line
 {"error": type, "instance": ..., "message": ...}.
 
@@ -610,7 +611,8 @@ def main() -> int:
         fabric = connect((host, int(port)), bytes.fromhex(os.environ["FABRIC_TOKEN"]), job_id=os.environ["FABRIC_JOB"],
                          instance=instance, num_instances=n, transport=os.environ.get("FABRIC_TRANSPORT", "auto"),
                          timeout=float(os.environ.get("FABRIC_TIMEOUT", "10")), startup_timeout=30,
-                         host_label=os.environ.get("FABRIC_HOST") or None)
+                         host_label=os.environ.get("FABRIC_HOST") or None,
+                         bind_host=os.environ.get("FABRIC_BIND") or "127.0.0.1")
     except FabricError as exc:
         report(error=type(exc).__name__, instance=getattr(exc, "instance", None), message=str(exc))
         return 3

@@ -37,12 +37,14 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from .engine import Fabric
 from .errors import FabricError, PeerLostError, RendezvousError
 from .frames.link import Link, LinkClosed
 from .frames.mailbox import MailboxSegment
 from .frames.mailbox import supported as mailboxes_supported
+from .join.addresses import ANY_ADDRESS, host_port, listen, resolve
 from .join.member import ControlChannel, join
 from .join.membership import Membership, Peer
 from .join.messages import heartbeat_interval
@@ -128,7 +130,7 @@ class Listeners:
 
     @classmethod
     def open(cls, job_id: str, instance: int, transport: str, bind_host: str) -> Listeners:
-        tcp = socket.create_server((bind_host, 0), backlog=128)
+        tcp = listen(bind_host, 128)  # IPv4 or IPv6, as the launcher reached this host
         unix = unix_name = None
         if transport != "tcp":
             unix_name = f"poprun-{instance}-{secrets.token_hex(16)}"  # unpredictable: see the module docstring
@@ -140,7 +142,7 @@ class Listeners:
                 unix.close()
                 raise
             unix.listen(128)
-        advertised = bind_host if bind_host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        advertised = bind_host if bind_host not in (*ANY_ADDRESS, "0.0.0.0") else socket.gethostname()
         return cls(tcp, unix, unix_name, advertised)
 
     def peer(self, instance: int, transport: str, host_label: str | None = None) -> Peer:
@@ -273,11 +275,12 @@ def _has_hello(link: Link) -> bool:
 
 def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pending:
     local = transport != "tcp" and peer.unix_name is not None and membership.same_host(peer.instance)
-    address: str | tuple[str, int]
+    address: str | tuple[Any, ...]
     if local:
         sock, address, where = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), "\0" + str(peer.unix_name), "unix"
     else:
-        sock, address, where = socket.socket(socket.AF_INET, socket.SOCK_STREAM), peer.tcp_addr, "tcp"
+        family, address = _tcp_address(peer)
+        sock, where = socket.socket(family, socket.SOCK_STREAM), "tcp"
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     code = sock.connect_ex(address)
@@ -288,13 +291,23 @@ def _start_connect(membership: Membership, peer: Peer, transport: str) -> _Pendi
     return _Pending(sock, peer.instance, os.urandom(16), connected=False, where=where)
 
 
+def _tcp_address(peer: Peer) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+    """Where to connect to ``peer`` over TCP, in the family of the address it announced (IPv4 or IPv6)."""
+    host, port = peer.tcp_addr
+    try:
+        return resolve(host, port)
+    except socket.gaierror as exc:
+        raise RendezvousError(f"instance {peer.instance} announced the data address {host_port(host, port)}, "
+                              f"which does not resolve here: {exc.strerror}") from None
+
+
 def _accept(listener: socket.socket, pending: dict[int, _Pending]) -> None:
     try:
         sock, address = listener.accept()
     except (BlockingIOError, InterruptedError, ConnectionAbortedError):
         return
     sock.setblocking(False)
-    where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else "a local socket"
+    where = host_port(address[0], address[1]) if isinstance(address, tuple) else "a local socket"
     unknown = [fd for fd, item in pending.items() if item.peer is None]
     if len(unknown) >= MAX_UNKNOWN:  # strangers are connecting: the oldest of them makes room
         pending.pop(unknown[0]).sock.close()

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ..errors import PeerLostError, RendezvousError, RendezvousTimeout
+from .addresses import host_port
 from .membership import Membership, Peer
 from .messages import HEARTBEAT_INTERVAL, LAUNCHER, FrameReader, challenge_answer, encode_frame
 
@@ -144,7 +145,7 @@ def join(
     try:
         sock = socket.create_connection(address, timeout=timeout)
     except OSError as exc:
-        raise RendezvousError(f"cannot reach the job's rendezvous at {address[0]}:{address[1]}: {exc}") from None
+        raise RendezvousError(f"cannot reach the job's rendezvous at {host_port(*address)}: {exc}") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = FrameReader()
     try:

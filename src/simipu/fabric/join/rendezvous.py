@@ -47,6 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from .addresses import host_port, listen
 from .checkin import CHECKIN_FRAME_DEADLINE, SPARE_PENDING, Refused, checkin_reader, parse_checkin
 from .member import ControlChannel, join
 from .messages import FrameReader, encode_frame, heartbeat_interval
@@ -86,7 +87,7 @@ class _Connection:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
 
 
 class RendezvousServer:
@@ -114,7 +115,7 @@ class RendezvousServer:
         self._exit_grace = exit_grace
         self._on_gone = on_gone
         self._max_pending = num_instances + SPARE_PENDING
-        self._listener = socket.create_server((bind_host, 0), backlog=max(128, num_instances))
+        self._listener = listen(bind_host, max(128, num_instances))  # IPv4 or IPv6, as the host was reached
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._selector = selectors.DefaultSelector()
         self._connections: set[_Connection] = set()
