@@ -10,15 +10,13 @@ namespaces per module, removed after it even when a test fails.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Iterator
 
-import psutil
 import pytest
 
-from infra.netns import Network, ip, unavailable_reason
-from infra.sshd import MARKER, wait_gone
+from infra.netns import Network, assert_nothing_left_on, ip, unavailable_reason, write_ssh_home
+from infra.sshd import MARKER
 from support import Launch, assert_all_gone, pids_of, python_program, read_line, run_poprun
 
 OFFLINE = "--offline-mode=1"
@@ -41,43 +39,17 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 @pytest.fixture
 def home(network: Network, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A HOME whose ~/.ssh/config names every host, the hidden one behind ``ProxyJump bastion``."""
-    ssh = tmp_path / "home" / ".ssh"
-    ssh.mkdir(parents=True)
-    blocks, known = [], []
-    for host in network.hosts.values():
-        assert host.sshd is not None
-        shutil.copy(host.sshd.client_key, ssh / f"id_{host.name}")
-        known.append(host.sshd.known_hosts.read_text())
-        blocks.append(f"Host {host.name}\n  HostName {host.address}\n  User {host.sshd.user}\n"
-                      f"  IdentityFile {ssh}/id_{host.name}\n  IdentitiesOnly yes\n  SendEnv {MARKER}\n"
-                      f"  UserKnownHostsFile {ssh}/known_hosts\n  BatchMode yes\n"  # absolute: ssh(1) reads it too
-                      + ("  ProxyJump bastion\n" if host.port is None else ""))
-    (ssh / "config").write_text("".join(blocks))
-    (ssh / "known_hosts").write_text("".join(known))
-    monkeypatch.setenv("HOME", str(ssh.parent))
-    return ssh.parent
+    home = write_ssh_home(network, tmp_path, lambda host: "  ProxyJump bastion\n" if host.port is None else "")
+    monkeypatch.setenv("HOME", str(home))
+    return home
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_on_the_hosts(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test: no agent or instance on any host (sshd's own sessions may take longer to notice a cut)."""
+    """After each test: no agent or instance on any host."""
     yield
-    if "network" not in request.fixturenames:
-        return
-    network: Network = request.getfixturevalue("network")
-    ours = [p for host in network.hosts.values() if host.sshd is not None for p in host.sshd.session_processes()
-            if not is_sshd(p)]
-    left = wait_gone(ours, timeout=15)
-    for proc in left:
-        proc.kill()
-    assert not left, f"left running on the hosts: {[(p.pid, p.cmdline()) for p in left]}"
-
-
-def is_sshd(proc: psutil.Process) -> bool:
-    try:
-        return proc.name() == "sshd"
-    except psutil.NoSuchProcess:
-        return True  # gone already: nothing to wait for
+    if "network" in request.fixturenames:
+        assert_nothing_left_on(request.getfixturevalue("network"))
 
 
 def json_lines(stdout: bytes) -> list[dict]:

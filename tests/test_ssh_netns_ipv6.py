@@ -8,16 +8,14 @@ network of two hosts for the module, removed after it even when a test fails.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from infra.netns import Network, unavailable_reason
-from infra.sshd import MARKER, wait_gone
+from infra.netns import Network, assert_nothing_left_on, unavailable_reason, write_ssh_home
+from infra.sshd import MARKER
 from support import python_program, run_poprun
-from test_ssh_netns import is_sshd
 
 OFFLINE = "--offline-mode=1"
 FORWARD_MARKER = f"-x {MARKER}"  # remote instances join the test's leak check
@@ -37,32 +35,16 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
 @pytest.fixture
 def home(network: Network, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A HOME whose ~/.ssh/config names each host by an alias and by its IPv6 address."""
-    ssh = tmp_path / "home" / ".ssh"
-    ssh.mkdir(parents=True)
-    blocks, known = [], []
-    for host in network.hosts.values():
-        assert host.sshd is not None
-        shutil.copy(host.sshd.client_key, ssh / f"id_{host.name}")
-        known.append(host.sshd.known_hosts.read_text())
-        blocks.append(f"Host {host.name} {host.address}\n  HostName {host.address}\n  User {host.sshd.user}\n"
-                      f"  IdentityFile {ssh}/id_{host.name}\n  IdentitiesOnly yes\n  SendEnv {MARKER}\n"
-                      f"  UserKnownHostsFile {ssh}/known_hosts\n  BatchMode yes\n")
-    (ssh / "config").write_text("".join(blocks))
-    (ssh / "known_hosts").write_text("".join(known))
-    monkeypatch.setenv("HOME", str(ssh.parent))
-    return ssh.parent
+    home = write_ssh_home(network, tmp_path, also_named=lambda host: host.address)
+    monkeypatch.setenv("HOME", str(home))
+    return home
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_on_the_hosts(network: Network) -> Iterator[None]:
-    """After each test: no agent or instance on either host (bounded wait, then fail)."""
+    """After each test: no agent or instance on either host."""
     yield
-    ours = [p for host in network.hosts.values() if host.sshd is not None for p in host.sshd.session_processes()
-            if not is_sshd(p)]
-    left = wait_gone(ours, timeout=15)
-    for proc in left:
-        proc.kill()
-    assert not left, f"left running on the hosts: {[(p.pid, p.cmdline()) for p in left]}"
+    assert_nothing_left_on(network)
 
 
 def allreduce_lines(stdout: bytes, instances: int) -> list[str]:

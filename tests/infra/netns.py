@@ -27,9 +27,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from infra.sshd import SshServer
+import psutil
+
+from infra.sshd import MARKER, SshServer, wait_gone
 from infra.sshd import unavailable_reason as sshd_unavailable
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
@@ -225,3 +227,42 @@ class Network:
             subprocess.run([IP, "link", "delete", self.root_link], capture_output=True, timeout=TIMEOUT)
         if errors:
             raise errors[0]
+
+
+def write_ssh_home(network: Network, root: Path, config_extra: Callable[[NetHost], str] = lambda host: "",
+                   also_named: Callable[[NetHost], str] = lambda host: "") -> Path:
+    """A HOME under ``root`` whose ~/.ssh/config names every host of ``network`` (and, per host, ``also_named``
+    too), with its key and known_hosts, as users set them up; ``config_extra`` adds lines to a host's block."""
+    ssh = root / "home" / ".ssh"
+    ssh.mkdir(parents=True)
+    blocks, known = [], []
+    for host in network.hosts.values():
+        assert host.sshd is not None
+        shutil.copy(host.sshd.client_key, ssh / f"id_{host.name}")
+        known.append(host.sshd.known_hosts.read_text())
+        names = " ".join(name for name in (host.name, also_named(host)) if name)
+        blocks.append(f"Host {names}\n  HostName {host.address}\n  User {host.sshd.user}\n"
+                      f"  IdentityFile {ssh}/id_{host.name}\n  IdentitiesOnly yes\n  SendEnv {MARKER}\n"
+                      f"  UserKnownHostsFile {ssh}/known_hosts\n  BatchMode yes\n"  # absolute: ssh(1) reads it too
+                      + config_extra(host))
+    (ssh / "config").write_text("".join(blocks))
+    (ssh / "known_hosts").write_text("".join(known))
+    return ssh.parent
+
+
+def assert_nothing_left_on(network: Network) -> None:
+    """No agent or instance on any host of ``network`` (bounded wait, then kill and fail); sshd's own session
+    processes may take longer to notice a cut link, and are not ours to wait for."""
+    ours = [p for host in network.hosts.values() if host.sshd is not None for p in host.sshd.session_processes()
+            if not _is_sshd(p)]
+    left = wait_gone(ours, timeout=15)
+    for proc in left:
+        proc.kill()
+    assert not left, f"left running on the hosts: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def _is_sshd(proc: psutil.Process) -> bool:
+    try:
+        return proc.name() == "sshd"
+    except psutil.NoSuchProcess:
+        return True  # gone already: nothing to wait for
