@@ -159,3 +159,27 @@ def test_device_busy_has_its_own_code() -> None:
 def test_usage_errors_are_one_line(args: list[str], tmp_path: Path) -> None:
     result = simipu(*args, "--state", str(tmp_path / "s.sqlite")) if args[0] == "vipu" else simipu(*args)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and result.stderr.startswith("simipu: error:")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400", "1e7"])
+@pytest.mark.parametrize("option", ["--io-timeout", "--request-deadline", "--timeout"])
+def test_a_duration_that_bounds_nothing_is_a_usage_error(option: str, value: str, tmp_path: Path) -> None:
+    """nan was an internal error (exit 70); inf, 1e400 (inf once parsed) and 1e7 switched the server's bounds off."""
+    if option == "--timeout":
+        command = ["vipu", "list", "partitions", "--server", "127.0.0.1:1"]
+    else:  # refused, it never listens; were it taken, the server would serve until RUN_TIMEOUT kills it
+        command = ["vipu-server", "--port", "0", "--state", str(tmp_path / "vipu.sqlite")]
+    result = simipu(*command, option, value)
+    assert result.returncode == 2, result
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"'{option}': must be from 0.001 to 1000000 seconds, got " in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("limits", [{"io_timeout": float("nan")}, {"request_deadline": float("inf")},
+                                    {"io_timeout": 1e7}, {"max_connections": 0}])
+def test_server_limits_refuse_a_bound_that_is_none(limits: dict[str, float]) -> None:
+    from simipu.vipu.server import ServerLimits
+
+    with pytest.raises(ValueError, match=f"server limits: {next(iter(limits))} must be"):
+        ServerLimits(**limits)  # type: ignore[arg-type]

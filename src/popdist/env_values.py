@@ -44,6 +44,7 @@ from popdist.env_names import (
     VIPU_PORT,
     VIPU_TIMEOUT,
 )
+from simipu.durations import MAX_SECONDS
 from simipu.hardware import parent_device_id as _parent_device_id
 
 DEFAULT_VIPU_HOST = "localhost"
@@ -64,7 +65,7 @@ class EnvContractError(ValueError):
 
 FABRIC_TRANSPORTS = ("auto", "tcp")
 #: The longest timeout an instance can wait with: poll/epoll take milliseconds in a C int (2**31 ms, ~24.8 days).
-MAX_TIMEOUT_SECONDS = 1_000_000.0
+MAX_TIMEOUT_SECONDS = MAX_SECONDS  # simipu's rule for every duration, one number for all floors
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import math
 import os
 import re
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from popdist.env import MAX_TIMEOUT_SECONDS
+from simipu.durations import MAX_SECONDS, check_seconds
+from simipu.durations import shown as _short  # values in errors, cut as the seconds' are
 
 from .errors import UsageError
 
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from .hosts import HostSpec
     from .spec import LaunchSpec
 
-MAX_SECONDS = MAX_TIMEOUT_SECONDS
 MAX_COUNT = 2**20
 MIN_FABRIC_TIMEOUT = 1.0
 #: Per-option bounds where they differ from the rule for their kind (seconds or counts).
@@ -79,27 +78,12 @@ def whole_number(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def seconds(name: str, value: Any, allow_zero: bool = False) -> float:
-    """A duration as typed: finite, positive (or zero if allowed), at most ``MAX_SECONDS``."""
-    if isinstance(value, bool):
-        raise UsageError(f"{option_flag(name)}: {value!r} is not a number of seconds")
+    """A duration as typed: the one rule for seconds (``simipu.durations``), the flag named in the error."""
+    why = " (a peer is declared lost after missing four heartbeats in that time)" if name == "fabric_timeout" else ""
     try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise UsageError(f"{option_flag(name)}: {value!r} is not a number of seconds") from None
-    minimum = MINIMUM_SECONDS.get(name, 0.0)
-    low_ok = number >= minimum and (number > 0 or allow_zero)
-    if not (math.isfinite(number) and low_ok and number <= MAX_SECONDS):
-        span = f"from {minimum:g} to" if minimum or allow_zero else "more than 0 and at most"
-        why = " (a peer is declared lost after missing four heartbeats in that time)" if name == "fabric_timeout" else ""
-        raise UsageError(
-            f"{option_flag(name)}: must be {span} {MAX_SECONDS:.0f} seconds{why}, got {_short(value)}"
-        )
-    return number
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = str(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+        return check_seconds(value, MINIMUM_SECONDS.get(name, 0.0), allow_zero, why)
+    except ValueError as exc:
+        raise UsageError(f"{option_flag(name)}: {exc}") from None
 
 
 # -- --import-config: the JSON types of a saved launch -----------------------------------------------

@@ -19,6 +19,7 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from simipu.devices import DeviceBusy, DeviceError, default_device_dir, listing_lines
+from simipu.durations import check_seconds
 from simipu.private_files import UnsafePath
 from simipu.vipu import (
     DEFAULT_PORT,
@@ -95,7 +96,19 @@ ServerOption = Annotated[Optional[str], typer.Option(
 StateOption = Annotated[Optional[Path], typer.Option(
     "--state", help="State file of the embedded service. (default: $XDG_STATE_HOME/poprun-py/vipu.sqlite)",
     show_default=False, dir_okay=False)]
-TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server.", min=0.001)]
+#: The least any of simipu's durations may be: a socket timeout of 0 would not wait at all.
+MIN_SECONDS = 0.001
+
+
+def _seconds(value: float) -> float:
+    """A duration option, by the rule poprun's durations follow: nan, inf and 1e400 would switch a bound off."""
+    try:
+        return check_seconds(value, MIN_SECONDS)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the server.", callback=_seconds)]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -214,9 +227,9 @@ def vipu_server(
              "(default: $SIMIPU_VIPU_TOKEN_FILE, else $XDG_STATE_HOME/poprun-py/vipu-server.token)",
         show_default=False, dir_okay=False)] = None,
     io_timeout: Annotated[float, typer.Option(help="Seconds each read or write of a connection may wait.",
-                                              min=0.001)] = 5.0,
+                                              callback=_seconds)] = 5.0,
     request_deadline: Annotated[float, typer.Option(help="Seconds one connection (a request and its reply) "
-                                                         "may last.", min=0.001)] = 15.0,
+                                                         "may last.", callback=_seconds)] = 15.0,
     max_connections: Annotated[int, typer.Option(help="Connections open at once; at the cap the longest idle "
                                                       "one is dropped.", min=1)] = 64,
 ) -> None:

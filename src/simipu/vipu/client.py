@@ -20,6 +20,7 @@ import time
 from typing import Any, Optional
 from urllib.parse import quote
 
+from simipu.durations import check_seconds
 from simipu.vipu.defaults import DEFAULT_PORT, DEFAULT_TIMEOUT
 from simipu.vipu.errors import VipuProtocolError, VipuUnreachable, error_from_kind
 from simipu.vipu.lease import Lease
@@ -57,8 +58,10 @@ class VipuClient:
             raise ValueError("VipuClient needs a host")
         if not 0 < port < 65536:
             raise ValueError(f"{port} is not a TCP port (1-65535)")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        try:
+            check_seconds(timeout)  # nan, inf or 0 is no wait the OS can keep
+        except ValueError as exc:
+            raise ValueError(f"VipuClient timeout {exc}") from None
         self.host = host
         self.port = port
         self.timeout = timeout

@@ -40,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 from urllib.parse import unquote
 
+from simipu.durations import check_seconds
 from simipu.vipu.api import DEFAULT_PORT
 from simipu.vipu.errors import InvalidPartitionRequest, VipuError, VipuProtocolError, VipuUnauthorized
 from simipu.vipu.lease import Lease
@@ -63,8 +64,14 @@ class ServerLimits:
     """Connections open at once; at the cap the longest-idle one is dropped for a new one."""
 
     def __post_init__(self) -> None:
-        if not (self.io_timeout > 0 and self.request_deadline > 0 and self.max_connections >= 1):
-            raise ValueError(f"server limits must be positive: {self}")
+        """Refuse a bound that is none: nan, inf and 1e400 would let one client hold a connection for ever."""
+        for name in ("io_timeout", "request_deadline"):
+            try:
+                check_seconds(getattr(self, name))
+            except ValueError as exc:
+                raise ValueError(f"server limits: {name} {exc}") from None
+        if self.max_connections < 1:
+            raise ValueError(f"server limits: max_connections must be at least 1, got {self.max_connections}")
 
 
 class _NoRoute(VipuProtocolError):
