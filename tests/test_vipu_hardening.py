@@ -10,6 +10,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -17,10 +19,11 @@ from typing import Iterator
 import pytest
 
 from poprun_py import errors
+from simipu.cli import EXIT_CODES
 from simipu.devices import UnsafeDeviceDir, attach
 from simipu.vipu import PartitionRequest, VipuClient, VipuService, VipuUnauthorized, VipuUnreachable
 from simipu.vipu.api import default_token_path
-from simipu.vipu.errors import VipuProtocolError
+from simipu.vipu.errors import VipuProtocolError, VipuStateError
 from simipu.vipu.testing import RunningServer, server_process, start_server_process, stop_process
 from simipu.vipu.token import read_token
 from support import run_poprun
@@ -258,3 +261,68 @@ def test_state_directories_are_created_private() -> None:
     state_dir = Path(os.environ["XDG_STATE_HOME"]) / "poprun-py"
     for directory in (state_dir, state_dir / "devices", state_dir / "devices" / "cluster0"):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+
+
+def simipu(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``simipu`` command (umask 022, as most users have), bounded in time."""
+    return subprocess.run([sys.executable, "-m", "simipu.cli", *args], capture_output=True, text=True,
+                          timeout=REPLY_WAIT, preexec_fn=lambda: os.umask(0o022))
+
+
+def refusal_to_serve(state: Path) -> str:
+    """Why ``simipu vipu-server --state state`` would not start; fails the test (stopping it) if it serves."""
+    try:
+        running = start_server_process(state)
+    except RuntimeError as exc:  # it exited before listening: the message holds its exit code and stderr
+        return str(exc)
+    stop_process(running.process)
+    pytest.fail(f"the server served {state}")
+
+
+def give_to_nobody(path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    import pwd
+
+    os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+
+
+@pytest.mark.parametrize("how", ["directory writable by all", "directory owned by nobody", "file writable by all",
+                                 "file owned by nobody"])
+def test_a_state_file_named_with_state_is_refused_if_others_can_change_it(tmp_path: Path, how: str) -> None:
+    """``--state FILE`` passed no checks: whoever could write the file or its directory could rewrite partitions and
+    leases without the server's token. Now both get the default state directory's checks."""
+    VipuService(tmp_path / "vipu.sqlite", cluster="pod16").create_partition(PartitionRequest("theirs", 4))
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    state = shared / "vipu.sqlite"
+    state.write_bytes((tmp_path / "vipu.sqlite").read_bytes())
+    state.chmod(0o644)
+    culprit, what = (shared, "directory") if how.startswith("directory") else (state, "file")
+    if how.endswith("owned by nobody"):
+        give_to_nobody(culprit)
+    else:
+        culprit.chmod(0o1777 if what == "directory" else 0o666)
+    before = state.read_bytes()
+    created = simipu("vipu", "create", "partition", "stolen", "--size", "4", "--state", str(state))
+    assert created.returncode == EXIT_CODES[VipuStateError], created
+    assert created.stderr.count("\n") == 1, created.stderr
+    assert created.stderr.startswith(f"simipu: error: unsafe V-IPU state {what}: {culprit} "), created.stderr
+    advice = "chmod go-w" if how == "file writable by all" else "run 'simipu vipu-server' over it"
+    assert advice in created.stderr
+    refused = refusal_to_serve(state)
+    assert f"(exit {EXIT_CODES[VipuStateError]}): simipu: error: unsafe V-IPU state {what}: {culprit} " in refused
+    assert state.read_bytes() == before  # nothing written through it
+
+
+def test_a_state_file_named_with_state_gets_private_directories_and_works(tmp_path: Path) -> None:
+    """Missing directories of ``--state`` were made 0755 (the umask's); now 0700, as the default state directory."""
+    state = tmp_path / "new" / "sub" / "vipu.sqlite"
+    created = simipu("vipu", "create", "partition", "mine", "--size", "4", "--state", str(state))
+    assert created.returncode == 0, created.stderr
+    for directory in (tmp_path / "new", tmp_path / "new" / "sub"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    link = tmp_path / "link.sqlite"  # a symlink of one's own to one's own private file is fine too
+    link.symlink_to(state)
+    with server_process(link, cluster="pod64") as running:  # and a server over it serves
+        assert [p.name for p in running.client().list_partitions()] == ["mine"]

@@ -72,9 +72,9 @@ EXIT_CODES: dict[type[BaseException], int] = {
 
 _EPILOG = ("Exit codes: 0 ok, 1 other error, 2 usage, 3 server unreachable, 4 no such partition, "
            "5 no such cluster, 6 partition exists, 7 partition too large, 8 not enough free IPUs, "
-           "9 invalid request, 10 cluster mismatch, 11 state file unusable, 12 server protocol error, "
-           "13 device busy, 14 cannot listen, 15 partition in use by another job, 16 no or wrong token for the "
-           "server, 17 unsafe state directory or token file, 70 internal error.")
+           "9 invalid request, 10 cluster mismatch, 11 state file or its directory unusable or unsafe, "
+           "12 server protocol error, 13 device busy, 14 cannot listen, 15 partition in use by another job, "
+           "16 no or wrong token for the server, 17 unsafe token file, 70 internal error.")
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True, epilog=_EPILOG,
                   context_settings={"help_option_names": ["--help", "-h"]},

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from simipu import hardware
-from simipu.private_files import UnsafePath, private_dir
+from simipu.private_files import UnsafePath, private_dir, private_file
 from simipu.vipu.allocation import choose_ipus
 from simipu.vipu.defaults import default_state_dir, default_state_path
 from simipu.vipu.errors import (
@@ -60,6 +60,11 @@ SCHEMA_VERSION = "2"
 #: How a user picks another state file, in the errors about this one: simipu's option, or (poprun's embedded
 #: service, which has no option for it) the directory it keeps its file in.
 _ANOTHER_STATE = "use another state file (simipu: --state FILE; poprun: another XDG_STATE_HOME)"
+#: What to do about a state file (or its directory) that others own or can write: one of one's own, and to share
+#: partitions, the server, which changes them only for holders of its token.
+_OWN_STATE = ("keep the state file in a directory only you can write (mode 0700; the default "
+              "$XDG_STATE_HOME/poprun-py is one); to share partitions with others, run 'simipu vipu-server' over "
+              "it and have them use --server")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clusters (name TEXT PRIMARY KEY, size INTEGER NOT NULL);
@@ -125,14 +130,7 @@ class VipuService:
             size = hardware.parse_cluster_size(cluster if cluster is not None else "pod64")
         except ValueError as exc:
             raise InvalidPartitionRequest(f"cluster {cluster_name}: {exc}") from None
-        try:
-            if state_path is None:  # the user's own state directory: 0700, and refused if others can change it
-                private_dir(default_state_dir())
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        except UnsafePath as exc:
-            raise VipuStateError(f"unsafe V-IPU state directory: {exc}") from None
-        except OSError as exc:
-            raise VipuStateError(f"cannot create the directory of the V-IPU state file {self.state_path}: {exc}") from None
+        self._refuse_unsafe_state(explicit=state_path is not None)
         with self._transaction() as db:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 db.execute(statement)
@@ -156,6 +154,24 @@ class VipuService:
                     f"the V-IPU state file {self.state_path} holds cluster {cluster_name} of {stored[0]} IPUs, "
                     f"not {size}; drop --cluster, or {_ANOTHER_STATE}"
                 )
+
+    def _refuse_unsafe_state(self, explicit: bool) -> None:
+        """Whoever can write the state file, or the directory it is in, can rewrite partitions and leases without
+        the server's token: both must be ours alone, the default as a file named with ``--state``."""
+        try:
+            if explicit:  # checked where it really is (symlinks followed), and opened there
+                self.state_path = self.state_path.resolve()
+                private_dir(self.state_path.parent, _OWN_STATE, _OWN_STATE)
+            else:  # the user's own state directory: 0700, and refused if others can change it
+                private_dir(default_state_dir())
+        except UnsafePath as exc:
+            raise VipuStateError(f"unsafe V-IPU state directory: {exc}") from None
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
+            raise VipuStateError(f"cannot create the directory of the V-IPU state file {self.state_path}: {exc}") from None
+        try:
+            private_file(self.state_path, _OWN_STATE)
+        except UnsafePath as exc:
+            raise VipuStateError(f"unsafe V-IPU state file: {exc}") from None
 
     def __repr__(self) -> str:
         return f"VipuService({str(self.state_path)!r}, cluster_name={self.default_cluster!r})"
