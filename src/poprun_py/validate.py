@@ -42,6 +42,7 @@ log = logging.getLogger("poprun.validate")
 
 if TYPE_CHECKING:
     from .hosts import HostSpec
+    from .records import Placement
     from .spec import LaunchSpec
 
 MAX_COUNT = 2**20
@@ -144,13 +145,13 @@ def check_host_names(hosts: Iterable[HostSpec]) -> None:
             )
 
 
-def warn_hosts_over_their_slots(hosts: tuple[HostSpec, ...], num_instances: int) -> None:
+def warn_hosts_over_their_slots(placement: Placement) -> None:
     """A host file's ``slots=N`` is a host's capacity to mpirun; poprun places instances evenly whatever the
     slots (as Graphcore's), so a host given more than its slots is said, not silently oversubscribed."""
-    if not hosts or num_instances % len(hosts):
+    if not placement.hosts or placement.num_instances % len(placement.hosts):
         return  # (an uneven split is refused with its own message)
-    per_host = num_instances // len(hosts)
-    for host in hosts:
+    per_host = placement.instances_per_host
+    for host in placement.hosts:
         if host.slots is not None and per_host > host.slots:
             log.warning("host %s runs %d instances, more than its slots=%d: poprun places instances evenly among "
                         "the hosts, whatever their slots", host, per_host, host.slots)
@@ -201,6 +202,6 @@ def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
             "(--num-replicas x --ipus-per-replica); use a number of IPU-Link domains that divides it"
         )
     check_host_names(placement.hosts)
-    warn_hosts_over_their_slots(placement.hosts, placement.num_instances)
+    warn_hosts_over_their_slots(placement)
     extra = {setting.name: setting.value for setting in spec.instance.all_settings() if setting.value is not None}
     check_exec_size(spec.program, extra, environ)
