@@ -105,6 +105,19 @@ def test_a_peer_killed_mid_collective_is_named_in_every_survivor() -> None:
     assert b"instance 1 of 3" in result.stderr
 
 
+@pytest.mark.parametrize("mode", ["finalized", "exits"])
+def test_a_peer_that_left_the_fabric_is_named_with_why(mode: str, tmp_path: Path) -> None:
+    """Instance 1 leaves the fabric cleanly (``popdist.finalizeBackend()``, alive after it; or the end of its
+    program) while the others enter an allreduce: each says why it is gone. Before, they said its process
+    "exited or was killed" though it was alive and had only finalised."""
+    result = run_failing(mode, "--fabric-timeout", "30", argv=(str(tmp_path),) if mode == "finalized" else ())
+    lost = [line for line in result.stdout.decode().splitlines() if line.startswith("lost:")]
+    expected = {"finalized": "instance 1 is gone: it called popdist.finalizeBackend(), so it takes no part",
+                "exits": "instance 1 is gone: its program ended (its fabric closed at exit) without this"}[mode]
+    assert len(lost) == 2 and all(expected in line for line in lost), result
+    assert result.returncode == 3, result.stderr
+
+
 def test_start_up_timeout_names_the_missing_instance(tmp_path: Path) -> None:
     # (counted from the first check-in: instances 0 and 2 enter init() together, so that a process that starts
     # slowly on a loaded machine is not named too, as instance 2 once was with 1 s and then with 3 s)

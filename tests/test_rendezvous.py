@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from simipu.fabric import Peer, PeerLostError, RendezvousError, RendezvousTimeout
-from simipu.fabric.join.messages import FrameReader, challenge_answer, encode_frame
+from simipu.fabric.join.messages import LEAVE_REASONS, FrameReader, challenge_answer, encode_frame
 from simipu.fabric.join.rendezvous import RendezvousServer, join
 
 TOKEN = os.urandom(32)
@@ -190,12 +190,20 @@ def test_every_loss_wakes_the_members_again(server_factory) -> None:
         channel.close()
 
 
-def test_a_clean_leave_is_not_a_loss(server_factory) -> None:
-    server = server_factory(2)
-    (m0, c0), (m1, c1) = join_all(server, range(2), 2)
-    c1.close()
-    readable, _, _ = select.select([c0.wake_fd], [], [], 0.5)
-    assert not readable and c0.lost() == {}
+def test_a_clean_leave_is_not_a_loss_and_the_others_hear_why(server_factory) -> None:
+    """A goodbye is relayed as a leave, with its reason (a code from a known set, else "closed"), never as a
+    loss: a wait still on the leaver then says why it is gone (``LossWatch.explain``)."""
+    server = server_factory(3)
+    (m0, c0), (m1, c1), (m2, c2) = join_all(server, range(3), 3)
+    c1.close(why="finalized")
+    assert wait_readable(c0.wake_fd) and wait_readable(c2.wake_fd)
+    for channel in (c0, c2):
+        assert channel.lost() == {} and list(channel.left()) == [1]
+        assert "popdist.finalizeBackend()" in channel.left()[1]
+    c0.clear_wake()
+    c2.close(why="anything else")
+    assert wait_readable(c0.wake_fd)
+    assert c0.lost() == {} and c0.left()[2] == LEAVE_REASONS["closed"]
     c0.close()
 
 

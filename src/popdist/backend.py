@@ -40,7 +40,7 @@ class Collectives(Protocol):
     def recv(self, like: np.ndarray, source: int, out: np.ndarray | None = None) -> np.ndarray: ...
     def message_waiting(self, sources: Sequence[int], block: bool = False, watched: Sequence[int] = ()) -> int | None: ...
     def take_waiting(self, source: int) -> bytearray: ...
-    def close(self) -> None: ...
+    def close(self, why: str = "closed") -> None: ...
 
 
 class LoneFabric:
@@ -87,7 +87,7 @@ class LoneFabric:
     def take_waiting(self, source):
         raise ValueError(f"instance {source} does not exist: there is 1 instance")
 
-    def close(self):
+    def close(self, why: str = "closed") -> None:
         return None
 
 
@@ -135,7 +135,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def _close_in_owner(fabric: Collectives, owner: int) -> None:
     if os.getpid() == owner:  # an atexit handler inherited by a fork must not close the parent's fabric
-        fabric.close()
+        fabric.close(why="exited")
 
 
 def connect(launch: InstanceEnv | None) -> Collectives:

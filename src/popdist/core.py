@@ -152,4 +152,4 @@ def finalizeBackend() -> None:
         _backend.hot_allreduces, _backend.hot_copies = {}, {}
         _backend.initialised = False
     if fabric is not None:
-        fabric.close()
+        fabric.close(why="finalized")

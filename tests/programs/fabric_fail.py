@@ -14,6 +14,12 @@ usage: fabric_fail.py MODE
   gil FIFO    after an allreduce, instance 1 opens FIFO for reading through libc, holding the GIL (its
               heartbeat thread cannot run) until the test opens it for writing; then every instance
               prints "second: <sum>" of a second allreduce
+  finalized DIR
+              after a barrier, instance 1 calls popdist.finalizeBackend() and stays alive until each other
+              instance has left a file in DIR; the others print "lost: <error>" when their allreduce raises,
+              then leave theirs
+  exits       after a barrier, instance 1 exits with code 0; the others print "lost: <error>" when their
+              allreduce raises
   mismatch    instance 0 reduces 3 floats, the others 4
   wrong-token instance 0 joins with a token it made up
 """
@@ -85,6 +91,18 @@ def main() -> int | None:
         if me == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         return reported(lambda: C.allreduce(np.ones(1000, np.float32)), PeerLostError, "lost", 3)
+    if mode in ("finalized", "exits"):
+        C.barrier()
+        if me == 1:
+            if mode == "finalized":
+                popdist.finalizeBackend()
+                others = tuple(i for i in range(popdist.getNumInstances()) if i != 1)
+                enter_together(Path(sys.argv[2]), me, others)  # alive until the others have raised
+            return 0
+        code = reported(lambda: C.allreduce(np.ones(1000, np.float32)), PeerLostError, "lost", 3)
+        if mode == "finalized":
+            (Path(sys.argv[2]) / f"started-{me}").touch()
+        return code
     if mode == "mismatch":
         return reported(lambda: C.allreduce(np.ones(3 if me == 0 else 4, np.float32)), CollectiveMismatchError,
                         "mismatch", 4)

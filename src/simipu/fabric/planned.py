@@ -52,7 +52,7 @@ class PlannedPaths(PhaseRunner):
     docstring); ``Fabric`` decides when."""
 
     def __init__(self, membership: Membership, links: dict[int, Link], control: Control | None, *,
-                 timeout: float = 10.0, on_close: Callable[[], None] | None = None,
+                 timeout: float = 10.0, on_close: Callable[[str], None] | None = None,
                  mailboxes: MailboxSegment | None = None) -> None:
         super().__init__(membership, links, control, timeout=timeout, on_close=on_close, mailboxes=mailboxes)
         #: The world group's small allreduces on the boards (algorithms/board.py), when there are boards.

@@ -39,7 +39,7 @@ class PhaseRunner:
     """One instance's links, groups and call numbers, and the running of one phase at a time over them."""
 
     def __init__(self, membership: Membership, links: dict[int, Link], control: Control | None, *,
-                 timeout: float = 10.0, on_close: Callable[[], None] | None = None,
+                 timeout: float = 10.0, on_close: Callable[[str], None] | None = None,
                  mailboxes: MailboxSegment | None = None) -> None:
         self.membership = membership
         self.instance = membership.instance
@@ -87,11 +87,14 @@ class PhaseRunner:
         return {peer: ("unix" if link.local else "tcp") + ("+mailbox" if link.mailbox is not None else "")
                 for peer, link in sorted(self._links.items())}
 
-    def close(self) -> None:
-        """Release the links and leave the rendezvous cleanly. Idempotent."""
+    def close(self, why: str = "closed") -> None:
+        """Leave the rendezvous cleanly, telling the others ``why`` (a ``join.messages.LEAVE_REASONS`` code),
+        then release the links: a peer that sees them close hears why first. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._on_close is not None:
+            self._on_close(why)
         for link in self._links.values():
             link.divert = None
             link.close()
@@ -103,8 +106,6 @@ class PhaseRunner:
         self._arenas.clear()
         if self._mailboxes is not None:
             self._mailboxes.close()
-        if self._on_close is not None:
-            self._on_close()
 
     def _release_plans(self) -> None:
         """Drop what a subclass made over the boards and arenas: when the fabric closes (``close`` closes those

@@ -16,6 +16,8 @@ class Control(Protocol):
 
     def lost(self) -> dict[int, str]: ...
 
+    def left(self) -> dict[int, str]: ...
+
     def clear_wake(self) -> None: ...
 
 
@@ -45,7 +47,8 @@ class LossWatch:
                 raise PeerLostError(instance, reason)
 
     def explain(self, peer: int, reason: str, among: Iterable[int]) -> PeerLostError:
-        """The loss to report when ``peer``'s connection closed: the first participant the rendezvous saw die.
+        """The loss to report when ``peer``'s connection closed: the first participant the rendezvous saw die,
+        else why ``peer`` left (its goodbye, relayed: ``popdist.finalizeBackend()``, the end of its program).
 
         A survivor that raised and exited also closes its connections, so the
         EOF we saw may be a knock-on; the rendezvous hears of a real death at
@@ -60,6 +63,9 @@ class LossWatch:
                 self.check(among)
             except PeerLostError as lost:
                 return lost
+            why = self.control.left().get(peer)
+            if why is not None:
+                return PeerLostError(peer, why)
             left = deadline - time.monotonic()
             if left <= 0:
                 return PeerLostError(peer, reason)

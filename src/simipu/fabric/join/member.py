@@ -13,11 +13,11 @@ from typing import Any
 from ..errors import PeerLostError, RendezvousError, RendezvousTimeout
 from .addresses import host_port
 from .membership import Membership, Peer
-from .messages import HEARTBEAT_INTERVAL, LAUNCHER, FrameReader, challenge_answer, encode_frame
+from .messages import HEARTBEAT_INTERVAL, LAUNCHER, LEAVE_REASONS, FrameReader, challenge_answer, encode_frame
 
 
 class ControlChannel:
-    """An instance's open line to the rendezvous: heartbeats out, loss notices in.
+    """An instance's open line to the rendezvous: heartbeats out, loss and leave notices in.
 
     Every new loss writes a byte to a pipe whose read end is ``wake_fd``, so a
     wait can poll it beside its sockets; a waiter calls ``clear_wake`` before
@@ -30,6 +30,7 @@ class ControlChannel:
         self._beat_every = beat_every
         self._reader = reader
         self._lost: dict[int, str] = {}
+        self._left: dict[int, str] = {}  # instances that said goodbye, and why (``LEAVE_REASONS``' words)
         self._lock = threading.Lock()
         self._closing = False
         self._wake_r, self._wake_w = os.pipe()
@@ -42,6 +43,11 @@ class ControlChannel:
     def lost(self) -> dict[int, str]:
         with self._lock:
             return dict(self._lost)
+
+    def left(self) -> dict[int, str]:
+        """The instances that left the fabric cleanly, and why: what a peer still waiting for one reports."""
+        with self._lock:
+            return dict(self._left)
 
     def raise_if_lost(self, among: set[int] | None = None) -> None:
         """Raise PeerLostError for the first lost instance (of ``among``, if given). Clears the wake fd."""
@@ -59,9 +65,12 @@ class ControlChannel:
             pass
 
     def _mark_lost(self, instance: int, reason: str) -> None:
+        self._mark(self._lost, instance, reason)
+
+    def _mark(self, table: dict[int, str], instance: int, reason: str) -> None:
         with self._lock:
-            new = instance not in self._lost
-            self._lost.setdefault(instance, reason)
+            new = instance not in table
+            table.setdefault(instance, reason)
             if new and not self._closing:
                 try:
                     os.write(self._wake_w, b"x")
@@ -71,6 +80,9 @@ class ControlChannel:
     def _handle(self, message: dict[str, Any]) -> None:
         if "lost" in message:
             self._mark_lost(int(message["lost"]), str(message.get("reason", "")))
+        elif "left" in message:
+            why = LEAVE_REASONS.get(str(message.get("why")), LEAVE_REASONS["closed"])
+            self._mark(self._left, int(message["left"]), why)
 
     def _run(self) -> None:
         while (message := self._reader.pop()) is not None:  # frames that came with the peer table
@@ -97,9 +109,10 @@ class ControlChannel:
                     self._mark_lost(LAUNCHER, f"the launcher's rendezvous is unreachable ({exc})")
                 return
 
-    def close(self) -> None:
-        """Leave cleanly: the others are not told this instance was lost."""
-        self._leave(say_bye=True)
+    def close(self, why: str = "closed") -> None:
+        """Leave cleanly: the others are told this instance left, and ``why`` (a ``LEAVE_REASONS`` key), not
+        that it was lost."""
+        self._leave(say_bye=True, why=why)
 
     def abandon(self) -> None:
         """Leave without a goodbye: the rendezvous declares this instance lost and tells every other at once.
@@ -109,14 +122,14 @@ class ControlChannel:
         """
         self._leave(say_bye=False)
 
-    def _leave(self, say_bye: bool) -> None:
+    def _leave(self, say_bye: bool, why: str = "closed") -> None:
         with self._lock:
             if self._closing:
                 return
             self._closing = True
             if say_bye:
                 try:
-                    self._sock.sendall(encode_frame({"bye": 1}))
+                    self._sock.sendall(encode_frame({"bye": 1, "why": why}))
                 except OSError:
                     pass
         try:

@@ -23,6 +23,13 @@ MAX_FRAME = 1 << 22
 HEARTBEAT_INTERVAL = 1.0
 #: The "instance" number of the rendezvous itself in loss reports.
 LAUNCHER = -1
+#: Why an instance left the fabric cleanly (its goodbye's "why", relayed to the others by the rendezvous),
+#: as a peer still waiting for it reports it: a code on the wire, the words here.
+LEAVE_REASONS = {
+    "finalized": "it called popdist.finalizeBackend(), so it takes no part in this collective",
+    "exited": "its program ended (its fabric closed at exit) without this collective",
+    "closed": "it closed its fabric connection, so it takes no part in this collective",
+}
 
 
 def heartbeat_interval(heartbeat_timeout: float) -> float:

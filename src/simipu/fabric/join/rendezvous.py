@@ -50,7 +50,7 @@ from typing import Any, Callable
 from .addresses import host_port, listen
 from .checkin import CHECKIN_FRAME_DEADLINE, SPARE_PENDING, Refused, checkin_reader, parse_checkin
 from .member import ControlChannel, join
-from .messages import FrameReader, encode_frame, heartbeat_interval
+from .messages import LEAVE_REASONS, FrameReader, encode_frame, heartbeat_interval
 
 __all__ = ["ControlChannel", "RendezvousServer", "join"]
 
@@ -282,8 +282,8 @@ class RendezvousServer:
                 except Refused as refused:
                     self._refuse(connection, str(refused))
                     return
-            elif message.get("bye"):
-                connection.left = True
+            elif message.get("bye") and not connection.left:
+                self._relay_leave(connection, message.get("why"))
 
     def _check_in(self, connection: _Connection, message: dict[str, Any]) -> None:
         peer = parse_checkin(message, self._token, connection.nonce, self._num_instances).peer
@@ -312,6 +312,15 @@ class RendezvousServer:
                 other.last_seen = now  # heartbeats count from here: waiting for slow starters is not silence
                 self._send(other, {"peers": table})
             log.debug("all %d instances checked in", self._num_instances)
+
+    def _relay_leave(self, connection: _Connection, why: object) -> None:
+        """An instance said goodbye: tell the others, so that one still waiting for it says why it is gone
+        (``why``, from an authenticated member, is still only ever one of ``LEAVE_REASONS``' codes)."""
+        connection.left = True
+        code = why if isinstance(why, str) and why in LEAVE_REASONS else "closed"
+        for other in list(self._checked_in.values()):
+            if other is not connection:
+                self._send(other, {"left": connection.instance, "why": code})
 
     def _refuse(self, connection: _Connection, why: str) -> None:
         if connection.host in self._refused_hosts:
