@@ -143,6 +143,11 @@ BAD_INPUT = [
     ("--import-config a directory", ["--import-config", "{d}"], b"cannot read"),
     ("--import-config not JSON", ["--import-config", "{d}/a_file"], b"cannot read"),
     ("--import-config without format", ["--import-config", "{d}/no_format.json"], b"not a poprun-py config"),
+    # -- files without end or depth: read up to a bound, not until memory runs out ----------------
+    ("--import-config /dev/zero", ["--import-config", "/dev/zero", "true"], b"'/dev/zero' is larger than 4 MiB"),
+    ("--import-config over 4 MiB", ["--import-config", "{d}/big.json"], b"is larger than 4 MiB"),
+    ("--import-config nested deep", ["--import-config", "{d}/deep.json"], b"nested too deeply"),
+    ("--host-file /dev/zero", [O, "--host-file", "/dev/zero", "true"], b"host file /dev/zero is larger than 4 MiB"),
 ]
 
 
@@ -156,6 +161,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "hosts_none").write_text("# nothing but a comment\n")
     (d / "hosts_binary").write_bytes(b"\xff\xfe\x00")
     (d / "no_format.json").write_text(json.dumps({"options": {}, "program": ["true"]}))
+    (d / "deep.json").write_text("[" * 200_000 + "]" * 200_000)  # RecursionError in json.loads
+    (d / "big.json").write_text(json.dumps({"format": CONFIG_FORMAT, "options": {}, "program": ["x" * 2**22]}))
     for name, (options, program) in CONFIGS.items():
         (d / f"{name}.json").write_text(json.dumps({"format": CONFIG_FORMAT, "options": options, "program": program}))
     return d

@@ -226,3 +226,15 @@ def test_help_and_version_exit_0() -> None:
     assert run_poprun("--help").returncode == 0
     version = run_poprun("--version")
     assert version.returncode == 0 and version.stdout.startswith(b"poprun (poprun-py)")
+
+
+def test_a_host_file_may_be_a_pipe() -> None:
+    """The bound on what is read (4 MiB) needs no regular file: ``--host-file <(make_hosts)`` is a pipe."""
+    import subprocess
+
+    from support import RUN_TIMEOUT, poprun_command
+
+    result = subprocess.run(poprun_command("--offline-mode=1", "--dry-run=yes", "--host-file", "/dev/stdin", "true"),
+                            input=b"# made by a command\nlocalhost\n", capture_output=True, timeout=RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert b"hosts: localhost (this host)" in result.stdout

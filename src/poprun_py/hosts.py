@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from poprun_py.errors import UsageError
+from poprun_py.validate import InputFileTooLarge, read_input_file
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +116,12 @@ def read_host_file(path: str | os.PathLike[str]) -> tuple[HostSpec, ...]:
     """
     shown = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        text = read_input_file(path).decode("utf-8")
     except OSError as error:
         raise HostListError(f"cannot read host file {shown}: {error.strerror or error}") from error
+    except InputFileTooLarge as error:
+        raise HostListError(f"host file {shown} is larger than {error.limit}, the most poprun reads; a host file "
+                            "lists one host per line: check that it is the right file") from None
     except UnicodeDecodeError as error:
         raise HostListError(f"host file {shown} is not UTF-8 text ({error.reason})") from error
 

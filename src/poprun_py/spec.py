@@ -20,7 +20,7 @@ from .errors import UsageError
 from .hosts import HostListError, HostSpec, parse_host_list, read_host_file, reject_duplicate_hosts
 from .mpiargs import MpiArgs, parse_instance_args, parse_mpi_args, warn_ignored
 from .records import InstanceSettings, OutputSettings, Placement, ReachSettings, Supervision, VipuSettings
-from .validate import check_config_types, check_launch, option_flag
+from .validate import InputFileTooLarge, check_config_types, check_launch, option_flag, read_input_file
 from .validate import seconds as _seconds
 from .validate import whole_number as _positive
 
@@ -123,9 +123,15 @@ def merge_options(file_options: Mapping[str, Any], given: Mapping[str, Any]) -> 
 def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
     """Read a saved launch: (options, program)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_input_file(path))
     except FileNotFoundError:
         raise UsageError(f"--import-config: no such file {path!r}") from None
+    except InputFileTooLarge as exc:
+        raise UsageError(f"--import-config: {path!r} is larger than {exc.limit}, the most poprun reads; name a "
+                         "file saved with --export-config") from None
+    except RecursionError:  # JSON nested thousands deep: no saved launch looks like that
+        raise UsageError(f"--import-config: cannot read {path!r}: its JSON is nested too deeply; name a file "
+                         "saved with --export-config") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"--import-config: cannot read {path!r}: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != CONFIG_FORMAT:

@@ -19,6 +19,11 @@ The bounds, and why:
 * Counts are at most ``MAX_COUNT`` (2**20), the number of IPUs too, so no
   product of them overflows a C long and no loop runs for ever.
 * Host names follow DNS (RFC 1035): at most 253 characters, 63 per label.
+* Files named by ``--import-config`` and ``--host-file`` are read up to
+  ``MAX_INPUT_FILE`` (4 MiB): twice the program arguments the kernel takes by
+  default (``ARG_MAX``, 2 MiB), so any launch that can run can be replayed,
+  and room for ``MAX_HOSTS`` host names; a wrong file named by mistake (a
+  checkpoint, ``/dev/zero``) is refused at once instead of filling memory.
 * The program's arguments and environment fit the kernel's limits for
   ``execve`` (``getconf ARG_MAX`` in all, ``MAX_ARG_STRLEN`` per string), so
   the instances can be started at all.
@@ -57,6 +62,7 @@ MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
 CONTRACT_ALLOWANCE = 16 * 1024
 MAX_HOST_NAME = 253
 MAX_HOST_LABEL = 63
+MAX_INPUT_FILE = 4 << 20
 
 _INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*")
 
@@ -85,6 +91,25 @@ def seconds(name: str, value: Any, allow_zero: bool = False) -> float:
         return check_seconds(value, MINIMUM_SECONDS.get(name, 0.0), allow_zero, why)
     except ValueError as exc:
         raise UsageError(f"{option_flag(name)}: {exc}") from None
+
+
+class InputFileTooLarge(ValueError):
+    """A file the user named holds more than ``MAX_INPUT_FILE`` bytes; the caller says which option named it."""
+
+    limit = f"{MAX_INPUT_FILE >> 20} MiB"
+
+
+def read_input_file(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of a small file the user named, at most ``MAX_INPUT_FILE`` of them (see the module docstring).
+
+    Any readable file will do, a pipe too (``--host-file <(make_hosts)``): only
+    what is read is bounded. Raises ``OSError``, or ``InputFileTooLarge``.
+    """
+    with open(path, "rb") as file:
+        data = file.read(MAX_INPUT_FILE + 1)
+    if len(data) > MAX_INPUT_FILE:
+        raise InputFileTooLarge(os.fspath(path))
+    return data
 
 
 # -- --import-config: the JSON types of a saved launch -----------------------------------------------
