@@ -141,6 +141,8 @@ BAD_INPUT = [
     ("--remote-python empty", [O, "--remote-python", "", "true"], b"the value is empty"),
     ("--export-config in a missing directory", [O, "--export-config", "{d}/nowhere/x.json", "true"], b"cannot write"),
     ("--import-config a directory", ["--import-config", "{d}"], b"cannot read"),
+    ("--import-config empty", [O, "--import-config", "", "true"], b"--import-config: the value is empty"),
+    ("--export-config empty", [O, "--export-config", "", "true"], b"--export-config: the value is empty"),
     ("--import-config not JSON", ["--import-config", "{d}/a_file"], b"cannot read"),
     ("--import-config without format", ["--import-config", "{d}/no_format.json"], b"not a poprun-py config"),
     # -- files without end or depth: read up to a bound, not until memory runs out ----------------

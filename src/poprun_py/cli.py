@@ -166,20 +166,28 @@ def resolve_launch(line: CommandLine) -> LaunchSpec | None:
 
     Returns no spec when there is nothing to run (only ``--export-config``).
     """
+    _refuse_empty(("--import-config", line.import_config), ("--export-config", line.export_config))
     options, program = dict(line.given), list(line.program)
-    if line.import_config:
+    if line.import_config is not None:
         file_options, file_program = load_config(line.import_config)
         options = merge_options(file_options, line.given)
         program = program or file_program
     configure_logging(2 if options.get("vv") else int(options.get("verbose") or 0))
     spec = build_spec(options, program)
-    if line.export_config:
+    if line.export_config is not None:
         save_config(line.export_config, options, program, parse_bool("overwrite_config", line.overwrite_config or "no"))
         if not program:
             return None
     if not program:
         raise UsageError("no program given; usage: poprun [options] program [program args]")
     return spec
+
+
+def _refuse_empty(*values: tuple[str, str | None]) -> None:
+    """A file option given an empty value (``--export-config ""``, an unset variable) is a mistake, not "no file"."""
+    for flag, value in values:
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag}: the value is empty; name a file")
 
 
 def _launch(line: CommandLine) -> int:
