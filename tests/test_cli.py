@@ -238,3 +238,13 @@ def test_a_host_file_may_be_a_pipe() -> None:
                             input=b"# made by a command\nlocalhost\n", capture_output=True, timeout=RUN_TIMEOUT)
     assert result.returncode == 0, result.stderr
     assert b"hosts: localhost (this host)" in result.stdout
+
+
+@pytest.mark.parametrize("typed", ["./adir", "adir"])
+def test_a_directory_as_the_program_is_126_and_said(tmp_path, typed: str) -> None:
+    """As bash: "is a directory", 126; not advice to chmod it, nor "not found" for one in the current directory."""
+    (tmp_path / "adir").mkdir()
+    result = run_poprun("--offline-mode=1", typed, cwd=tmp_path)
+    assert result.returncode == EXIT_NOT_EXECUTABLE, result.stderr
+    assert result.stderr.decode().splitlines() == [
+        f"poprun: error: program {typed!r}{'' if '/' in typed else ' in the current directory'} is a directory"]
