@@ -190,3 +190,27 @@ def test_mpirun_wdir_sets_the_instances_directory(tmp_path) -> None:
 def test_a_missing_wdir_is_a_usage_error(tmp_path) -> None:
     result = run_poprun("--offline-mode=1", f"--mpi-global-args=-wdir {tmp_path / 'missing'}", "pwd")
     assert result.returncode == 2 and b"no such directory" in result.stderr
+
+
+def test_the_program_is_found_with_the_path_x_gives_each_instance(tmp_path) -> None:
+    """As Open MPI searches the app's own environment: -x PATH=... first (before, only poprun's PATH: 127), and
+    an instance with a PATH of its own (--instance-mpi-local-args) finds its own program."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "s.sh").write_text(f"#!/bin/sh\necho found {name} $RANK\n")
+        (tmp_path / name / "s.sh").chmod(0o755)
+    system = os.environ["PATH"]
+    result = run_poprun(OFFLINE, "--num-instances", "2", "--num-replicas", "2",
+                        f"--mpi-local-args=-x PATH={tmp_path}/a:{system}",
+                        f"--instance-mpi-local-args=1:-x PATH={tmp_path}/b:{system}", "s.sh", cwd="/")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [b"found a 0", b"found b 1"]
+    dry = run_poprun(OFFLINE, "--dry-run=yes", f"--mpi-local-args=-x PATH={tmp_path}/a", "s.sh", cwd="/")
+    assert dry.returncode == 0 and f"command: {tmp_path}/a/s.sh".encode() in dry.stdout, dry.stderr
+
+
+def test_a_program_missing_from_the_path_x_gives_names_that_path(tmp_path) -> None:
+    result = run_poprun(OFFLINE, f"--mpi-local-args=-x PATH={tmp_path}", "true", cwd=tmp_path)
+    assert result.returncode == 127
+    assert result.stderr.decode().splitlines() == [
+        "poprun: error: program 'true' not found in instance 0's PATH (set with -x) or the current directory"]

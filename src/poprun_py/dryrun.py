@@ -19,8 +19,7 @@ from typing import Mapping, TextIO
 from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT
 
 from .plan import Allocation, Plan, Programs, make_plan, offline_allocation
-from .planning import local_host_cpus, numa_binding
-from .programs import resolve_program
+from .planning import find_programs, local_host_cpus, numa_binding
 from .ranges import format_cpus
 from .reach import check_working_dir, with_allocation_hosts
 from .spec import LaunchSpec
@@ -50,11 +49,10 @@ def dry_run(spec: LaunchSpec, out: TextIO | None = None) -> int:
     placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
     spec = dataclasses.replace(spec, placement=placement)
     cwd = check_working_dir(spec.reach, placement.hosts)
-    runs_here = not via_srun and (not placement.hosts or any(h.is_local for h in placement.hosts))
-    argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:]) if runs_here else spec.program
+    found = {} if via_srun else find_programs(spec.program, placement, spec.instance, os.environ, cwd)
     remote = frozenset(str(h) for h in placement.hosts if via_srun or not h.is_local)  # their agent finds the program
     allocation, partition = _partition(spec)
-    plan = make_plan(placement, spec.instance, programs=Programs(argv, spec.program, remote), job_id="dry-run",
+    plan = make_plan(placement, spec.instance, programs=Programs(spec.program, spec.program, remote, found), job_id="dry-run",
                      allocation=allocation, master_port=_PLACEHOLDER_PORT,
                      rendezvous=("127.0.0.1", _PLACEHOLDER_PORT), launcher_environ=os.environ, cwd=cwd,
                      fabric=dataclasses.replace(spec.fabric, token="dry-run"),

@@ -36,8 +36,7 @@ from .executors.local import LocalExecutor, Spawner, exec_program
 from .job import Job, JobReport, TimeLimit
 from .output import OutputOptions, OutputRouter
 from .plan import Allocation, Plan, Programs, offline_allocation
-from .planning import plan_job
-from .programs import resolve_program
+from .planning import find_programs, plan_job
 from .reach import Reach, check_working_dir, forwarded_environment, reach_hosts, with_allocation_hosts
 from .records import OutputSettings
 from .report import log_report
@@ -61,6 +60,7 @@ class JobOptions:
     time_limit: TimeLimit | None = None
     status_line: bool = True  # the live status line (it still shows only on a terminal)
     guardian: Guardian | None = None  # one started by the caller (who closes it); else the job starts its own
+    found: Mapping[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # each local instance's program
 
 
 def _detach_all(devices: Mapping[int, Device]) -> None:
@@ -77,11 +77,11 @@ def run_launch(spec: LaunchSpec, guardian: Guardian | None = None) -> int:
     placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
     spec = dataclasses.replace(spec, placement=placement)
     cwd = check_working_dir(spec.reach, placement.hosts)
-    argv = spec.program
-    if not via_srun and (not placement.hosts or any(h.is_local for h in placement.hosts)):
-        argv = (resolve_program(spec.program[0], os.environ, cwd), *spec.program[1:])  # before anything starts
+    found = {} if via_srun else find_programs(spec.program, placement, spec.instance, os.environ, cwd)
     limit = spec.supervision.timeout
-    options = JobOptions(argv, time_limit=TimeLimit(limit) if limit is not None else None, guardian=guardian)
+    time_limit = TimeLimit(limit) if limit is not None else None
+    options = JobOptions(next(iter(found.values()), spec.program), time_limit=time_limit, guardian=guardian,
+                         found=found)
     report = run_job(spec, options, cwd, via_srun)
     log_report(report)
     return report.exit_code
@@ -115,7 +115,7 @@ class _Launch:
         return {index for index, host in enumerate(hosts) if str(host) not in self.reach.agents}
 
     def programs(self) -> Programs:
-        return Programs(self.options.argv, self.spec.program, frozenset(self.reach.agents))
+        return Programs(self.options.argv, self.spec.program, frozenset(self.reach.agents), self.options.found)
 
 
 def _run_on_partition(launch: _Launch) -> JobReport:

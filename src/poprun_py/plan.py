@@ -8,7 +8,7 @@ allocation) is passed in, so placement is testable without processes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -146,9 +146,12 @@ class Programs:
     here: tuple[str, ...]
     typed: tuple[str, ...] = ()
     remote_hosts: frozenset[str] = frozenset()  # hosts (``str(host)``) whose instances an agent starts
+    #: The program of each instance started here, as found with its own PATH (``planning.find_programs``);
+    #: an instance not in it runs ``here``.
+    found: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
-    def on(self, host: HostSpec) -> tuple[str, ...]:
-        return self.typed if str(host) in self.remote_hosts else self.here
+    def of(self, index: int, host: HostSpec) -> tuple[str, ...]:
+        return self.typed if str(host) in self.remote_hosts else self.found.get(index, self.here)
 
 
 def make_plan(
@@ -202,7 +205,7 @@ def make_plan(
             env = {**user_env, **_omp_setting(host, len(block), user_env, launcher_environ, host_cpus, warned),
                    **contract.render(), COMPAT_IMPORTS: "1" if settings.compat_imports else "0"}
             instances.append(
-                InstancePlan(index, host, local_index, programs.on(host), MappingProxyType(env), cwd,
+                InstancePlan(index, host, local_index, programs.of(index, host), MappingProxyType(env), cwd,
                              device_fds.get(index, ()), cpus.get(index))
             )
     return Plan(job_id, tuple(host for host, _ in blocks), tuple(instances))

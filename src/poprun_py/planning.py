@@ -1,7 +1,7 @@
 """What the plan stage asks of this host before the pure ``plan.make_plan``.
 
 A free port for torch.distributed's store, the executable cache directory,
-the CPUs poprun may use and the NUMA nodes instances are bound to: the
+the program each instance runs, the CPUs poprun may use and the NUMA nodes instances are bound to: the
 launch asks here once, and ``--dry-run`` shows the same CPUs without
 picking a port.
 """
@@ -12,12 +12,13 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Collection, Mapping
+from typing import Collection, Mapping, Sequence
 
 from popdist.env import FabricSettings
 
 from .errors import UsageError
 from .plan import Allocation, Plan, Programs, make_plan
+from .programs import resolve_program
 from .records import LOCALHOST, InstanceSettings, Placement
 
 log = logging.getLogger("poprun")
@@ -37,6 +38,37 @@ def prepare_cache(path: str | None) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
+
+
+def instance_path(settings: InstanceSettings, index: int, environ: Mapping[str, str]) -> str | None:
+    """The PATH instance ``index`` starts with: the last ``-x PATH`` for it (global and local, then its own;
+    ``-x PATH`` alone forwards poprun's), else poprun's own (``make_plan`` builds its environment the same way)."""
+    path = environ.get("PATH")
+    for setting in (*settings.env, *settings.instance_env.get(index, ())):
+        if setting.name == "PATH" and (setting.value is not None or "PATH" in environ):
+            path = setting.value if setting.value is not None else environ["PATH"]
+    return path
+
+
+def find_programs(program: Sequence[str], placement: Placement, settings: InstanceSettings,
+                  environ: Mapping[str, str], cwd: str) -> dict[int, tuple[str, ...]]:
+    """The program of each instance this host starts, found with that instance's own PATH, before anything starts.
+
+    Open MPI searches the PATH of the app's environment, ``-x PATH=...`` applied, and each app context
+    (each instance, with ``--instance-mpi-local-args``) with its own; remote agents do the same on
+    their hosts. Searched once per distinct PATH; the error names a PATH that is not poprun's.
+    """
+    found: dict[str | None, str] = {}
+    programs: dict[int, tuple[str, ...]] = {}
+    for index, host in enumerate(placement.instance_hosts()):
+        if not host.is_local:
+            continue
+        path = instance_path(settings, index, environ)
+        if path not in found:
+            searched = "PATH" if path == environ.get("PATH") else f"instance {index}'s PATH (set with -x)"
+            found[path] = resolve_program(program[0], {} if path is None else {"PATH": path}, cwd, searched)
+        programs[index] = (found[path], *program[1:])
+    return programs
 
 
 def local_host_cpus(placement: Placement, remote_hosts: Collection[str] = ()) -> dict[str, int]:
