@@ -137,6 +137,11 @@ BAD_INPUT = [
     ("--host-file not UTF-8", [O, "--host-file", "{d}/hosts_binary", "true"], b"not UTF-8"),
     # -- paths and strings -------------------------------------------------------------------------
     ("--executable-cache-path under a file", [O, "--executable-cache-path", "{d}/a_file/cache", "true"], b"cannot create"),
+    ("--executable-cache-path a file", [O, "--executable-cache-path", "a_file", "true"], b"is not a directory"),
+    ("--dry-run --executable-cache-path a file", [O, "--dry-run=yes", "--executable-cache-path", "a_file", "true"],
+     b"/a_file' is not a directory"),  # as the launch refuses it, the path made absolute
+    ("--dry-run --executable-cache-path under a file",
+     [O, "--dry-run=yes", "--executable-cache-path", "{d}/a_file/cache", "true"], b"a_file' is not a directory"),
     ("--vipu-partition blank", ["--vipu-partition", " ", "true"], b"the value is empty"),
     ("--remote-python empty", [O, "--remote-python", "", "true"], b"the value is empty"),
     ("--export-config in a missing directory", [O, "--export-config", "{d}/nowhere/x.json", "true"], b"cannot write"),

@@ -74,7 +74,7 @@ def test_environment_variables_pass_through(monkeypatch: pytest.MonkeyPatch) -> 
         env = record["env"]
         assert env["FORWARD_ME"] == 'a "quoted" value' and env["SET_ME"] == "hello"
         assert env["IPUOF_VIPU_API_TIMEOUT"] == "30"
-        assert env["POPDIST_EXECUTABLE_CACHE_PATH"] == "cache/dir"
+        assert env["POPDIST_EXECUTABLE_CACHE_PATH"] == os.path.abspath("cache/dir")
     assert "ONLY_ONE" not in records[0]["env"] and records[1]["env"]["ONLY_ONE"] == "yes"
 
 
@@ -214,3 +214,14 @@ def test_a_program_missing_from_the_path_x_gives_names_that_path(tmp_path) -> No
     assert result.returncode == 127
     assert result.stderr.decode().splitlines() == [
         "poprun: error: program 'true' not found in instance 0's PATH (set with -x) or the current directory"]
+
+
+def test_the_executable_cache_path_reaches_instances_absolute(tmp_path) -> None:
+    """Relative to where poprun was started, whatever directory the instance is in (before: 'relcache' as typed)."""
+    result = run_poprun(OFFLINE, "--executable-cache-path", "relcache", "sh", "-c",
+                        'cd / && test -d "$POPDIST_EXECUTABLE_CACHE_PATH" && echo "$POPDIST_EXECUTABLE_CACHE_PATH"',
+                        cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (0, f"{tmp_path}/relcache\n".encode()), result.stderr
+    dry = run_poprun(OFFLINE, "--dry-run=yes", "--executable-cache-path", "newcache", "true", cwd=tmp_path)
+    assert dry.returncode == 0 and f"POPDIST_EXECUTABLE_CACHE_PATH={tmp_path}/newcache".encode() in dry.stdout
+    assert not (tmp_path / "newcache").exists()  # the dry run creates nothing

@@ -90,7 +90,7 @@ def poprun(
     ipu_link_routing_type: Optional[str] = typer.Option(None, metavar="TYPE", help="IPU-Link routing type of the partition. (default: ringswnc)", rich_help_panel=_V),
     gw_link_routing_type: Optional[str] = typer.Option(None, metavar="TYPE", help="GW-Link routing type of the partition. (default: ring)", rich_help_panel=_V),
     sync_type: Optional[str] = typer.Option(None, metavar="TYPE", help="Sync type of the partition. (default: pod-native-default)", rich_help_panel=_V),
-    executable_cache_path: Optional[str] = typer.Option(None, metavar="DIR", help="Directory for the executable cache (created if missing). (default: none)"),
+    executable_cache_path: Optional[str] = typer.Option(None, metavar="DIR", help="Directory for the executable cache (created if missing); instances get it as an absolute path in POPDIST_EXECUTABLE_CACHE_PATH. (default: none)"),
     mpi_global_args: Optional[list[str]] = typer.Option(None, metavar="ARGS", help="mpirun options for all instances, e.g. '--timestamp-output'; repeatable.", rich_help_panel=_OUT),
     mpi_local_args: Optional[list[str]] = typer.Option(None, metavar="ARGS", help="Per-instance mpirun options, e.g. '-x VAR=VALUE -x PATH'; repeatable.", rich_help_panel=_OUT),
     instance_mpi_local_args: Optional[list[str]] = typer.Option(None, metavar="INDEX:ARGS", help="Options for one instance, e.g. '1:-x VAR=VALUE'; repeatable.", rich_help_panel=_OUT),

@@ -178,6 +178,12 @@ def _optional_str(options: Mapping[str, Any], name: str) -> str | None:
     return str(value)
 
 
+def _absolute(path: str | None) -> str | None:
+    """A path made absolute against poprun's directory, where it was typed: instances that change directory,
+    start in another (``-wdir``) or run on another host must reach the same place."""
+    return None if path is None else os.path.abspath(path)
+
+
 def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
     """Validate the effective options (defaults filled in here) into a ``LaunchSpec``.
 
@@ -206,7 +212,7 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
         instance=InstanceSettings(
             env=global_args.env + local_args.env,
             instance_env={index: args.env for index, args in instance_args.items()},
-            executable_cache_path=_optional_str(o, "executable_cache_path"),
+            executable_cache_path=_absolute(_optional_str(o, "executable_cache_path")),
             compat_imports=parse_bool("compat_imports", o["compat_imports"]),
         ),
         output=_output_settings(o, global_args, local_args, placement.num_instances),

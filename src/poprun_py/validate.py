@@ -213,6 +213,21 @@ def check_exec_size(program: Iterable[str], extra_env: Mapping[str, str], enviro
         )
 
 
+def check_cache_dir(path: str | None) -> None:
+    """``--executable-cache-path`` must be a directory, or one that can be made; checked without making it,
+    so ``--dry-run`` refuses what the launch would (the launch makes it, ``planning.prepare_cache``)."""
+    if path is None:
+        return
+    flag = "--executable-cache-path"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{flag}: {path!r} is not a directory; name a directory (it is made if missing)")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{flag}: cannot create {path!r}: {existing!r} is not a directory")
+
+
 def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     """Checks across options, once every single value is known to be in bounds."""
     placement = spec.placement
@@ -227,6 +242,7 @@ def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
             "(--num-replicas x --ipus-per-replica); use a number of IPU-Link domains that divides it"
         )
     check_host_names(placement.hosts)
+    check_cache_dir(spec.instance.executable_cache_path)
     warn_hosts_over_their_slots(placement)
     extra = {setting.name: setting.value for setting in spec.instance.all_settings() if setting.value is not None}
     check_exec_size(spec.program, extra, environ)
