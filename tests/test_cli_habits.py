@@ -320,3 +320,13 @@ def test_simipu_version_and_python_dash_m() -> None:
                              env={**os.environ, "COLUMNS": "200"})
     assert listing.returncode == 0 and b"list" in listing.stdout
     assert b"fail" not in listing.stdout and b"for tests" not in listing.stdout  # no test hooks shown
+
+
+def test_dry_run_quotes_values_with_spaces_or_control_characters() -> None:
+    """A value with a newline or spaces is shell-quoted, as the command line is (before: raw, a newline made a
+    second line that looked like a malformed entry); plain values, paths and JSON stay as they are."""
+    result = run_poprun("--offline-mode=1", "--dry-run=yes", "--mpi-local-args=-x FOO='a\nb' -x BAR='x y' -x BAZ=/p:q",
+                        "true")
+    assert result.returncode == 0, result.stderr
+    assert "    FOO='a\nb'\n    " in result.stdout.decode()
+    assert "    BAR='x y'\n" in result.stdout.decode() and "    BAZ=/p:q\n" in result.stdout.decode()

@@ -18,6 +18,7 @@ from typing import Mapping, TextIO
 
 from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT
 
+from .mpiargs import shell_word
 from .plan import Allocation, Plan, Programs, make_plan, offline_allocation
 from .planning import find_programs, local_host_cpus, numa_binding
 from .ranges import format_cpus
@@ -115,7 +116,7 @@ def _lines(spec: LaunchSpec, plan: Plan, via_srun: bool, partition: str) -> list
         elif placement.numa_aware and not here:
             lines.append("  cpus: placed on that host's NUMA nodes by its agent")
         lines.append("  env (besides poprun's own environment):" if here else "  env:")
-        lines.extend(f"    {name}={shown_value(name, value, spec.offline_mode)}" for name, value in _sorted(instance.env))
+        lines.extend(f"    {name}={shown_value(name, shell_word(v), spec.offline_mode)}" for name, v in _sorted(instance.env))
     return lines
 
 

@@ -59,6 +59,16 @@ class MpiArgs:
         )
 
 
+def shell_word(value: str) -> str:
+    """A variable's value as a listing shows it: shell-quoted when it holds whitespace or control characters,
+    so ``-x FOO="a b"`` reads back as one value; others (paths, JSON) as they are, easy to read."""
+    if value.isprintable() and " " not in value:
+        return value
+    import shlex  # only for such values
+
+    return shlex.quote(value)
+
+
 def _tokens(strings: Iterable[str], option: str) -> list[str]:
     tokens: list[str] = []
     for text in strings:
