@@ -64,6 +64,7 @@ BAD_INPUT = [
     ("--output-filename under a file", [O, "--mpi-global-args", "--output-filename {d}/a_file/out", "true"], b"cannot create"),
     ("--output-filename in /proc", [O, "--mpi-local-args", "--output-filename /proc/poprun-out", "true"], b"--output-filename"),
     ("--output-filename empty", [O, "--mpi-global-args=--output-filename=", "true"], b"the directory is empty"),
+    ("--output-filename DIR:typo", [O, "--mpi-global-args=--output-filename=out:nocpy", "true"], b"'nocpy'"),
     ("-H 120 KB", [O, "-H", "a" * 120_000, "true"], b"not a valid DNS name"),
     ("-H label of 64", [O, "-H", "a" * 64, "true"], b"not a valid DNS name"),
     ("-H name of 329", [O, "-H", ".".join(["abcdefghij"] * 30), "true"], b"at most 253 characters"),

@@ -225,3 +225,25 @@ def test_the_executable_cache_path_reaches_instances_absolute(tmp_path) -> None:
     dry = run_poprun(OFFLINE, "--dry-run=yes", "--executable-cache-path", "newcache", "true", cwd=tmp_path)
     assert dry.returncode == 0 and f"POPDIST_EXECUTABLE_CACHE_PATH={tmp_path}/newcache".encode() in dry.stdout
     assert not (tmp_path / "newcache").exists()  # the dry run creates nothing
+
+
+def test_merge_stderr_to_stdout_as_open_mpi() -> None:
+    """mpirun's --merge-stderr-to-stdout joins stderr to stdout at the source: poprun's stdout, tagged <stdout>
+    (before: warned about and ignored)."""
+    result = run_poprun(OFFLINE, "--tag-output", "--mpi-global-args=--merge-stderr-to-stdout",
+                        "sh", "-c", "echo out; echo err >&2")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [b"[1,0]<stdout>:err", b"[1,0]<stdout>:out"]
+    assert result.stderr == b""
+
+
+def test_output_filename_nocopy_writes_the_files_only(tmp_path) -> None:
+    """Open MPI's DIR:nocopy: the files, nothing on the console (before: a directory named 'out:nocopy' and the
+    console copy); with the merge, one stdout file holds both streams, as Open MPI's."""
+    result = run_poprun(OFFLINE, "--mpi-global-args=--output-filename out:nocopy --merge-stderr-to-stdout",
+                        "sh", "-c", "echo out; echo err >&2", cwd=tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+    rank = tmp_path / "out" / "1" / "rank.0"
+    assert sorted(os.listdir(rank)) == ["stdout"] and sorted(rank.joinpath("stdout").read_bytes().splitlines()) == [
+        b"err", b"out"]

@@ -252,6 +252,8 @@ def _output_router(settings: OutputSettings, num_instances: int, events: EventQu
         timestamp_output=settings.timestamp_output,
         output_dir=Path(settings.output_filename) if settings.output_filename else None,
         only_instance=settings.only_instance,
+        console_copy=not settings.output_nocopy,
+        merge_stderr=settings.merge_stderr,
     )
     try:
         return OutputRouter(options, num_instances, on_console=on_console,

@@ -16,7 +16,7 @@ from .errors import UsageError
 log = logging.getLogger("poprun.spec")
 
 #: Options that take no value and that we honour.
-_FLAGS = {"tag-output", "timestamp-output", "allow-run-as-root"}
+_FLAGS = {"tag-output", "timestamp-output", "allow-run-as-root", "merge-stderr-to-stdout"}
 #: Options that take one value and that we honour.
 _VALUED = {"output-filename", "bind-to", "x", "wdir"}
 
@@ -44,6 +44,8 @@ class MpiArgs:
     #: cores may be shared without a warning.
     bind_to: str | None = None
     overload: bool = False
+    merge_stderr: bool = False  # --merge-stderr-to-stdout: each instance's stderr joins its stdout, as at source
+    output_nocopy: bool = False  # --output-filename DIR:nocopy: the files only, no copy on the console
 
     def merged(self, other: MpiArgs) -> MpiArgs:
         """Later arguments add to earlier ones; a later value wins."""
@@ -56,6 +58,8 @@ class MpiArgs:
             working_dir=other.working_dir or self.working_dir,
             bind_to=other.bind_to or self.bind_to,
             overload=other.overload if other.bind_to else self.overload,
+            merge_stderr=self.merge_stderr or other.merge_stderr,
+            output_nocopy=other.output_nocopy if other.output_filename else self.output_nocopy,
         )
 
 
@@ -129,7 +133,7 @@ def _walk(tokens: list[str], option: str) -> Iterator[tuple[str, str | None, lis
 
 def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") -> MpiArgs:
     """Parse argument strings as a user wrote them (shell-quoted, possibly repeated)."""
-    tag = timestamp = False
+    tag = timestamp = merge = nocopy = False
     output_filename: str | None = None
     working_dir: str | None = None
     env: list[EnvSetting] = []
@@ -143,8 +147,10 @@ def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") ->
             tag = True
         elif name == "timestamp-output":
             timestamp = True
+        elif name == "merge-stderr-to-stdout":
+            merge = True
         elif name == "output-filename":
-            output_filename = value
+            output_filename, nocopy = _output_directory(value or "", option)
         elif name == "wdir":
             working_dir = value
         elif name == "x":
@@ -157,7 +163,20 @@ def parse_mpi_args(strings: Iterable[str], option: str = "--mpi-global-args") ->
                 bind_to, overload_allowed = level, overload
         # --allow-run-as-root needs nothing from us.
     return MpiArgs(tag, timestamp, output_filename, tuple(env), tuple(ignored), working_dir, bind_to,
-                   overload_allowed)
+                   overload_allowed, merge_stderr=merge, output_nocopy=nocopy)
+
+
+def _output_directory(value: str, option: str) -> tuple[str, bool]:
+    """``--output-filename DIR[:nocopy]`` -> (DIR, nocopy). In Open MPI 4 a colon starts directives; poprun-py
+    has ``nocopy`` (files only, nothing on the console). Open MPI ignores a directive it does not know; a
+    directory named ``DIR:typo`` is not what anyone meant, so it is refused here."""
+    directory, colon, directives = value.partition(":")
+    words = {word.strip().lower() for word in directives.split(",") if word.strip()} if colon else set()
+    unknown = sorted(words - {"nocopy"})
+    if unknown:
+        raise UsageError(f"{option}: --output-filename {value}: poprun-py does not have the directive "
+                         f"{unknown[0]!r}; it has :nocopy (the files only, no copy on the console)")
+    return directory, "nocopy" in words
 
 
 #: Open MPI's ``--bind-to`` levels poprun-py has: a core (its hardware threads), a hardware thread (one CPU to

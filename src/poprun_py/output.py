@@ -14,9 +14,14 @@ Formats follow Open MPI 4 (``orte/mca/iof/base``), which Graphcore users know:
   ``Mon Jan  8 14:03:07 2024<stdout>:text``); one stamp per read, as Open MPI.
 * ``--output-filename DIR``: ``DIR/1/rank.<i>/stdout`` and ``.../stderr``, with
   ``<i>`` zero-padded to the digits of the instance count, as Open MPI 4 does.
-  Open MPI 4 still echoes to the console (only its ``DIR:nocopy`` stops that)
-  and writes the files through the same formatter, so files carry the tag and
-  timestamp when those are on, and the raw bytes otherwise.
+  Open MPI 4 still echoes to the console (only its ``DIR:nocopy`` stops that,
+  here too) and writes the files through the same formatter, so files carry
+  the tag and timestamp when those are on, and the raw bytes otherwise.
+* ``--merge-stderr-to-stdout``: Open MPI joins an instance's stderr to its
+  stdout at the source, so those lines go to poprun's stdout, tagged
+  ``<stdout>``, and the stdout file (no stderr file). Here the stderr bytes go
+  through the stdout line framer, in the order they are read; the failure
+  summary still shows the stderr lines.
 
 Decisions where Open MPI is silent or differs:
 
@@ -63,6 +68,8 @@ class OutputOptions:
     timestamp_output: bool = False  # mpirun --timestamp-output
     output_dir: Path | None = None  # mpirun --output-filename DIR
     only_instance: int | None = None  # poprun --only-output-from-instance N
+    console_copy: bool = True  # False: mpirun --output-filename DIR:nocopy (the files only)
+    merge_stderr: bool = False  # mpirun --merge-stderr-to-stdout
     max_line_bytes: int = 64 * 2**20  # a longer line without newline goes out in pieces
 
 
@@ -245,7 +252,7 @@ class OutputRouter:
         self._open: set[int] = set()
         try:
             for instance in range(num_instances):
-                shown = only is None or instance == only
+                shown = options.console_copy and (only is None or instance == only)
                 files = self._open_files(instance, num_instances)
                 for stream in STREAMS:
                     tag = output_tag(instance, stream, options)
@@ -266,7 +273,7 @@ class OutputRouter:
         directory.mkdir(parents=True, exist_ok=True)
         files: dict[Stream, FdWriter] = {}
         try:
-            for stream in STREAMS:
+            for stream in STREAMS[:1] if self.options.merge_stderr else STREAMS:
                 path = directory / stream
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 files[stream] = FdWriter(fd, str(path), owned=True)
@@ -280,8 +287,10 @@ class OutputRouter:
     def write(self, event: Output) -> None:
         """Route one event's bytes: whole lines out now, the partial line held."""
         sink = self._sinks[event.instance, event.stream]
-        sink.remember(event.data)
-        self._deliver(sink, event.stream, sink.framer.feed(event.data))
+        sink.remember(event.data)  # (stderr's own, for the summary, even when merged)
+        stream: Stream = "stdout" if self.options.merge_stderr else event.stream
+        out = self._sinks[event.instance, stream]
+        self._deliver(out, stream, out.framer.feed(event.data))
 
     def close_instance(self, instance: int) -> None:
         """The instance has exited: flush its partial lines, close its files."""

@@ -123,6 +123,8 @@ class OutputSettings:
     tag_output: bool = False  # --tag-output, or mpirun's inside --mpi-*-args
     timestamp_output: bool = False
     output_filename: str | None = None  # a directory: one file per instance and stream
+    output_nocopy: bool = False  # ``DIR:nocopy``: the files only, nothing on the console
+    merge_stderr: bool = False  # mpirun's --merge-stderr-to-stdout
     only_instance: int | None = None
     print_topology: bool = False
     verbosity: int = 0

@@ -270,6 +270,8 @@ def _output_settings(o: Mapping[str, Any], global_args: MpiArgs, local_args: Mpi
         tag_output=parse_bool("tag_output", o["tag_output"]) or global_args.tag_output or local_args.tag_output,
         timestamp_output=global_args.timestamp_output or local_args.timestamp_output,
         output_filename=local_args.output_filename or global_args.output_filename,
+        output_nocopy=global_args.merged(local_args).output_nocopy,
+        merge_stderr=global_args.merge_stderr or local_args.merge_stderr,
         only_instance=only,
         print_topology=parse_bool("print_topology", o["print_topology"]),
         verbosity=2 if o["vv"] else min(int(o["verbose"]), 2),
@@ -293,7 +295,7 @@ def _mpi_settings(o: Mapping[str, Any], num_instances: int) -> tuple[MpiArgs, Mp
     warn_ignored(local_args, "--mpi-local-args")
     for index, args in instance_args.items():
         warn_ignored(args, f"--instance-mpi-local-args={index}")
-        if args.tag_output or args.timestamp_output or args.output_filename:
+        if args.tag_output or args.timestamp_output or args.output_filename or args.merge_stderr:
             log.warning("--instance-mpi-local-args=%d: only -x applies per instance; "
                         "output options go in --mpi-global-args", index)
         if args.bind_to is not None:
