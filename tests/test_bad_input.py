@@ -128,6 +128,8 @@ BAD_INPUT = [
     ("-H port 99999", [O, "-H", "a:99999", "true"], b"bad port"),
     ("-H unclosed range", [O, "-H", "node[1-3", "true"], b"unclosed"),
     ("-H slash", [O, "-H", "no/de", "true"], b"bad host name"),
+    ("-H -foo", [O, "-H", "-foo", "true"], b"cannot start with '-'"),
+    ("--host-file naming -foo", [O, "--host-file", "{d}/hosts_dash", "true"], b"hosts_dash:2: bad host name '-foo'"),
     ("-H same host twice", [O, "-H", "a,A", "true"], b"appears twice"),
     ("-H this machine twice", [O, "-H", "localhost,127.0.0.1", "true"], b"are both this machine"),
     ("-H range of 10**8", [O, "-H", "n[0-99999999]", "true"], b"more than 65536 hosts"),
@@ -167,6 +169,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "saved.json").write_text("{}\n")  # a row that would overwrite it must not touch the others' files
     (d / "hosts_slots0").write_text("node1 slots=0\n")
     (d / "hosts_none").write_text("# nothing but a comment\n")
+    (d / "hosts_dash").write_text("node1\n-foo\n")
     (d / "hosts_binary").write_bytes(b"\xff\xfe\x00")
     (d / "no_format.json").write_text(json.dumps({"options": {}, "program": ["true"]}))
     (d / "deep.json").write_text("[" * 200_000 + "]" * 200_000)  # RecursionError in json.loads

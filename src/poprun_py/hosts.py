@@ -295,6 +295,9 @@ def _expand(pattern: str, item: str) -> list[str]:
             raise HostListError(
                 f"bad host name {name!r} from {item!r}; use letters, digits, '-', '.' and '_'"
             )
+        if name.startswith("-"):  # no DNS label does; most likely an option where the host should be
+            raise HostListError(f"bad host name {name!r}: a host name cannot start with '-'; is a host missing "
+                                "after -H?")
     return names
 
 
