@@ -113,6 +113,9 @@ BAD_INPUT = [
     ("--process-placement numa", [O, "--process-placement", "numa", "true"], b"spreadnuma"),
     ("--vv=3", [O, "--vv=3", "true"], b"does not take a value"),
     ("misspelt option", [O, "--num-replica", "2", "true"], b"No such option"),
+    ("program swallowed by a bare flag", [O, "--tag-output", "false"],
+     b"no program given; usage: poprun [options] program [program args] (did you mean the program 'false'? "
+     b"write --tag-output=yes false)"),
     # -- mpirun arguments --------------------------------------------------------------------------
     ("-x without a value", [O, "--mpi-local-args", "-x", "true"], b"-x needs a value"),
     ("-x =VALUE", [O, "--mpi-local-args", "-x =1", "true"], b"valid variable name"),

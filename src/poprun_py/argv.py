@@ -10,7 +10,8 @@ own options (everything from the program on is left alone):
   y/n, 1/0, any case), is that value;
 * ``--opt`` followed by anything else (another option, the program, nothing)
   means yes. So ``--offline-mode python3 x.py`` runs ``python3 x.py``; a
-  program literally named ``yes`` or ``1`` is run with ``--opt=yes yes``.
+  program named like a boolean word (``true``, ``false``, ``yes``, ``1``) is
+  run with ``--opt=yes true`` or after ``--``.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ _MPIRUN_HABITS = {
 }
 
 
-def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iterable[str]) -> list[str]:
+def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iterable[str],
+                      swallowed: list[tuple[str, str]] | None = None) -> list[str]:
     """``argv`` with every bare boolean flag written ``--opt=yes``; mpirun's ``-np`` and ``-x`` get their hints.
 
     ``booleans`` are the yes/no options' names, ``valued`` every other option
     that takes a value (so its value is never mistaken for the program).
+    ``swallowed`` gets each (option, word) taken as a value by the rule, so a
+    missing program can be explained (``--tag-output false``).
     """
     flags, takes_value = set(booleans), set(valued)
     out: list[str] = []
@@ -59,6 +63,8 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
             raise UsageError(_mpirun_hint(name, token, following))
         if name in flags and not has_value:
             if following is not None and following.strip().lower() in BOOLEAN_WORDS:
+                if swallowed is not None:
+                    swallowed.append((token, following))
                 out += [token, following]
                 i += 2
             else:

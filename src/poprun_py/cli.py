@@ -8,7 +8,9 @@ No ``from __future__ import annotations`` here: Typer reads the options from
 every start (~1 ms).
 """
 
+import dataclasses
 import logging
+import shutil
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -141,13 +143,18 @@ class CommandLine:
     export_config: str | None = None
     overwrite_config: str | None = None
     dry_run: str | None = None  # a way of running this command line, never saved with it
+    swallowed: tuple[str, str] | None = None  # the last (yes/no option, word) read as its value: see argv.py
 
 
 def parse_command_line(argv: list[str]) -> CommandLine | int:
     """Parse ``argv`` (without the program name); an int is an exit code (``--help``, ``--version``)."""
     command = typer.main.get_command(app)
-    argv = expand_bare_flags(argv, *_option_kinds(command))
-    return command.main(args=argv, prog_name="poprun", standalone_mode=False)
+    swallowed: list[tuple[str, str]] = []
+    argv = expand_bare_flags(argv, *_option_kinds(command), swallowed)
+    line = command.main(args=argv, prog_name="poprun", standalone_mode=False)
+    if isinstance(line, CommandLine) and swallowed:
+        line = dataclasses.replace(line, swallowed=swallowed[-1])
+    return line
 
 
 def _option_kinds(command: Any) -> tuple[list[str], list[str]]:
@@ -179,8 +186,18 @@ def resolve_launch(line: CommandLine) -> LaunchSpec | None:
         if not program:
             return None
     if not program:
-        raise UsageError("no program given; usage: poprun [options] program [program args]")
+        raise UsageError("no program given; usage: poprun [options] program [program args]" + _swallowed_hint(line))
     return spec
+
+
+def _swallowed_hint(line: CommandLine) -> str:
+    """When a bare yes/no option took the program for its value (``--tag-output false``), say how to write it."""
+    if line.swallowed is None:
+        return ""
+    flag, word = line.swallowed
+    if shutil.which(word) is None:  # 'on', 'y', '1': not a program anyone meant
+        return ""
+    return f" (did you mean the program {word!r}? write {flag}=yes {word})"
 
 
 def _refuse_empty(*values: tuple[str, str | None]) -> None:
