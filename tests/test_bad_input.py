@@ -39,6 +39,7 @@ CONFIGS = {
     "over_arg_max": ({"offline_mode": "yes"}, ["true"] + ["x" * 100_000] * 25),
     "long_variable": ({"offline_mode": "yes", "mpi_local_args": ["-x A=" + "y" * 140_000]}, ["true"]),
     "huge_count": ({"num_instances": 2**70, "offline_mode": "yes"}, ["true"]),
+    "timeout_zero": ({"timeout": 0, "offline_mode": "yes"}, ["true"]),
 }
 
 BAD_INPUT = [
@@ -83,6 +84,9 @@ BAD_INPUT = [
     ("config: offline as an object", ["--import-config", "{d}/offline_as_object.json"], b"'offline_mode' must be"),
     ("config: list of numbers", ["--import-config", "{d}/list_of_numbers.json"], b"list of strings"),
     ("config: count 2**70", ["--import-config", "{d}/huge_count.json"], b"--num-instances: must be at most"),
+    ("config: a value out of bounds", ["--import-config", "{d}/timeout_zero.json"],
+     b"got 0 (in --import-config '"),
+    ("--export-config to a directory", [O, "--export-config", "{d}", "true"], b"is a directory; name a file"),
     ("argument over MAX_ARG_STRLEN", ["--import-config", "{d}/long_argument.json"], b"pass large data in a file"),
     ("arguments over ARG_MAX", ["--import-config", "{d}/over_arg_max.json"], b"ARG_MAX"),
     ("-x over MAX_ARG_STRLEN", ["--import-config", "{d}/long_variable.json"], b"environment variable A"),
@@ -95,7 +99,7 @@ BAD_INPUT = [
     ("--num-replicas 5 of 2 instances", [O, "--num-instances", "2", "--num-replicas", "5", "true"], b"divided evenly"),
     ("--only-output-from-instance -1", [O, "--only-output-from-instance", "-1", "true"], b"at least 0"),
     ("--vipu-server-port 0", ["--vipu-server-port", "0", "true"], b"TCP port"),
-    ("--vipu-server-timeout 0", ["--vipu-server-timeout", "0", "true"], b"at least 1"),
+    ("--vipu-server-timeout 0", ["--vipu-server-timeout", "0", "true"], b"must be at least 1 second, got 0"),
     ("--vipu-partition-attempts 0", ["--vipu-partition-attempts", "0", "true"], b"at least 1"),
     ("--stop-grace -1", [O, "--stop-grace", "-1", "true"], b"--stop-grace"),
     ("--stop-grace nan", [O, "--stop-grace", "nan", "true"], b"got nan"),

@@ -92,7 +92,20 @@ def test_instances_ignoring_sigterm_get_sigkill_after_the_grace_period() -> None
     pids = pids_of(launch.wait_for_lines(b"ready", 2))
     launch.process.send_signal(signal.SIGTERM)
     assert launch.finish() == 128 + signal.SIGTERM
-    assert b"did not stop within 1s: sending SIGKILL" in launch.stderr
+    assert b"instances 0, 1 did not stop within 1s: sending SIGKILL" in launch.stderr, launch.stderr
+    assert_all_gone(pids)
+
+
+def test_a_plain_kill_of_one_instance_is_said_in_the_singular_without_ctrl_c() -> None:
+    """'stopping 1 instance', 'instance 0 did not stop', and no 'press Ctrl-C again' after a kill from a script
+    (before: 'stopping 1 instances', 'instances 0', and a Ctrl-C nobody pressed)."""
+    launch = Launch(OFFLINE, "--stop-grace", "1", *python_program("behave.py", "--ready", "--others", "ignore_term"))
+    pids = pids_of(launch.wait_for_lines(b"ready", 1))
+    launch.process.send_signal(signal.SIGTERM)
+    assert launch.finish() == 128 + signal.SIGTERM
+    assert b"received SIGTERM: stopping 1 instance (SIGKILL in 1s; send SIGTERM again to kill at once)" \
+        in launch.stderr, launch.stderr
+    assert b"instance 0 did not stop within 1s: sending SIGKILL" in launch.stderr, launch.stderr
     assert_all_gone(pids)
 
 

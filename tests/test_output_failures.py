@@ -171,8 +171,8 @@ def test_output_files_on_a_full_disk_are_reported_and_the_console_is_complete(fu
         assert len(kept) + lost == len(expected), (instance, len(kept), lost)  # every byte written or counted
     assert sum(reported.values()) > 0
     if instance_code == 0:
-        assert re.search(LOG_LINE + rb"every instance succeeded, but \d output files are incomplete \(exit 80\)",
-                         result.stderr)
+        assert re.search(LOG_LINE + rb"every instance succeeded, but (1 output file is|\d+ output files are) "
+                         rb"incomplete \(exit 80\)", result.stderr)
     assert re.search(LOG_LINE + rb"cannot write \S+/stdout \(No space left on device\)", result.stderr)
 
 
@@ -188,3 +188,14 @@ LOSS = (OutputLoss("out/1/rank.0/stdout", 10, "No space left on device"),)
 ], ids=["lost output alone", "an instance failure wins", "a signal wins", "a closed console wins", "success"])
 def test_exit_code_precedence(report: JobReport, code: int) -> None:
     assert report.exit_code == code
+
+
+def test_the_lost_output_summary_counts_in_words() -> None:
+    """'1 output file is incomplete', not '1 output files are'; two are plural."""
+    from poprun_py.report import lost_output_lines
+
+    one = lost_output_lines(JobReport(2, None, (), None, frozenset(), output_lost=LOSS))
+    assert one[-1] == "every instance succeeded, but 1 output file is incomplete (exit 80); the console shows all " \
+                      "the output"
+    two = lost_output_lines(JobReport(2, None, (), None, frozenset(), output_lost=LOSS * 2))
+    assert "but 2 output files are incomplete" in two[-1]

@@ -30,7 +30,8 @@ from .errors import (
     exit_code_meanings,
 )
 from .logs import configure_logging
-from .spec import LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
+from .spec import MERGED_LISTS, LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
+from .validate import option_flag
 
 log = logging.getLogger("poprun")
 
@@ -175,12 +176,17 @@ def resolve_launch(line: CommandLine) -> LaunchSpec | None:
     """
     _refuse_empty(("--import-config", line.import_config), ("--export-config", line.export_config))
     options, program = dict(line.given), list(line.program)
+    file_options: dict[str, Any] = {}
     if line.import_config is not None:
         file_options, file_program = load_config(line.import_config)
         options = merge_options(file_options, line.given)
         program = program or file_program
     configure_logging(2 if options.get("vv") else int(options.get("verbose") or 0))
-    spec = build_spec(options, program)
+    try:
+        spec = build_spec(options, program)
+    except UsageError as exc:
+        _name_the_config(exc, line, file_options)
+        raise
     if line.export_config is not None:
         save_config(line.export_config, options, program, parse_bool("overwrite_config", line.overwrite_config or "no"))
         if not program:
@@ -188,6 +194,15 @@ def resolve_launch(line: CommandLine) -> LaunchSpec | None:
     if not program:
         raise UsageError("no program given; usage: poprun [options] program [program args]" + _swallowed_hint(line))
     return spec
+
+
+def _name_the_config(exc: UsageError, line: CommandLine, file_options: dict[str, Any]) -> None:
+    """A bad value read from ``--import-config`` is said with the file's name: the user would look for it on the
+    command line. (The checks name the option first, ``--timeout: ...``, which is how it is recognised.)"""
+    flag = str(exc).partition(":")[0]
+    from_file = {option_flag(name) for name in file_options if name not in line.given or name in MERGED_LISTS}
+    if line.import_config is not None and flag in from_file:
+        exc.args = (f"{exc} (in --import-config {line.import_config!r})",)
 
 
 def _swallowed_hint(line: CommandLine) -> str:

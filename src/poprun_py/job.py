@@ -33,7 +33,7 @@ from .events import (
 )
 from .output import OutputLoss, OutputRouter
 from .plan import InstancePlan
-from .ranges import format_indices
+from .ranges import counted, named_instances
 from .status import StatusLine
 
 log = logging.getLogger("poprun.job")
@@ -273,15 +273,15 @@ class Job:
         """Out of time: stop; the grace period is over: SIGKILL; after that, give up on what will not die."""
         if not self._stopping and self._time_limit is not None:
             self._timed_out = self._time_limit
-            log.info("the job ran out of time (%gs): stopping instances %s",
-                     self._time_limit.seconds, format_indices(self._remaining))
+            log.info("the job ran out of time (%gs): stopping %s",
+                     self._time_limit.seconds, named_instances(self._remaining))
             self._begin_stop(self._time_limit.signum)
             return True
         if self._reap_deadline is None:
-            log.warning("instances %s did not stop within %gs: sending SIGKILL", format_indices(self._remaining), self._grace)
+            log.warning("%s did not stop within %gs: sending SIGKILL", named_instances(self._remaining), self._grace)
             self._kill_now()
             return True
-        log.error("instances %s did not exit even after SIGKILL; giving up on them", format_indices(self._remaining))
+        log.error("%s did not exit even after SIGKILL; giving up on them", named_instances(self._remaining))
         return False
 
     def _on_exited(self, event: Exited) -> None:
@@ -324,8 +324,8 @@ class Job:
             log.debug("poprun's %s was closed while the instances were being stopped", stream)
             return
         self._console_closed = stream
-        log.error("poprun's %s was closed (its reader went away, as with `| head`): stopping %d instances",
-                  stream, len(self._remaining))
+        log.error("poprun's %s was closed (its reader went away, as with `| head`): stopping %s",
+                  stream, counted(len(self._remaining), "instance"))
         self._begin_stop(signal.SIGTERM)
 
     def _record_failure(self, failure: Failure) -> None:
@@ -346,15 +346,16 @@ class Job:
             return
         cause = next((i for i in self._gone if i != failure.instance and i in self._remaining), None)
         if cause is not None:
-            log.info("instance %d failed after instance %d left the fabric: stopping the other %d instances",
-                     failure.instance, cause, len(self._remaining))
+            log.info("instance %d failed after instance %d left the fabric: stopping the other %s",
+                     failure.instance, cause, counted(len(self._remaining), "instance"))
             self._cause_awaited = cause
             self._knock_ons.append(failure)
             self._begin_stop(signal.SIGTERM)
             return
         self._first_failure = failure
         if self._remaining:
-            log.info("instance %d failed: stopping the other %d instances", failure.instance, len(self._remaining))
+            log.info("instance %d failed: stopping the other %s", failure.instance,
+                     counted(len(self._remaining), "instance"))
         self._begin_stop(signal.SIGTERM)
 
     def _on_signal(self, signum: int, received: float | None = None) -> None:
@@ -363,8 +364,7 @@ class Job:
             if self._stopping:
                 log.info("received %s while stopping: not passed on", name)
                 return
-            log.info("received %s: passed on to instances %s", name,
-                     format_indices(sorted(self._executor.signal_all(signum))))
+            log.info("received %s: passed on to %s", name, named_instances(self._executor.signal_all(signum)))
             return
         received = time.monotonic() if received is None else received
         first = self._stop_signal_time
@@ -378,10 +378,10 @@ class Job:
             self._kill_now()
             return
         self._stop_signal, self._stop_signal_time = signum, received
-        log.warning(
-            "received %s: stopping %d instances (SIGKILL in %gs; press Ctrl-C again to kill at once)",
-            name, len(self._remaining), self._grace,
-        )
+        # Any stop signal again (after the repeat window) kills at once; Ctrl-C is how a terminal sends one.
+        again = "press Ctrl-C again" if signum == signal.SIGINT else f"send {name} again"
+        log.warning("received %s: stopping %s (SIGKILL in %gs; %s to kill at once)",
+                    name, counted(len(self._remaining), "instance"), self._grace, again)
         self._begin_stop(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     def _begin_stop(self, signum: int) -> None:

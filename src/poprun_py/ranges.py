@@ -21,6 +21,19 @@ def format_indices(indices: Iterable[int]) -> str:
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in consecutive_runs(indices))
 
 
+def counted(count: int, noun: str) -> str:
+    """'1 instance', '2 instances': a count and its noun, singular for one (regular plurals only)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def named_instances(indices: Iterable[int]) -> str:
+    """'instance 0', 'instances 0-2, 5' ('no instances'): indices for log lines with the noun they need."""
+    found = sorted(indices)
+    if len(found) < 2:
+        return f"instance {found[0]}" if found else "no instances"
+    return f"instances {format_indices(found)}"
+
+
 def format_cpus(cpus: Iterable[int]) -> str:
     """(0, 1, 2, 5) -> '0-2,5', the kernel's cpulist format."""
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in consecutive_runs(cpus))

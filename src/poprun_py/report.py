@@ -7,7 +7,7 @@ import signal
 
 from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST
 from .job import Failure, JobReport
-from .ranges import format_indices
+from .ranges import counted, format_indices, named_instances
 
 log = logging.getLogger("poprun")
 
@@ -74,7 +74,7 @@ def summary_lines(report: JobReport) -> list[str]:
     for failure in independent:
         lines.append(f"also failed: instance {failure.instance} on {failure.host} {describe_failure(failure)}")
     if report.unreaped:
-        lines.append(f"instances {format_indices(report.unreaped)} could not be reaped (uninterruptible sleep?)")
+        lines.append(f"{named_instances(report.unreaped)} could not be reaped (uninterruptible sleep?)")
     lines.extend(lost_output_lines(report))
     return lines
 
@@ -88,9 +88,9 @@ def lost_output_lines(report: JobReport) -> list[str]:
              for loss in report.output_lost]
     if report.exit_code == EXIT_OUTPUT_LOST:
         complete = "" if any(loss.console for loss in report.output_lost) else "; the console shows all the output"
-        kind = "output destinations" if complete == "" else "output files"
-        lines.append(f"every instance succeeded, but {len(report.output_lost)} {kind} are incomplete "
-                     f"(exit {EXIT_OUTPUT_LOST}){complete}")
+        kind = counted(len(report.output_lost), "output destination" if complete == "" else "output file")
+        are = "is" if len(report.output_lost) == 1 else "are"
+        lines.append(f"every instance succeeded, but {kind} {are} incomplete (exit {EXIT_OUTPUT_LOST}){complete}")
     return lines
 
 

@@ -146,6 +146,8 @@ def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
 
 def save_config(path: str, options: Mapping[str, Any], program: list[str], overwrite: bool) -> None:
     target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--export-config: {path!r} is a directory; name a file, e.g. {os.path.join(path, 'launch.json')}")
     if target.exists() and not overwrite:
         raise UsageError(f"--export-config: {path!r} exists; add --overwrite-config=yes to replace it")
     body = {"format": CONFIG_FORMAT, "options": dict(options), "program": program}

@@ -55,7 +55,7 @@ MIN_FABRIC_TIMEOUT = 1.0
 #: Per-option bounds where they differ from the rule for their kind (seconds or counts).
 MINIMUM_SECONDS: dict[str, float] = {"fabric_timeout": MIN_FABRIC_TIMEOUT}
 MAXIMUM_NUMBER: dict[str, int] = {"vipu_server_port": 65535, "vipu_server_timeout": int(MAX_SECONDS)}
-_WHAT = {"vipu_server_port": " (a TCP port)", "vipu_server_timeout": " seconds"}
+_WHAT = {"vipu_server_port": " (a TCP port)", "vipu_server_timeout": " second"}
 #: Linux's limit on one argument or environment string (32 pages, the terminating NUL included).
 MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
 #: Room kept for what poprun adds to each instance's environment (the POPDIST_*, IPUOF_*, ... contract).
@@ -78,10 +78,16 @@ def whole_number(name: str, value: Any, minimum: int = 1) -> int:
         raise UsageError(f"{option_flag(name)}: {value!r} is not a whole number")
     number = int(value)
     if number < minimum:
-        raise UsageError(f"{option_flag(name)}: must be at least {minimum}{_WHAT.get(name, '')}, got {number}")
+        raise UsageError(f"{option_flag(name)}: must be at least {minimum}{_unit(name, minimum)}, got {number}")
     if number > maximum:
-        raise UsageError(f"{option_flag(name)}: must be at most {maximum}{_WHAT.get(name, '')}, got {_short(number)}")
+        raise UsageError(f"{option_flag(name)}: must be at most {maximum}{_unit(name, maximum)}, got {_short(number)}")
     return number
+
+
+def _unit(name: str, bound: int) -> str:
+    """What a bound counts, if the option says: ' (a TCP port)', ' second' for 1, ' seconds' otherwise."""
+    what = _WHAT.get(name, "")
+    return what + "s" if what == " second" and bound != 1 else what
 
 
 def seconds(name: str, value: Any, allow_zero: bool = False) -> float:
