@@ -11,6 +11,8 @@ averages the gradients, so every instance holds the same weights after every ste
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 import horovod.torch as hvd
 import torch
@@ -31,7 +33,20 @@ def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, step: int) -> None:
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
+    """Save to a temporary file beside ``path``, sync it, then rename it over ``path`` (atomic): a save
+    interrupted at any point leaves the previous checkpoint whole, where ``torch.save(..., path)`` would
+    truncate it first."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # (the same file system: rename is atomic)
+    try:
+        with open(temporary, "wb") as file:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     print(f"instance {popdist.getInstanceIndex()} saved the checkpoint of step {step} to {path}")
 
 

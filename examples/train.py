@@ -183,9 +183,25 @@ def evaluate(replica, flat: np.ndarray, hidden: int, test: DataLoader, epoch: in
 
 # -- the instance ----------------------------------------------------------------------------------
 def save_checkpoint(path: str, weights: np.ndarray, history: np.ndarray, args: argparse.Namespace) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, weights=weights, history=history, hidden=args.hidden, lr=args.lr,
-             batch_size=args.batch_size, replicas=popdist.getNumTotalReplicas())
+    """Write a temporary file beside ``path``, sync it, then rename it over ``path``.
+
+    The rename is atomic: a save interrupted at any point (Ctrl-C, poprun's SIGTERM after another
+    instance failed, a full disk) leaves the previous checkpoint whole. Saving to ``path`` itself would
+    truncate it first.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # (the same file system: rename is atomic)
+    try:
+        with open(temporary, "wb") as file:
+            np.savez(file, weights=weights, history=history, hidden=args.hidden, lr=args.lr,
+                     batch_size=args.batch_size, replicas=popdist.getNumTotalReplicas())
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     print(f"checkpoint saved by instance {popdist.getInstanceIndex()}: {path}", flush=True)
 
 

@@ -696,6 +696,22 @@ def test_horovod_example_trains_in_step_and_checkpoints_on_instance_0(tmp_path: 
     assert finals[0].split(": weights ")[1].startswith(str(learnt))
 
 
+def test_horovod_example_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
+    """The second save's writes fail past half the checkpoint's size (``file_size_limit.py``), as a Ctrl-C, a
+    SIGTERM or a full disk would stop them. Before, ``torch.save`` wrote the checkpoint's own path and left it
+    truncated."""
+    checkpoint = tmp_path / "model.pt"
+    one = ("--offline-mode=1", "--num-instances", "1", "--num-replicas", "1")
+    first = run_poprun(*one, *python_example("horovod_train.py", "--steps", "2", "--checkpoint", str(checkpoint)))
+    assert first.returncode == 0, first.stderr
+    good = checkpoint.read_bytes()
+    interrupted = run_poprun(*one, sys.executable, str(PROGRAMS / "file_size_limit.py"), str(len(good) // 2),
+                             python_example("horovod_train.py")[1], "--steps", "3", "--checkpoint", str(checkpoint))
+    assert interrupted.returncode == 1, interrupted.stderr  # (EFBIG: "File too large")
+    assert checkpoint.read_bytes() == good
+    assert os.listdir(tmp_path) == ["model.pt"]  # no temporary file left behind either
+
+
 def test_a_buffer_spec_is_read_as_mpi4py_reads_it() -> None:
     """Every form of mpi4py's ``message_simple``; a collective's count is one rank's. Before, ``[buffer, count]``
     sent the whole buffer, a displacement was taken for a datatype, and ``Alltoall`` read 2 items for all ranks."""

@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from support import RUN_TIMEOUT, python_example, run_on_terminal, run_poprun
+from support import EXAMPLES, RUN_TIMEOUT, program, python_example, run_on_terminal, run_poprun
 
 MAIN_JOB = ("--num-instances", "2", "--num-replicas", "4")
+OFFLINE_ONE = ("--offline-mode=1", "--num-instances", "1", "--num-replicas", "1")
 #: Weights and loss curves of the same global batch on different topologies agree within this (float64).
 #: Only the order of the gradient sum differs: one GEMM over the 64 samples of a step, or per-replica GEMMs
 #: summed replica by replica and instance by instance. Each order is within (B-1)u sum|g_i| of the exact sum
@@ -98,6 +100,21 @@ def test_same_global_batch_trains_the_same_on_1_replica_and_on_many(tmp_path: Pa
     _, many = train(tmp_path, *layout)
     np.testing.assert_allclose(many["history"], single["history"], rtol=0, atol=NUMERICS_TOLERANCE)
     np.testing.assert_allclose(many["weights"], single["weights"], rtol=0, atol=NUMERICS_TOLERANCE)
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
+    """The second save's writes fail past half the checkpoint's size (``file_size_limit.py``), as a Ctrl-C, a
+    SIGTERM or a full disk would stop them. Before, ``np.savez`` wrote the checkpoint's own path: the good
+    checkpoint was truncated and left half-written."""
+    checkpoint = tmp_path / "model.npz"
+    first = run_poprun(*OFFLINE_ONE, *python_example("train.py", "--epochs", "1", "--checkpoint", str(checkpoint)))
+    assert first.returncode == 0, first.stderr
+    good = checkpoint.read_bytes()
+    interrupted = run_poprun(*OFFLINE_ONE, sys.executable, program("file_size_limit.py"), str(len(good) // 2),
+                             str(EXAMPLES / "train.py"), "--epochs", "2", "--checkpoint", str(checkpoint))
+    assert interrupted.returncode == 1 and b"File too large" in interrupted.stderr, interrupted.stderr
+    assert checkpoint.read_bytes() == good
+    assert os.listdir(tmp_path) == ["model.npz"]  # no temporary file left behind either
 
 
 def test_progress_bar_when_asked(tmp_path: Path) -> None:
