@@ -37,6 +37,7 @@ def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pa
     interrupted at any point leaves the previous checkpoint whole, where ``torch.save(..., path)`` would
     truncate it first."""
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # (the same file system: rename is atomic)
     try:
         with open(temporary, "wb") as file:
@@ -56,6 +57,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=16, help="samples per instance per step")
     args = parser.parse_args()
+    for name in ("steps", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
     if popdist.isPopdistEnvSet():
         popdist.init()

@@ -34,10 +34,11 @@ import popdist
 import popdist.collectives as C
 from popdist import replicas
 from popdist.data import DataLoader, epoch_order
-from popdist.datasets import load_digits
+from popdist.datasets import DIGITS_SAMPLES, load_digits
 from popdist.env_names import CONSOLE_IS_TERMINAL
 
 TEST_SAMPLES = 360
+TRAIN_SAMPLES = DIGITS_SAMPLES - TEST_SAMPLES
 CLASSES = 10
 
 
@@ -58,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("epochs", "batch_size", "hidden"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.batch_size > TRAIN_SAMPLES:  # (else an epoch has no step)
+        parser.error(f"--batch-size {args.batch_size} is larger than the {TRAIN_SAMPLES} training samples; "
+                     f"it is the global batch, at most {TRAIN_SAMPLES}")
     return args
 
 

@@ -678,7 +678,7 @@ def test_compat_imports_takes_yes_or_no() -> None:
 
 # -- the example ----------------------------------------------------------------------------------------------
 def test_horovod_example_trains_in_step_and_checkpoints_on_instance_0(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "model.pt"
+    checkpoint = tmp_path / "new" / "model.pt"  # (a directory that is not there yet: the example makes it)
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "--mpi-global-args=--tag-output",
                         *python_example("horovod_train.py", "--checkpoint", str(checkpoint)))
     lines = lines_of(result)
@@ -710,6 +710,15 @@ def test_horovod_example_save_that_fails_midway_leaves_the_previous_checkpoint_w
     assert interrupted.returncode == 1, interrupted.stderr  # (EFBIG: "File too large")
     assert checkpoint.read_bytes() == good
     assert os.listdir(tmp_path) == ["model.pt"]  # no temporary file left behind either
+
+
+@pytest.mark.parametrize("argv, error", [(("--batch-size", "0"), "--batch-size must be at least 1"),
+                                         (("--steps", "0"), "--steps must be at least 1")])
+def test_horovod_example_bad_arguments_are_one_line_errors(argv: tuple[str, ...], error: str) -> None:
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2",
+                        *python_example("horovod_train.py", *argv))
+    assert result.returncode == 2 and error in result.stderr.decode(), result.stderr
+    assert b"Traceback" not in result.stderr
 
 
 def test_a_buffer_spec_is_read_as_mpi4py_reads_it() -> None:

@@ -117,6 +117,17 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path:
     assert os.listdir(tmp_path) == ["model.npz"]  # no temporary file left behind either
 
 
+@pytest.mark.parametrize("argv, error", [
+    (("--batch-size", "4000"), "--batch-size 4000 is larger than the 1437 training samples"),
+    (("--batch-size", "0"), "--batch-size must be at least 1"),
+])
+def test_the_examples_bad_arguments_are_one_line_errors(argv: tuple[str, ...], error: str) -> None:
+    result = subprocess.run(python_example("train.py", "--checkpoint", "", *argv), capture_output=True,
+                            timeout=RUN_TIMEOUT)
+    assert result.returncode == 2 and error in result.stderr.decode(), result.stderr
+    assert b"Traceback" not in result.stderr
+
+
 def test_progress_bar_when_asked(tmp_path: Path) -> None:
     result, _ = train(tmp_path, *MAIN_JOB, extra=("--epochs", "2", "--progress", "on"))
     out = text(result.stdout)
