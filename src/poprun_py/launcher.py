@@ -223,6 +223,7 @@ def _run_with_rendezvous(
     try:
         executor = _executor(launch, plan, events, environ, guardian)
         rendezvous.alive_here = executor.alive_here  # (before it starts serving: ``on_started``)
+        rendezvous.stopped_here = executor.stopped_here
         return Job(executor, events, router, num_instances, grace, status,
                    on_started=on_started, time_limit=options.time_limit,
                    on_clean_exit=rendezvous.instance_exited).run(plan.instances)

@@ -10,7 +10,8 @@ usage: fabric_fail.py MODE
   leaves      instance 1 exits at once, without joining the fabric; the others print "refused: <error>"
               when their first collective raises
   stopped     instance 1 stops itself (SIGSTOP) after a barrier; the others print "lost: <error>" when
-              their allreduce raises
+              their allreduce raises; on SIGTERM (once continued) instance 1 prints "stopped instance:
+              SIGTERM handled" and exits with 0
   gil FIFO    after an allreduce, instance 1 opens FIFO for reading through libc, holding the GIL (its
               heartbeat thread cannot run) until the test opens it for writing; then every instance
               prints "second: <sum>" of a second allreduce
@@ -67,6 +68,8 @@ def main() -> int | None:
     if mode == "stopped":
         C.barrier()
         if me == 1:
+            signal.signal(signal.SIGTERM, lambda *_: (print("stopped instance: SIGTERM handled", flush=True),
+                                                      os._exit(0)))
             os.kill(os.getpid(), signal.SIGSTOP)
         return reported(lambda: C.allreduce(np.ones(1)), PeerLostError, "lost", 3)
     if mode == "gil":

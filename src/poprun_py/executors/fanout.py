@@ -54,6 +54,10 @@ class FanOutExecutor:
         """``LocalExecutor.alive_here``: an instance on another host is never (only its agent could tell)."""
         return self._local is not None and self._local.alive_here(index)
 
+    def stopped_here(self, index: int) -> int | None:
+        """``LocalExecutor.stopped_here``: None for an instance on another host (only its agent could tell)."""
+        return None if self._local is None else self._local.stopped_here(index)
+
     def signal_all(self, signum: int) -> list[int]:
         return [index for executor in self._all() for index in executor.signal_all(signum)]
 

@@ -240,6 +240,7 @@ def stop_job(ours, marker, grace, launcher=None):
     _discover(ours, marker)
     for fd in ours.values():
         _signal(fd, signal.SIGTERM)
+        _signal(fd, signal.SIGCONT)  # (a stopped process acts on nothing else: it would wait out the grace)
     _wait_for_exits(list(ours.values()), grace)
     _freeze(ours, marker)
     for fd in ours.values():

@@ -54,6 +54,9 @@ DRAIN_SECONDS = 2.0
 REAP_ADOPTED_SECONDS = 1.0
 #: How long ``cleanup`` waits for killed instances to exit before it gives up on reaping them.
 REAP_SECONDS = 10.0
+#: The signals that ask an instance to end (poprun's stop, and those it forwards): SIGCONT follows each.
+#: (Not SIGUSR1/SIGUSR2: those ask it to go on, and must not resume an instance a user stopped.)
+STOPPING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 
 
 class Process(Protocol):
@@ -256,17 +259,31 @@ class LocalExecutor:
     def alive_here(self, index: int) -> bool:
         """Whether instance ``index`` runs on this host, alive and not stopped. Then its fabric heartbeats
         missing cannot mean it is gone (its exit closes its fabric connection at once): it is busy, say in a
-        long call that holds Python's GIL, so that its heartbeat thread cannot run. (Its pid is ours until
-        ``cleanup`` reaps it.)"""
+        long call that holds Python's GIL, so that its heartbeat thread cannot run."""
+        _, state = self._state_here(index)
+        return state is not None and state not in "TtZXx"
+
+    def stopped_here(self, index: int) -> int | None:
+        """The pid of instance ``index`` if it runs on this host and is stopped (SIGSTOP, Ctrl-Z's SIGTSTP, a
+        debugger), else None: the reason its peers get when its heartbeats stop, instead of a lost host."""
+        pid, state = self._state_here(index)
+        return pid if state is not None and state in "Tt" else None
+
+    def _state_here(self, index: int) -> tuple[int, str | None]:
+        """Instance ``index``'s pid and /proc state letter (None: not here, exited or gone). Its pid is ours
+        until ``cleanup`` reaps it, so the state read is that instance's."""
         with self._lock:
             instance = self._instances.get(index)
             if instance is None or instance.exited or instance.reaped:
-                return False
-            state = process_state(instance.process.pid)
-        return state is not None and state not in "TtZXx"
+                return 0, None
+            return instance.process.pid, process_state(instance.process.pid)
 
     def signal_all(self, signum: int) -> list[int]:
         """Send ``signum`` to the process group of every instance still running.
+
+        A signal that stops the job (``STOPPING``) is followed by SIGCONT, as Slurm and Open MPI do: a
+        stopped process (SIGSTOP, a debugger's) acts on no signal but SIGKILL, so without it a stopped
+        instance would run none of its handlers and the job would wait out the whole stop grace.
 
         Safe by construction: an instance is reaped only in ``cleanup``, so each
         group's leader still holds the group's number when it is signalled.
@@ -277,6 +294,8 @@ class LocalExecutor:
         for instance in live:
             try:
                 os.killpg(instance.process.pid, signum)
+                if signum in STOPPING:
+                    os.killpg(instance.process.pid, signal.SIGCONT)
                 sent.append(instance.plan.index)
             except ProcessLookupError:
                 pass

@@ -138,6 +138,9 @@ class RendezvousServer:
         #: ``(instance) -> bool``, set by the launcher before ``start``: whether the instance's process is on the
         #: launcher's host, alive and not stopped (then missed heartbeats do not make it lost).
         self.alive_here: Callable[[int], bool] | None = None
+        #: ``(instance) -> pid or None``, set with ``alive_here``: the pid of the instance's process if it is on
+        #: the launcher's host and stopped (SIGSTOP, a debugger), so its loss is not blamed on its host.
+        self.stopped_here: Callable[[int], int | None] | None = None
         self._busy_noted: set[int] = set()
         self._stop_r, self._stop_w = os.pipe()  # (a byte: look at ``_closed``, then at the exits)
         os.set_blocking(self._stop_w, False)  # (a full pipe wakes the loop as well as one more byte would)
@@ -387,7 +390,15 @@ class RendezvousServer:
                                  instance, self._heartbeat_timeout)
                     continue
                 self._forget(connection)
-                self._declare_lost(instance, f"no heartbeat for {self._heartbeat_timeout:g} s: its host may be unreachable")
+                self._declare_lost(instance, self._silence(instance))
+
+    def _silence(self, instance: int) -> str:
+        """Why an instance's heartbeats stopped, as far as the launcher can tell."""
+        silent = f"no heartbeat for {self._heartbeat_timeout:g} s"
+        pid = self.stopped_here(instance) if self.stopped_here is not None else None
+        if pid is not None:
+            return f"{silent}: its process (pid {pid}) on this host is stopped (SIGSTOP or a debugger)"
+        return f"{silent}: its host may be unreachable"
 
     def _take_exits(self, now: float) -> None:
         """The exits the launcher reported: those of instances that never checked in may fail start-up."""
