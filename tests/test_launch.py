@@ -62,6 +62,24 @@ def test_environment_contract_per_instance() -> None:
     assert records[0]["env"]["IPUOF_VIPU_API_TIMEOUT"] == "10"
 
 
+def test_torchruns_other_names_and_a_chosen_master_port() -> None:
+    """torchrun's GROUP_*, ROLE_* and TORCHELASTIC_* names, true of a fixed job that is never restarted; and
+    ``-x MASTER_PORT=N`` chooses the port, as torchrun's --master-port (before: refused with a warning)."""
+    port = "29511"  # (nothing binds it here)
+    result = run_poprun(OFFLINE, "--num-instances", "2", "--num-replicas", "2", f"--mpi-local-args=-x MASTER_PORT={port}",
+                        *python_program("print_env.py"))
+    assert result.returncode == 0 and b"cannot change" not in result.stderr, result.stderr
+    records = sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda r: r["api"]["instance"])
+    assert len(records) == 2, result.stdout
+    for i, record in enumerate(records):
+        e = record["env"]
+        assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"], e["ROLE_NAME"]) == ("0", "1", "default")
+        assert (e["ROLE_RANK"], e["ROLE_WORLD_SIZE"]) == (e["RANK"], e["WORLD_SIZE"]) == (str(i), "2")
+        assert e["TORCHELASTIC_RUN_ID"] == e["POPRUN_JOB_ID"] != ""
+        assert (e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "0")
+        assert e["MASTER_PORT"] == port
+
+
 def test_environment_variables_pass_through(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORWARD_ME", 'a "quoted" value')
     records = launch_env(

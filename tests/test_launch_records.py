@@ -25,6 +25,32 @@ def test_the_plan_places_instances_where_the_placement_says() -> None:
     assert [i.host for i in plan.instances] == spec.placement.instance_hosts()
     assert [str(h) for h in spec.placement.instance_hosts()] == ["a", "a", "b", "b", "c", "c"]
     assert [i.local_index for i in plan.instances] == [0, 1, 0, 1, 0, 1]
+    # torchrun's node rank and count: the host's index, the number of hosts
+    assert [i.env[env.GROUP_RANK] for i in plan.instances] == ["0", "0", "1", "1", "2", "2"]
+    assert {i.env[env.GROUP_WORLD_SIZE] for i in plan.instances} == {"3"}
+
+
+def test_a_job_wide_x_chooses_master_addr_and_port_as_torchruns_options_do() -> None:
+    spec = build_spec({"offline_mode": "yes", "num_instances": 2, "num_replicas": 2,
+                       "mpi_local_args": ["-x MASTER_PORT=29511 -x MASTER_ADDR"]}, ["p"])
+    plan = make_plan(spec.placement, spec.instance, programs=Programs(("p",)), job_id="j",
+                     allocation=offline_allocation(spec.placement, spec.vipu), master_port=1,
+                     launcher_environ={"MASTER_ADDR": "node7"}, cwd="/")
+    assert [(i.env[env.MASTER_ADDR], i.env[env.MASTER_PORT]) for i in plan.instances] == [("node7", "29511")] * 2
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"mpi_local_args": ["-x MASTER_PORT=70000"]}, "-x MASTER_PORT='70000' is not a port: use a number from 1"),
+    ({"mpi_local_args": ["-x MASTER_PORT=http"]}, "-x MASTER_PORT='http' is not a port"),
+    ({"mpi_global_args": ["-x MASTER_PORT=0"]}, "-x MASTER_PORT='0' is not a port"),
+    ({"mpi_local_args": ["-x MASTER_ADDR="]}, "-x MASTER_ADDR='' is not a host name or address"),
+    ({"instance_mpi_local_args": ["1:-x MASTER_PORT=29511"]},
+     "--instance-mpi-local-args=1: -x MASTER_PORT must be the same for every instance"),
+])
+def test_a_bad_or_per_instance_master_choice_is_a_usage_error(options: dict, error: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        build_spec({"offline_mode": "yes", "num_instances": 2, "num_replicas": 2, **options}, ["p"])
+    assert str(caught.value).startswith(error)
 
 
 def test_instances_an_agent_starts_run_the_program_as_typed_and_get_no_local_descriptors() -> None:

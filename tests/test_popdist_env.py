@@ -214,7 +214,7 @@ def test_target_options_for_rejects_bad_splits(args: tuple[int, int, int]) -> No
 def test_contract_names_are_unique_and_cover_render() -> None:
     assert len(CONTRACT_NAMES) == len(set(CONTRACT_NAMES))
     (inst,) = layout(4, 1, 1, 1, master_port=1, rendezvous_port=2, executable_cache_path="c", host_label="node1",
-                     device_fds=(3, 4),
+                     device_fds=(3, 4), job_id="j",
                      fabric=env.FabricSettings(token="ab" * 16, transport="tcp", timeout=3, startup_timeout=7))
     # the user's choice (a soft default), a fact about poprun's console rather than the instance, and the
     # --compat-imports choice (the plan adds it: it is about the instance's Python, not its place in the job)

@@ -26,6 +26,8 @@ from popdist.env_names import (
     DEVICE_FDS,
     EXECUTABLE_CACHE_PATH,
     FABRIC_ADDR,
+    GROUP_RANK,
+    GROUP_WORLD_SIZE,
     HOST_LABEL,
     IPUS_PER_REPLICA,
     JOB_ID,
@@ -43,11 +45,17 @@ from popdist.env_names import (
     RENDEZVOUS_ADDR,
     RENDEZVOUS_PORT,
     REPLICA_INDEX_OFFSET,
+    ROLE_NAME,
+    ROLE_RANK,
+    ROLE_WORLD_SIZE,
     TARGET_OPTIONS,
     TORCH_LOCAL_RANK,
     TORCH_LOCAL_WORLD_SIZE,
     TORCH_RANK,
     TORCH_WORLD_SIZE,
+    TORCHELASTIC_MAX_RESTARTS,
+    TORCHELASTIC_RESTART_COUNT,
+    TORCHELASTIC_RUN_ID,
     TOTAL_REPLICAS,
     UNIFORM_REPLICAS,
     VIPU_GCD_ID,
@@ -104,6 +112,8 @@ class InstanceEnv:
     job_id: str = ""
     offline: bool = False
     host_label: str = ""
+    host_index: int = 0  # the host's index among the job's hosts, in placement order (torchrun's GROUP_RANK)
+    num_hosts: int = 1
     fabric_addr: str = "127.0.0.1"
     device_fds: tuple[int, ...] = ()
     fabric: FabricSettings = FabricSettings()
@@ -173,7 +183,16 @@ class InstanceEnv:
             TORCH_WORLD_SIZE: str(self.num_instances),
             TORCH_LOCAL_RANK: str(self.local_instance_index),
             TORCH_LOCAL_WORLD_SIZE: str(self.num_local_instances),
+            GROUP_RANK: str(self.host_index),
+            GROUP_WORLD_SIZE: str(self.num_hosts),
+            ROLE_NAME: "default",
+            ROLE_RANK: str(self.instance_index),
+            ROLE_WORLD_SIZE: str(self.num_instances),
+            TORCHELASTIC_RESTART_COUNT: "0",
+            TORCHELASTIC_MAX_RESTARTS: "0",
         })
+        if self.job_id:  # (its presence alone says "launched by torchrun": not for a record without a job)
+            out[TORCHELASTIC_RUN_ID] = self.job_id
         if self.master_port:
             out[MASTER_ADDR] = self.master_addr
             out[MASTER_PORT] = str(self.master_port)

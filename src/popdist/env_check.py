@@ -47,7 +47,8 @@ def check_instance_env(env: InstanceEnv) -> None:
                 _fail(f.name, f"must be >= 0, got {value}")
         elif not isinstance(value, str) or "\0" in value:
             _fail(f.name, f"must be a string without NUL characters, got {value!r}")
-    for name in ("num_total_replicas", "num_ipus_per_replica", "num_local_replicas", "num_local_instances"):
+    for name in ("num_total_replicas", "num_ipus_per_replica", "num_local_replicas", "num_local_instances",
+                 "num_hosts"):
         if getattr(env, name) < 1:
             _fail(name, f"must be >= 1, got {getattr(env, name)}")
     total, local = env.num_total_replicas, env.num_local_replicas
@@ -62,6 +63,9 @@ def check_instance_env(env: InstanceEnv) -> None:
     if env.local_instance_index >= env.num_local_instances:
         _fail("local_instance_index", f"({env.local_instance_index}) must be below "
               f"num_local_instances ({env.num_local_instances})")
+    if not env.host_index < env.num_hosts <= total // local:
+        _fail("host_index", f"({env.host_index}) must be below num_hosts ({env.num_hosts}), which is at most "
+              f"the number of instances ({total // local})")
     if not 1 <= env.vipu_port <= _MAX_PORT:
         _fail("vipu_port", f"must be in 1..{_MAX_PORT}, got {env.vipu_port}")
     for name in ("master_port", "rendezvous_port"):

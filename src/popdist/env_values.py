@@ -19,6 +19,8 @@ from popdist.env_names import (
     FABRIC_ADDR,
     FABRIC_TIMEOUT,
     FABRIC_TRANSPORT,
+    GROUP_RANK,
+    GROUP_WORLD_SIZE,
     HOST_LABEL,
     IPUS_PER_REPLICA,
     JOB_ID,
@@ -161,6 +163,8 @@ FIELD_VARIABLES = {
     "rendezvous_addr": RENDEZVOUS_ADDR,
     "rendezvous_port": RENDEZVOUS_PORT,
     "job_id": JOB_ID,
+    "host_index": GROUP_RANK,
+    "num_hosts": GROUP_WORLD_SIZE,
 }
 
 
@@ -216,6 +220,8 @@ def read_fields(environ: Mapping[str, str]) -> dict[str, Any]:
         job_id=environ.get(JOB_ID, ""),
         offline=read_flag(environ, OFFLINE),
         host_label=environ.get(HOST_LABEL, ""),
+        host_index=read_int(environ, GROUP_RANK, 0),
+        num_hosts=read_int(environ, GROUP_WORLD_SIZE, 1),
         fabric_addr=environ.get(FABRIC_ADDR, "127.0.0.1"),
         device_fds=read_fds(environ),
         fabric=FabricSettings.from_environ(environ),

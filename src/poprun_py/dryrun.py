@@ -16,7 +16,7 @@ import shlex
 import sys
 from typing import Mapping, TextIO
 
-from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT
+from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT, TORCHELASTIC_RUN_ID
 
 from .mpiargs import shell_word
 from .plan import Allocation, Plan, Programs, make_plan, offline_allocation
@@ -29,7 +29,7 @@ MASK = "********"
 #: Names whose values are never printed: the job token and anything that looks like a secret.
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|(^|_)KEY($|_)|APIKEY|AUTH", re.IGNORECASE)
 #: Values poprun picks only when it launches.
-_AT_LAUNCH = {MASTER_PORT, RENDEZVOUS_PORT, JOB_ID}
+_AT_LAUNCH = {MASTER_PORT, RENDEZVOUS_PORT, JOB_ID, TORCHELASTIC_RUN_ID}
 _PLACEHOLDER_PORT = 1  # any port: make_plan leaves a port of 0 out, and the real ones are picked at launch
 
 

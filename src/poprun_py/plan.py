@@ -11,14 +11,23 @@ import logging
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from popdist.env import COMPAT_IMPORTS, CONTRACT_NAMES, FabricSettings, InstanceEnv, target_options_for
+from popdist.env import (
+    COMPAT_IMPORTS,
+    CONTRACT_NAMES,
+    MASTER_ADDR,
+    MASTER_PORT,
+    FabricSettings,
+    InstanceEnv,
+    target_options_for,
+)
 from simipu.hardware import parent_device_id
 
 from .hosts import HostSpec
 from .mpiargs import EnvSetting
 from .records import LOCALHOST, InstanceSettings, Placement, VipuSettings
+from .validate import MASTER_CHOICES
 
 log = logging.getLogger("poprun.plan")
 
@@ -92,6 +101,18 @@ def _resolve_env_settings(
             warned.add(setting.name)
             log.warning("-x %s: the variable is not set in poprun's environment, so there is nothing to forward", setting.name)
     return result
+
+
+def _with_chosen_master(job_contract: partial[InstanceEnv], shared: Mapping[str, str]) -> partial[InstanceEnv]:
+    """A job-wide ``-x MASTER_ADDR=...`` / ``-x MASTER_PORT=N`` replaces poprun's choice (torchrun's
+    ``--master-addr``/``--master-port``, for a port a firewall lets through); ``validate.check_master_choice``
+    has checked the values and refused them per instance."""
+    chosen: dict[str, Any] = {}
+    if MASTER_ADDR in shared:
+        chosen["master_addr"] = shared[MASTER_ADDR]
+    if MASTER_PORT in shared:
+        chosen["master_port"] = int(shared[MASTER_PORT])
+    return partial(job_contract, **chosen) if chosen else job_contract
 
 
 def _omp_setting(host: HostSpec, instances_on_host: int, user_env: Mapping[str, str],
@@ -187,11 +208,12 @@ def make_plan(
                                  job_id, rendezvous, fabric)
     warned: set[str] = set()
     shared = _resolve_env_settings(settings.env, launcher_environ, warned)
+    job_contract = _with_chosen_master(job_contract, shared)
     instances = []
-    for host, block in blocks:
+    for host_index, (host, block) in enumerate(blocks):
         for local_index, index in enumerate(block):
             user_env = {**shared, **_resolve_env_settings(settings.instance_env.get(index, ()), launcher_environ, warned)}
-            overridden = sorted(set(user_env) & set(CONTRACT_NAMES))
+            overridden = sorted(set(user_env) & set(CONTRACT_NAMES) - MASTER_CHOICES)
             if overridden and index == 0:
                 log.warning("-x cannot change %s: poprun sets them for each instance", ", ".join(overridden))
             contract = job_contract(
@@ -199,6 +221,8 @@ def make_plan(
                 local_instance_index=local_index,
                 num_local_instances=len(block),
                 host_label=host.name,
+                host_index=host_index,
+                num_hosts=len(blocks),
                 fabric_addr=addresses.get(str(host), "127.0.0.1"),
                 device_fds=device_fds.get(index, ()),
             )

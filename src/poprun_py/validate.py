@@ -38,6 +38,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
+from popdist.env import MASTER_ADDR, MASTER_PORT
 from simipu.durations import MAX_SECONDS, check_seconds
 from simipu.durations import shown as _short  # values in errors, cut as the seconds' are
 
@@ -47,7 +48,7 @@ log = logging.getLogger("poprun.validate")
 
 if TYPE_CHECKING:
     from .hosts import HostSpec
-    from .records import Placement
+    from .records import InstanceSettings, Placement
     from .spec import LaunchSpec
 
 MAX_COUNT = 2**20
@@ -56,6 +57,8 @@ MIN_FABRIC_TIMEOUT = 1.0
 MINIMUM_SECONDS: dict[str, float] = {"fabric_timeout": MIN_FABRIC_TIMEOUT}
 MAXIMUM_NUMBER: dict[str, int] = {"vipu_server_port": 65535, "vipu_server_timeout": int(MAX_SECONDS)}
 _WHAT = {"vipu_server_port": " (a TCP port)", "vipu_server_timeout": " second"}
+#: What a job-wide ``-x`` may choose of poprun's contract (torchrun's ``--master-addr``, ``--master-port``).
+MASTER_CHOICES = frozenset({MASTER_ADDR, MASTER_PORT})
 #: Linux's limit on one argument or environment string (32 pages, the terminating NUL included).
 MAX_ARG_STRLEN = 32 * os.sysconf("SC_PAGE_SIZE")
 #: Room kept for what poprun adds to each instance's environment (the POPDIST_*, IPUOF_*, ... contract).
@@ -252,3 +255,23 @@ def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     warn_hosts_over_their_slots(placement)
     extra = {setting.name: setting.value for setting in spec.instance.all_settings() if setting.value is not None}
     check_exec_size(spec.program, extra, environ)
+    check_master_choice(spec.instance, environ)
+
+
+def check_master_choice(instance: InstanceSettings, environ: Mapping[str, str]) -> None:
+    """``-x MASTER_ADDR=...`` / ``-x MASTER_PORT=N`` choose them (torchrun's ``--master-addr/--master-port``):
+    for every instance alike, a port in 1..65535 and an address without spaces. A bad one would surface only
+    as torch's connection error in every instance, long after the launch."""
+    for index, settings in sorted(instance.instance_env.items()):
+        for setting in settings:
+            if setting.name in MASTER_CHOICES:
+                raise UsageError(f"--instance-mpi-local-args={index}: -x {setting.name} must be the same for every "
+                                 f"instance; set it with --mpi-local-args='-x {setting.name}=...'")
+    for setting in instance.env:
+        value = setting.value if setting.value is not None else environ.get(setting.name)
+        if value is None or setting.name not in MASTER_CHOICES:
+            continue
+        if setting.name == MASTER_PORT and not (value.isascii() and value.isdigit() and 1 <= int(value) <= 65535):
+            raise UsageError(f"-x {MASTER_PORT}={value!r} is not a port: use a number from 1 to 65535")
+        if setting.name == MASTER_ADDR and (not value or any(c.isspace() for c in value)):
+            raise UsageError(f"-x {MASTER_ADDR}={value!r} is not a host name or address")
