@@ -90,6 +90,13 @@ BAD_INPUT = [
     ("argument over MAX_ARG_STRLEN", ["--import-config", "{d}/long_argument.json"], b"pass large data in a file"),
     ("arguments over ARG_MAX", ["--import-config", "{d}/over_arg_max.json"], b"ARG_MAX"),
     ("-x over MAX_ARG_STRLEN", ["--import-config", "{d}/long_variable.json"], b"environment variable A"),
+    ("--dry-run --vipu-partition ../bad", ["--dry-run", "--vipu-partition", "../bad", "true"],
+     b"--vipu-partition: invalid partition name '../bad'"),
+    ("--dry-run --vipu-partition -x", ["--dry-run", "--vipu-partition", "-x", "true"], b"invalid partition name '-x'"),
+    ("--dry-run --vipu-cluster ../c", ["--dry-run", "--vipu-cluster", "../c", "true"], b"--vipu-cluster: invalid cluster"),
+    ("--dry-run --vipu-allocation 'a b'", ["--dry-run", "--vipu-allocation", "a b", "true"], b"--vipu-allocation: invalid"),
+    ("--vipu-partition ../bad (was exit 77)", ["--vipu-partition", "../bad", "true"], b"invalid partition name"),
+    ("--vipu-cluster with a slash", [O, "--vipu-cluster", "a/b", "true"], b"--vipu-cluster: invalid cluster name"),
     # -- counts and numbers ------------------------------------------------------------------------
     ("--num-ilds 0", [O, "--num-ilds", "0", "true"], b"--num-ilds: must be at least 1"),
     ("--ipus-per-replica -3", [O, "--ipus-per-replica", "-3", "true"], b"at least 1"),

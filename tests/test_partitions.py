@@ -93,6 +93,17 @@ def test_partition_larger_than_the_cluster() -> None:
     assert len(result.stderr.splitlines()) == 1
 
 
+def test_dry_run_refuses_a_partition_size_as_the_launch_does() -> None:
+    """Before, --dry-run crashed on it (exit 70, "internal error") where the launch said what was wrong."""
+    args = ("--vipu-partition", "p6", "--ipus-per-replica", "3", "--num-instances", "2", "--num-replicas", "2", "true")
+    launched, dry = run_poprun(*args), run_poprun("--dry-run", *args)
+    for result in (launched, dry):
+        assert result.returncode == errors.EXIT_VIPU_ERROR, result.stderr
+        assert result.stderr.decode().splitlines() == [
+            "poprun: error: partition p6: size 6 is not a power of two; V-IPU partitions have 1, 2, 4, 8, ... IPUs"]
+    assert partitions() == {}
+
+
 def test_unreachable_server_fails_within_the_timeout() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

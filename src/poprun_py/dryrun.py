@@ -68,10 +68,11 @@ def _partition(spec: LaunchSpec) -> tuple[Allocation, str]:
     vipu = spec.vipu
     if spec.offline_mode:
         return offline_allocation(spec.placement, vipu), "none (--offline-mode: no IPUs attached)"
-    from .partition import partition_request
+    from .partition import partition_request, vipu_errors
 
     name = vipu.partition or "poprun-JOBID"  # the job id's first 8 hex digits, at launch
-    request = partition_request(spec.placement, vipu, name)
+    with vipu_errors():  # a size V-IPU refuses: the launch's line and exit code, not a crash
+        request = partition_request(spec.placement, vipu, name)
     what = (f"{request.size} IPUs, {request.num_gcds} GCDs, {request.num_ilds} ILDs, "
             f"IPU-Link routing {request.resolved_ipu_link_routing_type()}, "
             f"GW-Link routing {request.resolved_gw_link_routing_type()}, sync type {request.resolved_sync_type()}")

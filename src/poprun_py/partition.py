@@ -19,7 +19,9 @@ killed is reclaimed, not reused.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from popdist.env import DEFAULT_VIPU_PORT
 from simipu.devices import Device, DeviceBusy, DeviceError, attach
@@ -81,7 +83,7 @@ def partition_request(placement: Placement, vipu: VipuSettings, name: str) -> Pa
 def acquire_partition(placement: Placement, vipu: VipuSettings, job_id: str) -> PartitionLease:
     """Find, create, update or reset the partition this launch runs on; errors say what to do."""
     holder = Lease.of_this_process(job_id)
-    try:
+    with vipu_errors():
         api = open_vipu(
             host=vipu.server_host,
             port=vipu.server_port,
@@ -95,19 +97,6 @@ def acquire_partition(placement: Placement, vipu: VipuSettings, job_id: str) -> 
         except BaseException:
             _let_go(api, partition, holder, created and vipu.remove_partition)
             raise
-    except PermissionError as exc:  # the token file is not safe to use
-        raise VipuServiceError(str(exc)) from None
-    except PartitionInUse as exc:
-        raise DevicesUnavailable(str(exc)) from None
-    except VipuUnreachable as exc:
-        raise VipuServerUnreachable(f"{exc}; start one with 'simipu vipu-server', or leave out --vipu-server-host "
-                                    "to use the embedded service") from None
-    except PartitionTooLarge as exc:
-        raise PartitionTooBig(str(exc)) from None
-    except NotEnoughIpus as exc:
-        raise DevicesUnavailable(f"{exc}; free some with 'simipu vipu remove partition NAME'") from None
-    except VipuError as exc:
-        raise VipuServiceError(str(exc)) from None
     if not partition.is_active:
         _let_go(api, partition, holder, created and vipu.remove_partition)
         raise PartitionFailed(
@@ -125,6 +114,26 @@ def acquire_partition(placement: Placement, vipu: VipuSettings, job_id: str) -> 
         offline=False,
     )
     return PartitionLease(allocation, partition, created and vipu.remove_partition, api, holder)
+
+
+@contextmanager
+def vipu_errors() -> Iterator[None]:
+    """The V-IPU service's refusals as poprun's errors, one line and exit code each, for launch and --dry-run alike."""
+    try:
+        yield
+    except PermissionError as exc:  # the token file is not safe to use
+        raise VipuServiceError(str(exc)) from None
+    except PartitionInUse as exc:
+        raise DevicesUnavailable(str(exc)) from None
+    except VipuUnreachable as exc:
+        raise VipuServerUnreachable(f"{exc}; start one with 'simipu vipu-server', or leave out --vipu-server-host "
+                                    "to use the embedded service") from None
+    except PartitionTooLarge as exc:
+        raise PartitionTooBig(str(exc)) from None
+    except NotEnoughIpus as exc:
+        raise DevicesUnavailable(f"{exc}; free some with 'simipu vipu remove partition NAME'") from None
+    except VipuError as exc:
+        raise VipuServiceError(str(exc)) from None
 
 
 def _reclaim_dead_launches_of_this_host(api: VipuApi) -> None:

@@ -48,7 +48,7 @@ log = logging.getLogger("poprun.validate")
 
 if TYPE_CHECKING:
     from .hosts import HostSpec
-    from .records import InstanceSettings, Placement
+    from .records import InstanceSettings, Placement, VipuSettings
     from .spec import LaunchSpec
 
 MAX_COUNT = 2**20
@@ -237,6 +237,22 @@ def check_cache_dir(path: str | None) -> None:
         raise UsageError(f"{flag}: cannot create {path!r}: {existing!r} is not a directory")
 
 
+def check_vipu_names(vipu: VipuSettings) -> None:
+    """Partition and cluster names by the V-IPU service's own rule (they go into URLs and file names), so a
+    malformed one is a usage error here, with or without --dry-run, not a refusal at launch."""
+    named = {"vipu_partition": vipu.partition, "vipu_cluster": vipu.cluster, "vipu_allocation": vipu.allocation}
+    if not any(named.values()):
+        return
+    from simipu.vipu.models import check_cluster_name, check_partition_name
+
+    for option, name in named.items():
+        try:
+            if name is not None:
+                (check_partition_name if option == "vipu_partition" else check_cluster_name)(name)
+        except ValueError as exc:
+            raise UsageError(f"{option_flag(option)}: {exc}") from None
+
+
 def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     """Checks across options, once every single value is known to be in bounds."""
     placement = spec.placement
@@ -252,6 +268,7 @@ def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
         )
     check_host_names(placement.hosts)
     check_cache_dir(spec.instance.executable_cache_path)
+    check_vipu_names(spec.vipu)
     warn_hosts_over_their_slots(placement)
     extra = {setting.name: setting.value for setting in spec.instance.all_settings() if setting.value is not None}
     check_exec_size(spec.program, extra, environ)
