@@ -122,3 +122,15 @@ def assert_all_gone(pids: list[int]) -> None:
             pass
     _, alive = psutil.wait_procs(procs, timeout=15)
     assert not alive, [p.pid for p in alive]
+
+
+def skip_without_ipv6_loopback() -> None:
+    """Skip the test where ``::1`` cannot be bound (a kernel or container without IPv6)."""
+    import socket
+
+    import pytest
+
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")

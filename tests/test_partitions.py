@@ -15,7 +15,7 @@ from infra.sshd import MARKER
 from poprun_py import errors
 from simipu.vipu import PartitionRequest, VipuService
 from simipu.vipu.testing import server_process
-from support import poprun_command, python_program, read_line, run_poprun
+from support import poprun_command, python_program, read_line, run_poprun, skip_without_ipv6_loopback
 
 
 def state_file() -> str:
@@ -159,6 +159,19 @@ def run_guide_line(tmp_path, name: str) -> None:
         assert env["IPUOF_VIPU_API_HOST"] == "127.0.0.1" and env["IPUOF_VIPU_API_PORT"] == str(server.port)
         assert env["IPUOF_VIPU_API_PARTITION_ID"] in ("P8", "A8")
         assert VipuService(state).list_partitions() == []  # created by poprun, removed at the end
+
+
+@pytest.mark.parametrize("where", ["[::1]", "::1", "[::1]:PORT"])
+def test_poprun_uses_a_vipu_server_on_ipv6(tmp_path, where: str) -> None:
+    """The address as simipu's --server takes it; before, '[::1]' was an unknown host (exit 74)."""
+    skip_without_ipv6_loopback()
+    with server_process(tmp_path / "vipu.sqlite", host="::1") as server:
+        port = () if "PORT" in where else ("--vipu-server-port", str(server.port))
+        result = run_poprun("--vipu-server-host", where.replace("PORT", str(server.port)), *port,
+                            "--num-replicas", "2", *python_program("print_env.py"))
+        env = env_of(result)[0]["env"]
+        assert (env["IPUOF_VIPU_API_HOST"], env["IPUOF_VIPU_API_PORT"]) == ("::1", str(server.port))
+        assert server.client().list_partitions() == []  # made for the launch, removed after it
 
 
 def test_concurrent_launches_never_share_ipus(tmp_path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -13,6 +15,7 @@ from typing import Iterator
 
 import pytest
 
+from simipu.cli import EXIT_CANNOT_LISTEN
 from simipu.vipu import (
     NotEnoughIpus,
     PartitionRequest,
@@ -23,6 +26,7 @@ from simipu.vipu import (
 )
 from simipu.vipu.server import VipuServer
 from simipu.vipu.testing import concurrent_allocations, server_process, start_server_process, stop_process
+from support import skip_without_ipv6_loopback
 
 
 def _assert_no_ipu_twice(outcomes: list[dict[str, object]], granted: int) -> None:
@@ -74,6 +78,30 @@ def test_state_survives_a_killed_server(tmp_path: Path) -> None:
 def test_server_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     server = start_server_process(tmp_path / "vipu.sqlite")
     assert stop_process(server.process) == 0
+
+
+@pytest.mark.parametrize("host", ["::1", "::"])
+def test_the_server_listens_on_ipv6(tmp_path: Path, host: str) -> None:
+    """Before, it took IPv4 addresses only: "Address family for hostname not supported" (exit 14)."""
+    skip_without_ipv6_loopback()
+    with server_process(tmp_path / "vipu.sqlite", host=host, cluster="pod16") as server:
+        assert (server.host, server.address) == (host, f"[{host}]:{server.port}")  # as it said: listening on [::1]:N
+        assert server.client().create_partition(PartitionRequest("p", 2)).size == 2
+        assert VipuClient("::1", port=server.port, timeout=10).get_partition("p").size == 2
+        if host == "::" and socket.has_dualstack_ipv6():  # every network, IPv4 too, as "::" means to most servers
+            assert VipuClient("127.0.0.1", port=server.port, timeout=10).get_partition("p").size == 2
+
+
+def test_an_ipv6_address_it_cannot_listen_on_is_named_in_brackets(tmp_path: Path) -> None:
+    skip_without_ipv6_loopback()
+    with socket.create_server(("::1", 0), family=socket.AF_INET6) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "simipu.cli", "vipu-server", "--host", "::1", "--port",
+                                 str(port), "--state", str(tmp_path / "vipu.sqlite")],
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CANNOT_LISTEN, result.stderr
+    assert result.stderr.startswith(f"simipu: error: cannot listen on [::1]:{port}: "), result.stderr
+    assert len(result.stderr.splitlines()) == 1
 
 
 def test_unreachable_server_refusing_connections(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ def poprun(
     ipus_per_replica: Optional[int] = typer.Option(None, metavar="N", help="The number of IPUs per replica. (default: 1)"),
     num_instances: Optional[int] = typer.Option(None, metavar="N", help="The number of instances, in total (mpirun's -np). (default: one per host)"),
     num_ilds: Optional[int] = typer.Option(None, metavar="N", help="The number of IPU-Link domains. (default: 1)"),
-    vipu_server_host: Optional[str] = typer.Option(None, metavar="HOST", help="The host of the V-IPU server. (default: the embedded service)", rich_help_panel=_V),
+    vipu_server_host: Optional[str] = typer.Option(None, metavar="HOST[:PORT]", help="The host of the V-IPU server; IPv6 bare or in brackets. (default: the embedded service)", rich_help_panel=_V),
     vipu_server_port: Optional[int] = typer.Option(None, metavar="PORT", help="The port of the V-IPU server. (default: 8090)", rich_help_panel=_V),
     vipu_server_timeout: Optional[int] = typer.Option(None, metavar="SECONDS", help="Timeout for V-IPU requests. (default: 10)", rich_help_panel=_V),
     vipu_partition: Optional[str] = typer.Option(None, metavar="NAME", help="Create/use this V-IPU partition. (default: the only partition that fits, else a temporary one)", rich_help_panel=_V),

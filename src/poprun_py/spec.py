@@ -20,7 +20,14 @@ from .errors import UsageError
 from .hosts import HostListError, HostSpec, parse_host_list, read_host_file, reject_duplicate_hosts
 from .mpiargs import MpiArgs, parse_instance_args, parse_mpi_args, warn_ignored
 from .records import InstanceSettings, OutputSettings, Placement, ReachSettings, Supervision, VipuSettings
-from .validate import InputFileTooLarge, check_config_types, check_launch, option_flag, read_input_file
+from .validate import (
+    InputFileTooLarge,
+    check_config_types,
+    check_launch,
+    option_flag,
+    read_input_file,
+    vipu_server_address,
+)
 from .validate import seconds as _seconds
 from .validate import whole_number as _positive
 
@@ -204,7 +211,7 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
     binding = global_args.merged(local_args)
     if binding.bind_to is not None:  # (mpirun's --bind-to: ``Placement.numa_wanted``)
         placement = replace(placement, bind_to=binding.bind_to, bind_overload=binding.overload)
-    vipu = _vipu_settings(o)
+    vipu = _vipu_settings(o, port_given=options.get("vipu_server_port") is not None)
     parse_bool("allow_run_as_root", o["allow_run_as_root"])  # accepted; poprun-py never needs root
     return LaunchSpec(
         program=tuple(program),
@@ -306,11 +313,13 @@ def _mpi_settings(o: Mapping[str, Any], num_instances: int) -> tuple[MpiArgs, Mp
     return global_args, local_args, instance_args
 
 
-def _vipu_settings(o: Mapping[str, Any]) -> VipuSettings:
+def _vipu_settings(o: Mapping[str, Any], port_given: bool = False) -> VipuSettings:
     """The V-IPU options, checked."""
+    host, port = vipu_server_address(_optional_str(o, "vipu_server_host"),
+                                     _positive("vipu_server_port", o["vipu_server_port"]), port_given)
     vipu = VipuSettings(
-        server_host=_optional_str(o, "vipu_server_host"),
-        server_port=_positive("vipu_server_port", o["vipu_server_port"]),
+        server_host=host,
+        server_port=port,
         server_timeout=_positive("vipu_server_timeout", o["vipu_server_timeout"]),
         partition=_optional_str(o, "vipu_partition"),
         cluster=_optional_str(o, "vipu_cluster"),

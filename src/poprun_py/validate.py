@@ -121,6 +121,23 @@ def read_input_file(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
+def vipu_server_address(host: str | None, port: int, port_given: bool) -> tuple[str | None, int]:
+    """``--vipu-server-host`` as simipu's ``--server`` takes it: a name, an IPv4 or IPv6 address (bare or in
+    brackets), with or without ``:PORT``; a port there and a different ``--vipu-server-port`` contradict."""
+    if host is None:
+        return None, port
+    from simipu.vipu.api import parse_server
+
+    try:
+        name, own_port = parse_server(host, default_port=0)  # 0: no port in the value
+    except ValueError as exc:
+        raise UsageError(f"--vipu-server-host: {exc}") from None
+    if own_port and port_given and own_port != port:
+        raise UsageError(f"--vipu-server-host {_short(host)} names port {own_port} but --vipu-server-port is {port}; "
+                         "give the port once")
+    return name, own_port or port
+
+
 # -- --import-config: the JSON types of a saved launch -----------------------------------------------
 _LISTS = ("host", "mpi_global_args", "mpi_local_args", "instance_mpi_local_args")
 _YES_NO_DEFAULT_NONE = ("reset_partition", "numa_aware")  # yes/no options whose default is "not set"

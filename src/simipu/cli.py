@@ -234,6 +234,7 @@ def vipu_server(
                                                       "one is dropped.", min=1)] = 64,
 ) -> None:
     """Serve the V-IPU HTTP API until SIGINT or SIGTERM; prints 'listening on HOST:PORT' once ready."""
+    from simipu.fabric.join.addresses import host_port
     from simipu.vipu.server import ServerLimits, VipuServer
     from simipu.vipu.token import ensure_token
 
@@ -248,14 +249,13 @@ def vipu_server(
     try:
         server = VipuServer(service, host=host, port=port, token=token, limits=limits)
     except OSError as exc:
-        typer.echo(f"simipu: error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        typer.echo(f"simipu: error: cannot listen on {host_port(host, port)}: {exc.strerror or exc}", err=True)
         raise typer.Exit(EXIT_CANNOT_LISTEN) from None
     stop_signals = {signal.SIGINT, signal.SIGTERM}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)  # the server's threads inherit the mask
     try:
         server.start()
-        bound_host, bound_port = server.address
-        typer.echo(f"simipu vipu-server: listening on {bound_host}:{bound_port} "
+        typer.echo(f"simipu vipu-server: listening on {host_port(*server.address)} "
                    f"(cluster {default.name} of {default.size} IPUs, state {service.state_path})")
         sys.stdout.flush()
         received = signal.sigwait(stop_signals)

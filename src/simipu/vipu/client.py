@@ -21,6 +21,7 @@ from typing import Any, Optional
 from urllib.parse import quote
 
 from simipu.durations import check_seconds
+from simipu.fabric.join.addresses import host_port
 from simipu.vipu.defaults import DEFAULT_PORT, DEFAULT_TIMEOUT
 from simipu.vipu.errors import VipuProtocolError, VipuUnreachable, error_from_kind
 from simipu.vipu.lease import Lease
@@ -66,7 +67,7 @@ class VipuClient:
         self.port = port
         self.timeout = timeout
         self._token = token
-        self._netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._netloc = host_port(host, port)
 
     def __repr__(self) -> str:
         return f"VipuClient({self.host!r}, port={self.port}, timeout={self.timeout:g})"
@@ -93,9 +94,9 @@ class VipuClient:
         try:
             reply = json.loads(payload)
         except ValueError:
-            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} did not answer JSON") from None
+            raise VipuProtocolError(f"the V-IPU server at {self._netloc} did not answer JSON") from None
         if not isinstance(reply, dict):
-            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} answered a JSON "
+            raise VipuProtocolError(f"the V-IPU server at {self._netloc} answered a JSON "
                                     f"{type(reply).__name__}, not the object of the V-IPU API")
         return reply
 
@@ -139,11 +140,11 @@ class VipuClient:
             error = json.loads(payload)["error"]
             return error_from_kind(str(error["kind"]), str(error["message"]))
         except (ValueError, KeyError, TypeError):
-            return VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} answered HTTP {status}")
+            return VipuProtocolError(f"the V-IPU server at {self._netloc} answered HTTP {status}")
 
     def _partition(self, reply: dict[str, Any]) -> Partition:
         if "partition" not in reply:
-            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} sent no partition")
+            raise VipuProtocolError(f"the V-IPU server at {self._netloc} sent no partition")
         return Partition.from_json(reply["partition"])
 
     @staticmethod
@@ -163,7 +164,7 @@ class VipuClient:
     def list_partitions(self) -> list[Partition]:
         listed = self._request("GET", "/partitions").get("partitions", [])
         if not isinstance(listed, list) or not all(isinstance(p, dict) for p in listed):
-            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} listed its partitions as "
+            raise VipuProtocolError(f"the V-IPU server at {self._netloc} listed its partitions as "
                                     f"{json.dumps(listed)[:80]}, not a list of JSON objects")
         return [Partition.from_json(p) for p in listed]
 
@@ -186,7 +187,7 @@ class VipuClient:
     def reclaim(self, lease: Lease) -> list[str]:
         removed = self._request("POST", "/leases/reclaim", {"lease": lease.to_json()}).get("removed", [])
         if not isinstance(removed, list) or not all(isinstance(n, str) for n in removed):
-            raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} sent a bad 'removed' list")
+            raise VipuProtocolError(f"the V-IPU server at {self._netloc} sent a bad 'removed' list")
         return removed
 
     @staticmethod
@@ -204,7 +205,7 @@ class VipuClient:
             cluster = Cluster.from_json(data)
             if cluster.name == reply.get("default"):
                 return cluster
-        raise VipuProtocolError(f"the V-IPU server at {self.host}:{self.port} named no default cluster")
+        raise VipuProtocolError(f"the V-IPU server at {self._netloc} named no default cluster")
 
     def list_clusters(self) -> list[Cluster]:
         return [Cluster.from_json(c) for c in self._request("GET", "/clusters").get("clusters", [])]

@@ -99,8 +99,10 @@ class VipuUnreachable(VipuError, ConnectionError):
     http_status = 503
 
     def __init__(self, host: str, port: int, reason: str) -> None:
+        from simipu.fabric.join.addresses import host_port  # ([::1]:8090 for IPv6; only when this happens)
+
         super().__init__(
-            f"the V-IPU server at {host}:{port} is unreachable ({reason}); "
+            f"the V-IPU server at {host_port(host, port)} is unreachable ({reason}); "
             "check the server's host and port, and that it is running"
         )
         self.host = host

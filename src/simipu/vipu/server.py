@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional
 from urllib.parse import unquote
 
 from simipu.durations import check_seconds
+from simipu.fabric.join.addresses import host_port, listen
 from simipu.vipu.api import DEFAULT_PORT
 from simipu.vipu.errors import InvalidPartitionRequest, VipuError, VipuProtocolError, VipuUnauthorized
 from simipu.vipu.lease import Lease
@@ -258,12 +259,17 @@ class _HttpServer(ThreadingHTTPServer):
     token: Optional[str]
     limits: ServerLimits
 
-    def __init__(self, address: tuple[str, int], limits: ServerLimits) -> None:
+    def __init__(self, host: str, port: int, limits: ServerLimits) -> None:
         self.limits = limits
         self._lock = threading.Lock()
         self._open: dict[socket.socket, _Connection] = {}  # oldest first
         self._refused: set[str] = set()
-        super().__init__(address, _Handler)
+        listener = listen(host, self.request_queue_size, port)  # IPv4 or IPv6, as the address is (the base: IPv4)
+        self.address_family = listener.family
+        super().__init__(listener.getsockname(), _Handler, bind_and_activate=False)
+        self.socket.close()  # the base class's unbound socket, of the default family
+        self.socket = listener
+        self.server_address = listener.getsockname()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._lock:
@@ -324,7 +330,7 @@ class VipuServer:
     def __init__(self, service: VipuService, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  token: Optional[str] = None, limits: ServerLimits = ServerLimits()) -> None:
         self.service = service
-        self._httpd = _HttpServer((host, port), limits)
+        self._httpd = _HttpServer(host, port, limits)
         self._httpd.service = service
         self._httpd.token = token
         self._thread: Optional[threading.Thread] = None
@@ -339,7 +345,7 @@ class VipuServer:
         return str(host), int(port)
 
     def serve_forever(self) -> None:
-        log.info("V-IPU server listening on %s:%d (state %s)", *self.address, self.service.state_path)
+        log.info("V-IPU server listening on %s (state %s)", host_port(*self.address), self.service.state_path)
         self._httpd.serve_forever(poll_interval=0.05)  # how soon shutdown() is noticed
 
     def start(self) -> VipuServer:

@@ -41,7 +41,10 @@ class RunningServer:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        """HOST:PORT as ``--server`` takes it ([::1]:PORT for IPv6)."""
+        from simipu.fabric.join.addresses import host_port
+
+        return host_port(self.host, self.port)
 
     def client(self, timeout: float = 10.0, authenticated: bool = True) -> VipuClient:
         """A client of this server, with the token of ``default_token_path()`` (where the server put it)."""

@@ -33,9 +33,12 @@ def resolve(host: str, port: int, *, passive: bool = False) -> tuple[socket.Addr
     return family, address
 
 
-def listen(host: str, backlog: int) -> socket.socket:
-    """A TCP listener on ``host``, port 0 (the kernel picks a free one; the socket stays open, so no race)."""
+def listen(host: str, backlog: int, port: int = 0) -> socket.socket:
+    """A TCP listener on ``host`` and ``port``; port 0: the kernel picks a free one (the socket stays open, so no race).
+
+    Raises ``socket.gaierror`` for a name that does not resolve, ``OSError`` for an address that cannot be bound.
+    """
     if host in ANY_ADDRESS and socket.has_dualstack_ipv6():
-        return socket.create_server(("", 0), family=socket.AF_INET6, backlog=backlog, dualstack_ipv6=True)
-    family, address = resolve(host, 0, passive=True)
+        return socket.create_server(("", port), family=socket.AF_INET6, backlog=backlog, dualstack_ipv6=True)
+    family, address = resolve(host, port, passive=True)
     return socket.create_server(address, family=family, backlog=backlog)
