@@ -29,13 +29,22 @@ def values() -> list[tuple[str, object]]:
     if launch is not None:
         found += [
             ("V-IPU partition", launch.vipu_partition),
-            ("V-IPU server", f"{launch.vipu_host}:{launch.vipu_port}"),
+            ("V-IPU server", vipu_server()),
             ("parent device id", launch.node_device_id),
             ("POPLAR_TARGET_OPTIONS", json.dumps(launch.target_options_dict)),
             ("offline mode", launch.offline),
             ("host", launch.host_label or "localhost"),
         ]
     return found
+
+
+def vipu_server() -> str:
+    """HOST:PORT as poprun names it; none named: the embedded service (or --offline-mode), which has no address."""
+    if "IPUOF_VIPU_API_HOST" not in os.environ:
+        return "embedded (no V-IPU server)"
+    launch = InstanceEnv.from_environ(os.environ)
+    assert launch is not None
+    return f"{launch.vipu_host}:{launch.vipu_port}"
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ def test_popdist_info_prints_every_value_of_each_instance() -> None:
         assert mine["getReplicaIndexOffset()"] == str(2 * me) and mine["getDeviceId()"] == str(device)
         assert mine["isPopdistEnvSet()"] == "True" and mine["parent device id"] == "6"
         assert mine["V-IPU partition"].startswith("poprun-") and mine["offline mode"] == "False"
+        assert mine["V-IPU server"] == "embedded (no V-IPU server)"  # before: localhost:8090, where none was
     assert "not launched by poprun" not in text(result.stdout)
 
 

@@ -43,6 +43,17 @@ def test_embedded_service_creates_and_removes_a_temporary_partition() -> None:
     assert partitions() == {}  # removed at the end (--remove-partition defaults to yes)
 
 
+def test_the_embedded_service_gives_instances_no_server_address() -> None:
+    """Before, instances were told IPUOF_VIPU_API_HOST=localhost, _PORT=8090: a server that was not there, or was
+    someone else's. A server named in poprun's own environment (an outer launch's) is not passed on either."""
+    outer = {**os.environ, "IPUOF_VIPU_API_HOST": "vipu.elsewhere", "IPUOF_VIPU_API_PORT": "8090"}
+    for offline in ((), ("--offline-mode",)):
+        env = env_of(run_poprun(*offline, "--num-instances", "2", "--num-replicas", "2",
+                                *python_program("print_env.py"), env=outer))[1]["env"]
+        assert "IPUOF_VIPU_API_HOST" not in env and "IPUOF_VIPU_API_PORT" not in env, env
+        assert env["IPUOF_VIPU_API_PARTITION_ID"]
+
+
 def test_named_partition_is_created_kept_and_reused() -> None:
     first = run_poprun("-v", "--vipu-partition", "p4", "--remove-partition=no", "--num-replicas", "4", "true")
     assert first.returncode == 0 and b"Created partition p4 with 4 IPUs" in first.stderr

@@ -155,6 +155,9 @@ class InstanceEnv:
 
         MASTER_* and POPRUN_RENDEZVOUS_* are left out while their port is 0
         (not chosen): a missing variable fails loudly, a port 0 would not.
+        IPUOF_VIPU_API_HOST/_PORT are left out while ``vipu_host`` is empty:
+        the embedded V-IPU service has no address, and a made-up one
+        (localhost:8090) could be someone else's server.
         """
         out = {
             TOTAL_REPLICAS: str(self.num_total_replicas),
@@ -167,9 +170,9 @@ class InstanceEnv:
         }
         if self.executable_cache_path is not None:
             out[EXECUTABLE_CACHE_PATH] = self.executable_cache_path
+        if self.vipu_host:  # "": no V-IPU server (the embedded service, or offline), so nothing to point at
+            out.update({VIPU_HOST: self.vipu_host, VIPU_PORT: str(self.vipu_port)})
         out.update({
-            VIPU_HOST: self.vipu_host,
-            VIPU_PORT: str(self.vipu_port),
             VIPU_PARTITION: self.vipu_partition,
             VIPU_TIMEOUT: str(self.vipu_timeout),
             VIPU_GCD_ID: str(self.gcd_id),

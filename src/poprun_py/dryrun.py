@@ -84,7 +84,7 @@ def _partition(spec: LaunchSpec) -> tuple[Allocation, str]:
     else:
         removed = ", removed after the run" if vipu.remove_partition else ""
         line = (f"the only fitting partition of {server}, else a new one {name} ({what}{where}{removed})")
-    allocation = Allocation(partition=name, node_device_id=0, server_host=vipu.server_host or "localhost",
+    allocation = Allocation(partition=name, node_device_id=0, server_host=vipu.server_host or "",
                             server_port=vipu.server_port, server_timeout=vipu.server_timeout,
                             gateway_mode=True, offline=False)
     return allocation, line

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS
+from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, VIPU_HOST, VIPU_PORT
 from simipu.fabric.join.rendezvous import RendezvousServer
 
 from .console import ConsoleWatch
@@ -157,7 +157,9 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     console = {CONSOLE_IS_TERMINAL: "1" if sys.stdout.isatty() else "0"}  # instances' stdout is a pipe
     # Only poprun itself adopts orphans: a function launch runs in the caller's own process.
     adopt = launch.options.spawn is exec_program
-    local = LocalExecutor(events, {**SOFT_DEFAULTS, **environ, **console}, guardian, launch.options.spawn, adopt)
+    # A V-IPU server named in poprun's own environment (an outer launch's) is not this job's: the plan names its own
+    inherited = {name: value for name, value in environ.items() if name not in (VIPU_HOST, VIPU_PORT)}
+    local = LocalExecutor(events, {**SOFT_DEFAULTS, **inherited, **console}, guardian, launch.options.spawn, adopt)
     if not launch.reach.agents:
         return local
     # imported here: only launches with remote hosts need the agents' code

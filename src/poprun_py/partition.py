@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from popdist.env import DEFAULT_VIPU_PORT
 from simipu.devices import Device, DeviceBusy, DeviceError, attach
 from simipu.hardware import device_id
 from simipu.vipu import (
@@ -107,8 +106,8 @@ def acquire_partition(placement: Placement, vipu: VipuSettings, job_id: str) -> 
     allocation = Allocation(
         partition=partition.name,
         node_device_id=partition.parent_device_id,
-        server_host=vipu.server_host or "localhost",
-        server_port=vipu.server_port or DEFAULT_VIPU_PORT,
+        server_host=vipu.server_host or "",  # the embedded service: no server for instances to reach
+        server_port=vipu.server_port,
         server_timeout=vipu.server_timeout,
         gateway_mode=True,
         offline=False,

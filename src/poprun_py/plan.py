@@ -46,7 +46,7 @@ class Allocation:
 
     partition: str
     node_device_id: int
-    server_host: str
+    server_host: str  # "": no V-IPU server (the embedded service, or offline)
     server_port: int
     server_timeout: int
     gateway_mode: bool
@@ -79,7 +79,7 @@ def offline_allocation(placement: Placement, vipu: VipuSettings) -> Allocation:
     return Allocation(
         partition=vipu.partition or "offline",
         node_device_id=parent_device_id(placement.num_ipus),
-        server_host=vipu.server_host or "localhost",
+        server_host=vipu.server_host or "",  # none named: instances are told of none
         server_port=vipu.server_port,
         server_timeout=vipu.server_timeout,
         gateway_mode=False,
