@@ -185,6 +185,20 @@ def test_poprun_uses_a_vipu_server_on_ipv6(tmp_path, where: str) -> None:
         assert server.client().list_partitions() == []  # made for the launch, removed after it
 
 
+@pytest.mark.parametrize("where", ["--vipu-server-port", "HOST:PORT"])
+def test_poprun_says_a_web_server_is_not_a_vipu_server(tmp_path, where: str) -> None:
+    """Before: "answered HTTP 404", exit 77 (a refusal by the V-IPU service), and HOST:PORT became HOST:PORT:8090."""
+    from test_vipu_server import web_server
+
+    with web_server(tmp_path) as port:
+        address = ("127.0.0.1", "--vipu-server-port", str(port)) if where == "--vipu-server-port" else (f"127.0.0.1:{port}",)
+        result = run_poprun("--vipu-server-host", *address, "--num-replicas", "2", "true")
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == errors.EXIT_VIPU_UNREACHABLE, lines
+    assert len(lines) == 1 and lines[0].startswith(f"poprun: error: 127.0.0.1:{port} is not a V-IPU server (HTTP 404 "
+                                                   "for /v1/partitions, Server: SimpleHTTP/"), lines
+
+
 def test_concurrent_launches_never_share_ipus(tmp_path) -> None:
     state = tmp_path / "vipu.sqlite"
     VipuService(state, cluster="pod16")

@@ -10,13 +10,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from simipu.cli import EXIT_CANNOT_LISTEN
+from simipu.cli import EXIT_CANNOT_LISTEN, EXIT_CODES
 from simipu.vipu import (
+    NotAVipuServer,
     NotEnoughIpus,
     PartitionRequest,
     VipuClient,
@@ -184,3 +186,60 @@ def test_client_reports_a_non_vipu_http_server_as_protocol_error() -> None:
         httpd.shutdown()
         httpd.server_close()
         thread.join(10)
+
+
+@contextmanager
+def web_server(directory: Path) -> Iterator[int]:
+    """Python's http.server (what `python -m http.server` runs) on a free port: an HTTP server, not V-IPU's."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(directory)))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield httpd.server_address[1]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+def test_a_web_server_is_named_as_not_a_vipu_server(tmp_path: Path) -> None:
+    """Before: "the V-IPU server at ... answered HTTP 404", a protocol error (simipu exit 12, poprun 77)."""
+    with web_server(tmp_path) as port:
+        with pytest.raises(NotAVipuServer) as caught:
+            VipuClient("127.0.0.1", port=port, timeout=10).list_partitions()
+        said = str(caught.value)
+        assert said.startswith(f"127.0.0.1:{port} is not a V-IPU server (HTTP 404 for /v1/partitions, Server: "
+                               "SimpleHTTP/"), said
+        assert isinstance(caught.value, VipuUnreachable)  # nothing was refused by a V-IPU service
+        result = subprocess.run([sys.executable, "-m", "simipu.cli", "vipu", "list", "partitions", "--server",
+                                 f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == EXIT_CODES[VipuUnreachable], result.stderr
+    assert result.stderr == f"simipu: error: {said}\n"
+
+
+def test_a_garbage_status_line_is_not_a_vipu_server_at_once() -> None:
+    """Before: the client read on until its timeout, then said "unreachable (no answer within ...)"."""
+    done = threading.Event()
+
+    def banner(listener: socket.socket) -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")  # and keeps the connection open, as an SSH server does
+            done.wait(60)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=banner, args=(listener,), daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(NotAVipuServer, match=r"is not a V-IPU server \(not an HTTP reply: 'SSH-2.0-OpenSSH"):
+                VipuClient("127.0.0.1", port=listener.getsockname()[1], timeout=30).list_partitions()
+        finally:
+            done.set()
+            thread.join(10)

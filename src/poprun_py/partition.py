@@ -27,6 +27,7 @@ from simipu.devices import Device, DeviceBusy, DeviceError, attach
 from simipu.hardware import device_id
 from simipu.vipu import (
     Lease,
+    NotAVipuServer,
     NotEnoughIpus,
     Partition,
     PartitionExists,
@@ -124,6 +125,8 @@ def vipu_errors() -> Iterator[None]:
         raise VipuServiceError(str(exc)) from None
     except PartitionInUse as exc:
         raise DevicesUnavailable(str(exc)) from None
+    except NotAVipuServer as exc:
+        raise VipuServerUnreachable(str(exc)) from None  # (it says to check the host and port)
     except VipuUnreachable as exc:
         raise VipuServerUnreachable(f"{exc}; start one with 'simipu vipu-server', or leave out --vipu-server-host "
                                     "to use the embedded service") from None

@@ -20,10 +20,10 @@ import time
 from typing import Any, Optional
 from urllib.parse import quote
 
-from simipu.durations import check_seconds
+from simipu.durations import check_seconds, shown
 from simipu.fabric.join.addresses import host_port
 from simipu.vipu.defaults import DEFAULT_PORT, DEFAULT_TIMEOUT
-from simipu.vipu.errors import VipuProtocolError, VipuUnreachable, error_from_kind
+from simipu.vipu.errors import NotAVipuServer, VipuProtocolError, VipuUnreachable, error_from_kind
 from simipu.vipu.lease import Lease
 from simipu.vipu.models import Cluster, Partition, PartitionRequest, check_partition_name
 
@@ -41,6 +41,20 @@ def _complete(reply: bytearray) -> bool:
         if name.strip().lower() == b"content-length" and value.strip().isdigit():
             return len(body) >= int(value)
     return False
+
+
+def _may_be_http(reply: bytearray) -> bool:
+    """Whether ``reply`` can still be an HTTP reply: its first bytes are (a prefix of) ``HTTP/``."""
+    start = bytes(reply[:5])
+    return b"HTTP/".startswith(start)
+
+
+def _server_software(response: http.client.HTTPResponse) -> str:
+    """``, Server: NAME`` as the reply says who answered (cut short, printable only), or nothing."""
+    name = response.getheader("Server")
+    if not name:
+        return ""
+    return ", Server: " + shown("".join(c if c.isprintable() else "?" for c in name))
 
 
 class _Replayed(io.BytesIO):
@@ -87,14 +101,17 @@ class VipuClient:
             response = http.client.HTTPResponse(_Replayed(raw))  # type: ignore[arg-type]
             response.begin()
             status, payload = response.status, response.read()
-        except (TimeoutError, OSError, http.client.HTTPException) as exc:
+        except (TimeoutError, OSError) as exc:
             raise VipuUnreachable(self.host, self.port, self._describe(exc)) from None
+        except http.client.HTTPException as exc:
+            raise NotAVipuServer(self.host, self.port, self._describe(exc)) from None
+        answered = f"HTTP {status} for /v1{path}{_server_software(response)}"
         if status >= 400:
-            raise self._server_error(status, payload)
+            raise self._server_error(payload, answered)
         try:
             reply = json.loads(payload)
         except ValueError:
-            raise VipuProtocolError(f"the V-IPU server at {self._netloc} did not answer JSON") from None
+            raise NotAVipuServer(self.host, self.port, f"{answered}, not JSON") from None
         if not isinstance(reply, dict):
             raise VipuProtocolError(f"the V-IPU server at {self._netloc} answered a JSON "
                                     f"{type(reply).__name__}, not the object of the V-IPU API")
@@ -118,6 +135,8 @@ class VipuClient:
                 if not chunk:
                     break
                 reply += chunk
+                if not _may_be_http(reply):  # a garbage status line: said now, not at the deadline
+                    raise http.client.BadStatusLine(repr(shown(bytes(reply).partition(b"\r\n")[0].decode("latin-1"))))
                 if len(reply) > MAX_REPLY_BYTES:
                     raise http.client.HTTPException(f"a reply of more than {MAX_REPLY_BYTES} bytes")
             return bytes(reply)
@@ -135,12 +154,13 @@ class VipuClient:
             return f"not an HTTP reply: {reason or type(reason).__name__}"
         return str(reason) or type(reason).__name__
 
-    def _server_error(self, status: int, payload: bytes) -> Exception:
+    def _server_error(self, payload: bytes, answered: str) -> Exception:
+        """The error the server reported, or, when the reply is not the V-IPU API's error, that it is not one."""
         try:
             error = json.loads(payload)["error"]
             return error_from_kind(str(error["kind"]), str(error["message"]))
         except (ValueError, KeyError, TypeError):
-            return VipuProtocolError(f"the V-IPU server at {self._netloc} answered HTTP {status}")
+            return NotAVipuServer(self.host, self.port, answered)
 
     def _partition(self, reply: dict[str, Any]) -> Partition:
         if "partition" not in reply:

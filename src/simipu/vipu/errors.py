@@ -110,6 +110,24 @@ class VipuUnreachable(VipuError, ConnectionError):
         self.reason = reason
 
 
+class NotAVipuServer(VipuUnreachable, VipuProtocolError):
+    """Something answers at host:port, but not the V-IPU API (a web server, another service, a wrong port).
+
+    No V-IPU service refused anything, so it is a ``VipuUnreachable`` to
+    callers (exit codes, retries), and a ``VipuProtocolError`` to those who
+    caught the protocol error this used to be.
+    """
+
+    def __init__(self, host: str, port: int, what: str) -> None:
+        from simipu.fabric.join.addresses import host_port
+
+        VipuError.__init__(self, f"{host_port(host, port)} is not a V-IPU server ({what}); "
+                                 "check the server's host and port")
+        self.host = host
+        self.port = port
+        self.reason = what
+
+
 _BY_KIND: dict[str, type[VipuError]] = {
     cls.kind: cls
     for cls in (
