@@ -97,6 +97,9 @@ BAD_INPUT = [
     ("--dry-run --vipu-allocation 'a b'", ["--dry-run", "--vipu-allocation", "a b", "true"], b"--vipu-allocation: invalid"),
     ("--vipu-partition ../bad (was exit 77)", ["--vipu-partition", "../bad", "true"], b"invalid partition name"),
     ("--vipu-cluster with a slash", [O, "--vipu-cluster", "a/b", "true"], b"--vipu-cluster: invalid cluster name"),
+    ("--sync-type bogus", ["--sync-type", "bogus", "true"], b"--sync-type: sync type 'bogus' is not one of"),
+    ("--ipu-link-routing-type bogus", ["--dry-run", "--ipu-link-routing-type", "bogus", "true"], b"not one of ringswnc"),
+    ("--gw-link-routing-type bogus", [O, "--gw-link-routing-type", "bogus", "true"], b"--gw-link-routing-type: gw link"),
     # -- counts and numbers ------------------------------------------------------------------------
     ("--num-ilds 0", [O, "--num-ilds", "0", "true"], b"--num-ilds: must be at least 1"),
     ("--ipus-per-replica -3", [O, "--ipus-per-replica", "-3", "true"], b"at least 1"),

@@ -6,6 +6,7 @@ a raw socket or ``VipuClient``; every wait is bounded.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -21,7 +22,15 @@ import pytest
 from poprun_py import errors
 from simipu.cli import EXIT_CODES
 from simipu.devices import UnsafeDeviceDir, attach
-from simipu.vipu import PartitionRequest, VipuClient, VipuService, VipuUnauthorized, VipuUnreachable
+from simipu.vipu import (
+    NotEnoughIpus,
+    PartitionNotFound,
+    PartitionRequest,
+    VipuClient,
+    VipuService,
+    VipuUnauthorized,
+    VipuUnreachable,
+)
 from simipu.vipu.api import default_token_path
 from simipu.vipu.errors import VipuProtocolError, VipuStateError
 from simipu.vipu.testing import RunningServer, server_process, start_server_process, stop_process
@@ -326,3 +335,78 @@ def test_a_state_file_named_with_state_gets_private_directories_and_works(tmp_pa
     link.symlink_to(state)
     with server_process(link, cluster="pod64") as running:  # and a server over it serves
         assert [p.name for p in running.client().list_partitions()] == ["mine"]
+
+
+# -- the report's rough edges: every refusal in the API's JSON, and said right --------------------------------
+def request(server: RunningServer, method: str, path: str, body: object = None,
+            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], dict]:
+    """One request with the server's token: the status, the headers and the JSON reply ({} for none)."""
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=REPLY_WAIT)
+    try:
+        connection.request(method, path, body=body, headers={"Authorization": f"Bearer {token()}", **(headers or {})},
+                           encode_chunked=isinstance(body, list))
+        response = connection.getresponse()
+        data = response.read()
+        return response.status, dict(response.getheaders()), json.loads(data) if data else {}
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("method", ["PATCH", "OPTIONS", "HEAD", "TRACE"])
+def test_a_method_the_api_lacks_is_405_with_allow_in_json(server: RunningServer, method: str) -> None:
+    """Before: Python's HTML page, 501 Unsupported method."""
+    status, headers, reply = request(server, method, "/v1/partitions")
+    assert (status, headers["Allow"], headers["Content-Type"]) == (405, "GET, POST, PUT, DELETE", "application/json")
+    if method != "HEAD":  # (a reply to HEAD has no body)
+        assert reply["error"]["kind"] == "protocol_error" and f"no method {method}" in reply["error"]["message"]
+
+
+def test_a_chunked_body_is_refused_not_read_as_empty(server: RunningServer) -> None:
+    """Before: the chunks were ignored and the request said to lack the field 'name'."""
+    status, _, reply = request(server, "POST", "/v1/partitions", [json.dumps({"name": "q", "size": 2}).encode()])
+    assert status == 411 and "Content-Length, not Transfer-Encoding" in reply["error"]["message"], reply
+    assert server.client().list_partitions() == []
+
+
+def test_a_refused_name_is_not_echoed_back_whole(server: RunningServer) -> None:
+    status, _, reply = request(server, "POST", "/v1/partitions", json.dumps({"name": "x" * 100_000, "size": 2}))
+    message = reply["error"]["message"]
+    assert status == 400 and "invalid partition name 'xxxx" in message and "(100002 characters)" in message
+    assert len(message) < 300, len(message)
+
+
+def test_routing_and_sync_types_are_checked_by_the_server(server: RunningServer) -> None:
+    status, _, reply = request(server, "POST", "/v1/partitions", json.dumps({"name": "q", "size": 2, "sync_type": "bogus"}))
+    assert status == 400 and "sync type 'bogus' is not one of pod-native-default" in reply["error"]["message"]
+
+
+def test_removing_a_missing_partition_does_not_say_create_it(server: RunningServer) -> None:
+    removed = simipu("vipu", "remove", "partition", "nosuch", "--server", server.address)
+    assert removed.returncode == EXIT_CODES[PartitionNotFound], removed.stderr
+    assert removed.stderr == ("simipu: error: no V-IPU partition named 'nosuch'; 'simipu vipu list partitions' lists "
+                              "those there are\n")
+
+
+def test_an_empty_state_path_is_a_usage_error(tmp_path: Path) -> None:
+    """Before: "cannot use the V-IPU state file <the current directory>" (exit 11)."""
+    listed = subprocess.run([sys.executable, "-m", "simipu.cli", "vipu", "list", "partitions", "--state", ""],
+                            capture_output=True, text=True, timeout=REPLY_WAIT, cwd=tmp_path)
+    assert listed.returncode == 2 and listed.stderr.count("\n") == 1, listed.stderr
+    assert "--state" in listed.stderr and "the path is empty" in listed.stderr
+
+
+def test_a_full_cluster_is_said_right_and_advised_once(tmp_path: Path) -> None:
+    """Before: "0 of 64 IPUs are free, but not 16 together", and poprun added a second piece of advice."""
+    VipuService(state := tmp_path / "vipu.sqlite", cluster="pod16").create_partition(PartitionRequest("all", 16))
+    with pytest.raises(NotEnoughIpus, match="all 16 IPUs are in partitions; wait for a running job to end"):
+        VipuService(state).create_partition(PartitionRequest("more", 4))
+    VipuService(state).remove_partition("all")
+    VipuService(state).create_partition(PartitionRequest("half", 8))
+    with pytest.raises(NotEnoughIpus, match="only 8 of 16 IPUs are free"):
+        VipuService(state).create_partition(PartitionRequest("more", 16))
+    VipuService(Path(os.environ["XDG_STATE_HOME"]) / "poprun-py" / "vipu.sqlite").create_partition(
+        PartitionRequest("everything", 64))
+    launched = run_poprun("--num-replicas", "4", "true")
+    assert launched.returncode == errors.EXIT_NO_DEVICES, launched.stderr
+    line = launched.stderr.decode()
+    assert "all 64 IPUs are in partitions" in line and line.count("remove a partition") == 1, line

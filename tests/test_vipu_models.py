@@ -27,7 +27,8 @@ from simipu.vipu.models import DEFAULT_SYNC, SYNC_C2_COMPATIBLE
      dict(size=4, name="a/b"), dict(size=4, name="x" * 65), dict(size=4, name="-lead"),
      dict(size=4, sync_type="Bad Type"), dict(size=4, reconfigurable=True, sync_type="pod-native-default"),
      dict(size=128, num_ilds=2, reconfigurable=True), dict(size=4, reconfigurable="yes"),
-     dict(size=4, cluster="bad name")],
+     dict(size=4, cluster="bad name"), dict(size=4, sync_type="bogus"), dict(size=4, ipu_link_routing_type="ring"),
+     dict(size=4, gw_link_routing_type="dnc")],
 )
 def test_bad_requests_are_refused_before_any_io(kwargs: dict) -> None:
     kwargs.setdefault("name", "p")
@@ -79,7 +80,7 @@ def test_partition_json_round_trip_and_derived_figures() -> None:
 def test_partition_differences_compare_only_named_types() -> None:
     partition = _partition()
     assert partition.differences(PartitionRequest("p", 16, num_gcds=4)) == []
-    assert partition.differences(PartitionRequest("p", 32, num_gcds=4, sync_type="other")) == ["size", "sync_type"]
+    assert partition.differences(PartitionRequest("p", 32, num_gcds=4, sync_type="pod-native-gw")) == ["size", "sync_type"]
     assert partition.differences(PartitionRequest("p", 16, num_gcds=4, cluster="elsewhere")) == ["cluster"]
 
 

@@ -133,7 +133,7 @@ def vipu_errors() -> Iterator[None]:
     except PartitionTooLarge as exc:
         raise PartitionTooBig(str(exc)) from None
     except NotEnoughIpus as exc:
-        raise DevicesUnavailable(f"{exc}; free some with 'simipu vipu remove partition NAME'") from None
+        raise DevicesUnavailable(str(exc)) from None  # (it says what to do)
     except VipuError as exc:
         raise VipuServiceError(str(exc)) from None
 

@@ -255,16 +255,23 @@ def check_cache_dir(path: str | None) -> None:
 
 
 def check_vipu_names(vipu: VipuSettings) -> None:
-    """Partition and cluster names by the V-IPU service's own rule (they go into URLs and file names), so a
-    malformed one is a usage error here, with or without --dry-run, not a refusal at launch."""
-    named = {"vipu_partition": vipu.partition, "vipu_cluster": vipu.cluster, "vipu_allocation": vipu.allocation}
+    """Partition and cluster names by the V-IPU service's own rule (they go into URLs and file names), and the
+    routing and sync types it takes, so a malformed one is a usage error here, with or without --dry-run, not a
+    refusal at launch."""
+    named = {"vipu_partition": vipu.partition, "vipu_cluster": vipu.cluster, "vipu_allocation": vipu.allocation,
+             "ipu_link_routing_type": vipu.ipu_link_routing_type, "gw_link_routing_type": vipu.gw_link_routing_type,
+             "sync_type": vipu.sync_type}
     if not any(named.values()):
         return
-    from simipu.vipu.models import check_cluster_name, check_partition_name
+    from simipu.vipu.models import LINK_SETTINGS, check_cluster_name, check_link_setting, check_partition_name
 
     for option, name in named.items():
         try:
-            if name is not None:
+            if name is None:
+                continue
+            if option in LINK_SETTINGS:
+                check_link_setting(option, name)
+            else:
                 (check_partition_name if option == "vipu_partition" else check_cluster_name)(name)
         except ValueError as exc:
             raise UsageError(f"{option_flag(option)}: {exc}") from None

@@ -93,9 +93,18 @@ for _verb, _help in (("create", "Create a partition."), ("list", "List partition
 ServerOption = Annotated[Optional[str], typer.Option(
     "--server", help="HOST[:PORT] of a V-IPU server (default port 8090). (default: the embedded service)",
     show_default=False)]
+
+
+def _state_file(value: Optional[Path]) -> Optional[Path]:
+    """An empty --state is the current directory to Path (and to SQLite, a file it cannot open): a usage error."""
+    if value is not None and str(value) in ("", "."):
+        raise typer.BadParameter("the path is empty; name the state file, or leave --state out for the default")
+    return value
+
+
 StateOption = Annotated[Optional[Path], typer.Option(
     "--state", help="State file of the embedded service. (default: $XDG_STATE_HOME/poprun-py/vipu.sqlite)",
-    show_default=False, dir_okay=False)]
+    show_default=False, dir_okay=False, callback=_state_file)]
 #: The least any of simipu's durations may be: a socket timeout of 0 would not wait at all.
 MIN_SECONDS = 0.001
 

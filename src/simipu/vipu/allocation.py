@@ -57,9 +57,18 @@ def choose_ipus(cluster: Cluster, taken: AbstractSet[int], request: PartitionReq
                 break
         if ilds_used == request.num_ilds:
             return tuple(chosen)
-    free = cluster.size - len(taken)
     raise NotEnoughIpus(
         f"cluster {cluster.name} cannot hold partition {request.name} of {request.size} IPUs now: "
-        f"{free} of {cluster.size} IPUs are free, but not {per_ild} together in {request.num_ilds} ILD(s); "
-        "remove a partition you no longer need (simipu vipu list partitions) or ask for fewer IPUs"
+        f"{_why_no_room(cluster, len(taken), per_ild, request.num_ilds)}; wait for a running job to end, "
+        "remove a partition you no longer need (simipu vipu list partitions), or ask for fewer IPUs"
     )
+
+
+def _why_no_room(cluster: Cluster, taken: int, per_ild: int, num_ilds: int) -> str:
+    """How the cluster is full, in the words that fit: every IPU taken, too few free, or free but scattered."""
+    free = cluster.size - taken
+    if free == 0:
+        return f"all {cluster.size} IPUs are in partitions"
+    if free < per_ild * num_ilds:
+        return f"only {free} of {cluster.size} IPUs are free"
+    return f"{free} of {cluster.size} IPUs are free, but not {per_ild} together in each of {num_ilds} ILD(s)"

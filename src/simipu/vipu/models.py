@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional
 
 from simipu import hardware
+from simipu.durations import shown
 from simipu.vipu.errors import InvalidPartitionRequest, VipuError, VipuProtocolError
 from simipu.vipu.lease import Lease
 
@@ -28,9 +29,16 @@ DEFAULT_GW_LINK_ROUTING = "ring"
 SYNC_C2_COMPATIBLE = "c2-compatible"
 """The only sync type V-IPU allows for reconfigurable partitions."""
 DEFAULT_SYNC = "pod-native-default"
+#: The values V-IPU takes for each link setting (``vipu create partition``'s, lower case); poprun checks them too.
+LINK_SETTINGS: dict[str, tuple[str, ...]] = {
+    "ipu_link_routing_type": (DEFAULT_IPU_LINK_ROUTING, "dnc", "dor"),
+    "gw_link_routing_type": (DEFAULT_GW_LINK_ROUTING, "ringswnc", "default"),
+    "sync_type": (DEFAULT_SYNC, "pod-native-gw", SYNC_C2_COMPATIBLE),
+}
+NAME_SHOWN = 80
+"""Characters of a refused name an error repeats (a 100 kB name is not echoed back whole)."""
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_TOKEN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
 def _load(data: Mapping[str, Any] | str, what: str, error: type[VipuError]) -> Mapping[str, Any]:
@@ -63,7 +71,7 @@ def check_partition_name(name: object) -> str:
     """Return ``name`` if it is a usable partition name (it appears in URLs and file names)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidPartitionRequest(
-            f"invalid partition name {name!r}: use 1-64 letters, digits, '_', '.' or '-', "
+            f"invalid partition name {shown(repr(name), NAME_SHOWN)}: use 1-64 letters, digits, '_', '.' or '-', "
             "starting with a letter or digit"
         )
     return name
@@ -73,10 +81,19 @@ def check_cluster_name(name: object) -> str:
     """Return ``name`` if it is a usable cluster name (same rules as partition names)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidPartitionRequest(
-            f"invalid cluster name {name!r}: use 1-64 letters, digits, '_', '.' or '-', "
+            f"invalid cluster name {shown(repr(name), NAME_SHOWN)}: use 1-64 letters, digits, '_', '.' or '-', "
             "starting with a letter or digit"
         )
     return name
+
+
+def check_link_setting(key: str, value: object) -> str:
+    """Return ``value`` if V-IPU takes it for ``key`` (a routing or sync type, see ``LINK_SETTINGS``)."""
+    allowed = LINK_SETTINGS[key]
+    if value not in allowed:
+        raise InvalidPartitionRequest(f"{key.replace('_', ' ')} {shown(repr(value), NAME_SHOWN)} is not one of "
+                                      f"{', '.join(allowed)}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -156,12 +173,13 @@ class PartitionRequest:
             check_cluster_name(self.cluster)
         if not isinstance(self.reconfigurable, bool):
             raise InvalidPartitionRequest(f"partition {self.name}: reconfigurable must be true or false")
-        for key in ("ipu_link_routing_type", "gw_link_routing_type", "sync_type"):
+        for key in LINK_SETTINGS:
             value = getattr(self, key)
-            if value is not None and not (isinstance(value, str) and _TOKEN.fullmatch(value)):
-                raise InvalidPartitionRequest(
-                    f"partition {self.name}: {key} {value!r} is not a routing/sync type name (lower-case, e.g. 'dnc')"
-                )
+            if value is not None:
+                try:
+                    check_link_setting(key, value)
+                except InvalidPartitionRequest as exc:
+                    raise InvalidPartitionRequest(f"partition {self.name}: {exc}") from None
         if self.reconfigurable and self.sync_type not in (None, SYNC_C2_COMPATIBLE):
             raise InvalidPartitionRequest(
                 f"partition {self.name}: reconfigurable partitions only support the {SYNC_C2_COMPATIBLE!r} "

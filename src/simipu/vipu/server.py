@@ -36,11 +36,12 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 from urllib.parse import unquote
 
-from simipu.durations import check_seconds
+from simipu.durations import check_seconds, shown
 from simipu.fabric.join.addresses import host_port, listen
 from simipu.vipu.api import DEFAULT_PORT
 from simipu.vipu.errors import InvalidPartitionRequest, VipuError, VipuProtocolError, VipuUnauthorized
@@ -81,6 +82,14 @@ class _NoRoute(VipuProtocolError):
 
 class _RequestTimeout(VipuProtocolError):
     http_status = 408
+
+
+class _LengthRequired(InvalidPartitionRequest):
+    http_status = 411
+
+
+#: The methods of the routes above, said in ``Allow:`` when another is used.
+ALLOWED_METHODS = "GET, POST, PUT, DELETE"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -126,15 +135,31 @@ class _Handler(BaseHTTPRequestHandler):
             status = 500
             reply = {"error": {"kind": VipuProtocolError.kind,
                                "message": f"the V-IPU server failed on {method} {self.path}: {exc!r}"}}
+        self._reply(status, reply)
+
+    def _reply(self, status: int, reply: dict[str, Any], extra: Optional[dict[str, str]] = None) -> None:
         body = json.dumps(reply).encode()
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            for name, value in {"Content-Type": "application/json", "Content-Length": str(len(body)),
+                                **(extra or {})}.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
         except OSError:  # the client went away or stopped reading: nothing more to do for it
             self.close_connection = True
+
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        """Python's own refusals (a malformed request line, a method with no route) in the JSON of every other
+        error; a method the API does not have is 405 with ``Allow:``, not 501 with an HTML page."""
+        extra = None
+        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:
+            code, extra = HTTPStatus.METHOD_NOT_ALLOWED, {"Allow": ALLOWED_METHODS}
+            message = f"the V-IPU API has no method {shown(self.command)}; it takes {ALLOWED_METHODS}"
+        self.close_connection = True
+        self._reply(code, {"error": {"kind": VipuProtocolError.kind, "message": shown(message or explain or
+                                                                                     HTTPStatus(code).phrase, 200)}},
+                    extra)
 
     def _authenticate(self) -> None:
         expected = self.server.token
@@ -154,6 +179,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
 
     def _body(self) -> dict[str, Any]:
+        if "Transfer-Encoding" in self.headers:  # (its chunks were ignored, and the request read as empty)
+            raise _LengthRequired("the V-IPU server takes a request body with Content-Length, not Transfer-Encoding")
         text = self.headers.get("Content-Length") or "0"
         if not (text.isascii() and text.isdigit()):  # (isdigit alone takes '²', which int() refuses)
             raise InvalidPartitionRequest(f"the request's Content-Length {text[:20]!r} is not a byte count")

@@ -253,7 +253,8 @@ class VipuService:
         check_partition_name(name)
         found = self._partitions(db, name, hide_dead)
         if not found:
-            raise PartitionNotFound(f"no V-IPU partition named {name!r}; create it first (simipu vipu create partition)")
+            raise PartitionNotFound(f"no V-IPU partition named {name!r}; 'simipu vipu list partitions' lists those "
+                                    "there are")
         return found[0]
 
     def _taken(self, db: sqlite3.Connection, cluster: str, excluding: Optional[str] = None) -> set[int]:
