@@ -216,6 +216,10 @@ def test_a_time_limit_dumps_the_stacks_of_the_hung_instances() -> None:
     (lambda: poprun_py.launch(print, timeout=0), ValueError, "timeout must be more than 0 seconds"),
     (lambda: poprun_py.launch(print, timeout=float("inf")), ValueError, "at most 1000000, got inf"),
     (lambda: poprun_py.launch(42), TypeError, "needs a callable"),
+    (lambda: poprun_py.launch(print, num_instances=10**7), ValueError,
+     "num_replicas=10000000 x ipus_per_replica=1 is 10000000 IPUs; at most 1048576"),
+    (lambda: poprun_py.launch(print, num_instances=2, ipus_per_replica=3, offline=False), ValueError,
+     "num_replicas=2 x ipus_per_replica=3 is 6 IPUs; ask for 1, 2, 4, 8, ... IPUs, or use offline=True"),
 ])
 def test_bad_input_is_one_clear_error(call, error: type, words: str) -> None:
     with pytest.raises(error) as caught:

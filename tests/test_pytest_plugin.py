@@ -186,12 +186,23 @@ def test_skip_from_a_launch(spawn_instances):
     ("poprun(num_instances=0)", "num_instances must be at least 1, got 0"),
     ("poprun(2)", "takes keyword arguments only"),
     ("poprun(num_instances=2, num_replicas=3)", "num_replicas=3 cannot be divided evenly among num_instances=2"),
+    ("poprun(num_instances=2, num_replicas=2**21)",
+     "num_replicas=2097152 x ipus_per_replica=1 is 2097152 IPUs; at most 1048576 can be asked for"),
+    ("poprun(num_instances=2, offline=False, ipus_per_replica=3)",
+     "with offline=False * power of two: num_replicas=2 x ipus_per_replica=3 is 6 IPUs; *or use offline=True"),
 ])
 def test_bad_marker_arguments_are_one_line_errors(pytester: pytest.Pytester, marker: str, words: str) -> None:
+    """Before any fixture is set up. Before, the IPU count and a partition size that is not a power of two
+    were found when the test ran, after its fixtures: a 40-line traceback naming poprun's flags."""
     result = run(pytester, f"""
+@pytest.fixture
+def expensive():
+    print("FIXTURE SET UP")
+
 @pytest.mark.{marker}
-def test_body():
+def test_body(expensive):
     pass
 """)
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"@pytest.mark.poprun: {words}*"])
+    result.stdout.fnmatch_lines([f"@pytest.mark.poprun: {words}*", "*short test summary*"])
+    result.stdout.no_fnmatch_line("*FIXTURE SET UP*")

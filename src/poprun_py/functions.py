@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 from popdist.env import FabricSettings
+from simipu.hardware import is_power_of_two
 
 from .executors.forked import ForkSpawner
 from .failures import InstanceFailure, InstancesFailed, RemoteError, describe_exception
@@ -32,7 +33,7 @@ from .plan import InstancePlan
 from .records import InstanceSettings, OutputSettings, Placement, ReachSettings, Supervision, VipuSettings
 from .report import describe_failure
 from .spec import LaunchSpec
-from .validate import MAX_SECONDS, check_launch
+from .validate import MAX_SECONDS, check_launch, too_many_ipus
 
 log = logging.getLogger("poprun.functions")
 
@@ -71,6 +72,20 @@ class FunctionLaunch:
             if not 0 < self.timeout <= MAX_SECONDS:  # nan and inf too: a deadline must be one the OS can wait for
                 raise ValueError(f"timeout must be more than 0 seconds and at most {MAX_SECONDS:.0f}, "
                                  f"got {self.timeout!r}")
+        self._check_ipus()
+
+    def _check_ipus(self) -> None:
+        """The IPUs asked for, checked here rather than when the launch starts: the marker's arguments are
+        checked before the test's fixtures are set up, and a mistake is one line in the user's own words."""
+        placement = Placement(self.num_instances, self.replicas, self.ipus_per_replica)
+        problem = too_many_ipus(placement, _as_keyword)
+        if problem:
+            raise ValueError(problem)
+        if not self.offline and not is_power_of_two(placement.num_ipus):
+            raise ValueError(f"with offline=False the IPUs come from a V-IPU partition, whose size must be a power "
+                             f"of two: {_as_keyword('num_replicas', self.replicas)} x "
+                             f"{_as_keyword('ipus_per_replica', self.ipus_per_replica)} is {placement.num_ipus} IPUs; "
+                             "ask for 1, 2, 4, 8, ... IPUs, or use offline=True")
 
     @property
     def replicas(self) -> int:
@@ -89,8 +104,13 @@ class FunctionLaunch:
             supervision=Supervision(timeout=self.timeout),
             reach=ReachSettings(),
         )
-        check_launch(spec, os.environ)  # the bounds poprun's own options meet (IPUs, the exec size)
+        check_launch(spec, os.environ)  # the rest of the bounds poprun's own options meet (the exec size)
         return spec
+
+
+def _as_keyword(name: str, value: object) -> str:
+    """An option as ``launch()`` and the marker take it: ``num_replicas=8``."""
+    return f"{name}={value}"
 
 
 def launch(

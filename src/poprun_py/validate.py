@@ -36,7 +36,7 @@ import json
 import logging
 import os
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from popdist.env import MASTER_ADDR, MASTER_PORT
 from simipu.durations import MAX_SECONDS, check_seconds
@@ -277,14 +277,26 @@ def check_vipu_names(vipu: VipuSettings) -> None:
             raise UsageError(f"{option_flag(option)}: {exc}") from None
 
 
+def as_flag(name: str, value: object) -> str:
+    """An option and its value as typed on poprun's command line: ``--num-replicas 8``."""
+    return f"{option_flag(name)} {value}"
+
+
+def too_many_ipus(placement: Placement, said: Callable[[str, object], str] = as_flag) -> str | None:
+    """Why the launch asks for more IPUs than ``MAX_COUNT``, or None. ``said`` names an option with its value
+    as the user gave it: a flag for poprun, a keyword (``num_replicas=8``) for ``launch()`` and the marker."""
+    if placement.num_ipus <= MAX_COUNT:
+        return None
+    return (f"{said('num_replicas', placement.num_replicas)} x {said('ipus_per_replica', placement.ipus_per_replica)}"
+            f" is {_short(placement.num_ipus)} IPUs; at most {MAX_COUNT} can be asked for")
+
+
 def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     """Checks across options, once every single value is known to be in bounds."""
     placement = spec.placement
-    if placement.num_ipus > MAX_COUNT:
-        raise UsageError(
-            f"--num-replicas {placement.num_replicas} x --ipus-per-replica {placement.ipus_per_replica} is "
-            f"{_short(placement.num_ipus)} IPUs; at most {MAX_COUNT} can be asked for"
-        )
+    problem = too_many_ipus(placement)
+    if problem:
+        raise UsageError(problem)
     if placement.num_ipus % placement.num_ilds:
         raise UsageError(
             f"--num-ilds {placement.num_ilds} does not divide the {placement.num_ipus} IPUs of the launch "
