@@ -206,3 +206,27 @@ def test_body(expensive):
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"@pytest.mark.poprun: {words}*", "*short test summary*"])
     result.stdout.no_fnmatch_line("*FIXTURE SET UP*")
+
+
+@pytest.mark.parametrize("value,words", [
+    ("nan", "must be from 0 to 1000000 seconds (0: no limit), got nan"),
+    ("-5", "must be from 0 to 1000000 seconds (0: no limit), got -5"),
+    ("inf", "must be from 0 to 1000000 seconds (0: no limit), got inf"),
+    ("abc", "'abc' is not a number of seconds"),
+])
+def test_a_bad_poprun_timeout_is_one_usage_error_for_the_session(pytester: pytest.Pytester, value: str,
+                                                                    words: str) -> None:
+    """Before, nan and negative numbers silently meant no limit, inf was blamed on the marker, and abc was an
+    error on every test."""
+    pytester.makeini(f"[pytest]\npoprun_timeout = {value}\n")
+    result = run(pytester, """
+@pytest.mark.poprun(num_instances=1)
+def test_body():
+    pass
+
+def test_other():
+    pass
+""")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: ini value poprun_timeout: {words}"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()

@@ -43,6 +43,7 @@ MARKER_OPTIONS = ("num_instances", "num_replicas", "ipus_per_replica", "offline"
 DEFAULT_TIMEOUT = "60"
 _SETTINGS = pytest.StashKey["FunctionLaunch"]()
 _SKIP_REPORT = pytest.StashKey[tuple]()
+_TIMEOUT = pytest.StashKey["float | None"]()  # the ini value's, checked once in pytest_configure
 _in_instance = False  # set in a forked instance: there the test body runs, it does not launch again
 
 
@@ -57,15 +58,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "poprun(num_instances=1, num_replicas=None, ipus_per_replica=1, offline=True, timeout=None): "
         "run the test body in every instance of a fake poprun job (poprun-py)",
     )
+    config.stash[_TIMEOUT] = _ini_timeout(config)
+
+
+def _ini_timeout(config: pytest.Config) -> float | None:
+    """The ``poprun_timeout`` ini value, checked once for the session (a usage error, pytest's exit 4) by the
+    project's one rule for seconds: ``nan``, ``inf`` or a negative number would be no limit at all."""
+    from simipu.durations import check_seconds
+
+    text = str(config.getini("poprun_timeout")).strip()
+    try:
+        seconds = check_seconds(text, allow_zero=True, why=" (0: no limit)")
+    except ValueError as exc:
+        raise pytest.UsageError(f"ini value poprun_timeout: {exc}") from None
+    return seconds or None
 
 
 def _default_timeout(config: pytest.Config) -> float | None:
-    text = str(config.getini("poprun_timeout")).strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise pytest.UsageError(f"poprun_timeout = {text!r} is not a number of seconds") from None
-    return seconds if seconds > 0 else None
+    return config.stash[_TIMEOUT]
 
 
 def _marker_settings(item: pytest.Item) -> FunctionLaunch:
