@@ -79,6 +79,45 @@ def test_body():
     ])
 
 
+FAILS_IN_A_HELPER = """
+def check(i):
+    assert i != 1, f"instance {i} is wrong"
+
+@pytest.mark.poprun(num_instances=3)
+def test_body():
+    i = popdist.getInstanceIndex()
+    C.barrier()
+    check(i)
+"""
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["alone", "xdist"])
+def test_tb_line_points_at_the_line_that_failed_in_the_instance(pytester: pytest.Pytester, xdist: tuple) -> None:
+    """As pytest's own: ``path:line: message``, which editors and CI annotations read. Before, the line was
+    the plugin's (pytest_plugin.py:112), where the outcome is raised in pytest's process."""
+    result = run(pytester, FAILS_IN_A_HELPER, "--tb=line", *xdist)
+    result.assert_outcomes(failed=1)
+    line = line_of(FAILS_IN_A_HELPER, "assert i != 1")
+    result.stdout.fnmatch_lines([f"*test_instances.py:{line}: Failed: instance 1 of 3 raised AssertionError: "
+                                 "instance 1 is wrong (pid * on localhost)"])
+    result.stdout.no_fnmatch_line("*pytest_plugin.py*")
+
+
+def test_tb_native_starts_at_the_test_function(pytester: pytest.Pytester) -> None:
+    """Before, the native traceback started with the plugin's and pluggy's frames in the instance."""
+    result = run(pytester, FAILS_IN_A_HELPER, "--tb=native")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "instance 1 of 3 raised AssertionError: instance 1 is wrong (pid * on localhost)",
+        "Traceback (most recent call last):",
+        f'  File "*test_instances.py", line {line_of(FAILS_IN_A_HELPER, "    check(i)")}, in test_body',
+        "    check(i)",
+        f'  File "*test_instances.py", line {line_of(FAILS_IN_A_HELPER, "assert i != 1")}, in check',
+    ])
+    result.stdout.no_fnmatch_line("*pytest_plugin.py*")
+    result.stdout.no_fnmatch_line("*pluggy/*")
+
+
 def test_a_hanging_instance_times_out_with_its_stack_in_the_report(pytester: pytest.Pytester) -> None:
     body = f"""
 def wait_here():

@@ -25,6 +25,7 @@ it imports only pytest and the standard library until a test asks for more.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generator
@@ -43,6 +44,7 @@ MARKER_OPTIONS = ("num_instances", "num_replicas", "ipus_per_replica", "offline"
 DEFAULT_TIMEOUT = "60"
 _SETTINGS = pytest.StashKey["FunctionLaunch"]()
 _SKIP_REPORT = pytest.StashKey[tuple]()
+_CRASH_AT = pytest.StashKey["tuple[str, int]"]()  # the first failed instance's failing line
 _TIMEOUT = pytest.StashKey["float | None"]()  # the ini value's, checked once in pytest_configure
 _in_instance = False  # set in a forked instance: there the test body runs, it does not launch again
 
@@ -119,18 +121,47 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     except InstancesFailed as exc:
         failed = exc
     _raise_outcome(failed, pyfuncitem)  # outside the except: pytest would show the chain twice
+    pyfuncitem.stash[_CRASH_AT] = _crash_location(failed, pyfuncitem)
     pytest.fail(failed.describe(first_only=True), pytrace=False)
+
+
+def _crash_location(failed: InstancesFailed, item: pytest.Item) -> tuple[str, int]:
+    """Where the test failed, for ``--tb=line`` and editors: the line that raised in the first failed
+    instance, else (it timed out, or died without a traceback) the test function's own line."""
+    first = failed.first
+    if first is not None and first.error is not None and first.error.where is not None:
+        return first.error.where
+    path, line, _ = item.reportinfo()
+    return str(path), (line or 0) + 1
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
                               ) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
-    """A skip from an instance is reported at the line in the test that skipped, not in this plugin."""
+    """A skip or a failure from an instance is reported at the line in the test that raised, not in this
+    plugin (where the test's outcome is raised in pytest's process)."""
     outcome = yield
     where = item.stash.get(_SKIP_REPORT, None)
     report = outcome.get_result()
     if where is not None and call.when == "call" and report.skipped and isinstance(report.longrepr, tuple):
         report.longrepr = where
+    crash_at = item.stash.get(_CRASH_AT, None)
+    if crash_at is not None and call.when == "call" and report.failed:
+        _move_crash(report, crash_at)
+
+
+def _move_crash(report: pytest.TestReport, where: tuple[str, int]) -> None:
+    """Point the report's crash location (what ``--tb=line`` prints, ``path:line: message``) at ``where``;
+    in the chain too, which is what pytest-xdist sends to its controller."""
+    longrepr: Any = report.longrepr
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is None:
+        return
+    moved = dataclasses.replace(crash, path=where[0], lineno=where[1])
+    longrepr.reprcrash = moved
+    chain = getattr(longrepr, "chain", None)
+    if chain and chain[-1][1] is crash:
+        chain[-1] = (chain[-1][0], moved, chain[-1][2])
 
 
 def _run_test_body(item: pytest.Function) -> None:
@@ -160,10 +191,27 @@ def _pytest_describer(item: pytest.Function) -> Callable[[BaseException], Remote
         outcome = outcome_of(exc)
         if outcome != ERROR:
             return RemoteError(type_name(exc), str(getattr(exc, "msg", None) or exc), "", outcome, raised_at(exc))
-        longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(exc))
-        return RemoteError(type_name(exc), str(exc), _render(item, longrepr))
+        longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(_from_the_test(item, exc)))
+        crash = getattr(longrepr, "reprcrash", None)  # pytest's choice of the line that failed
+        where = (str(crash.path), int(crash.lineno)) if crash is not None else raised_at(exc)
+        return RemoteError(type_name(exc), str(exc), _render(item, longrepr), where=where)
 
     return describe
+
+
+def _from_the_test(item: pytest.Function, exc: BaseException) -> BaseException:
+    """``exc`` with its traceback starting at the test function. In the instance, this plugin's, pluggy's
+    and pytest's frames call it: pytest's long and short styles cut them, ``--tb=native`` would show them
+    (``--fulltrace`` asks for them: kept)."""
+    if item.config.getoption("fulltrace", False):
+        return exc
+    import inspect
+
+    code = getattr(inspect.unwrap(item.obj), "__code__", None)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not code:
+        tb = tb.tb_next
+    return exc.with_traceback(tb) if tb is not None else exc
 
 
 def _render(item: pytest.Item, longrepr: object) -> str:
