@@ -143,18 +143,16 @@ def test_body():
 
 
 def test_skip_and_xfail_in_one_instance_become_the_tests_outcome(pytester: pytest.Pytester) -> None:
-    body = f"""
+    body = """
 @pytest.mark.poprun(num_instances=3)
 def test_skipped():
     if popdist.getInstanceIndex() == 1:
         pytest.skip("not on this one")
-    time.sleep({RUN_TIMEOUT})
 
 @pytest.mark.poprun(num_instances=3)
 def test_xfailed():
     if popdist.getInstanceIndex() == 2:
         pytest.xfail("known to break")
-    time.sleep({RUN_TIMEOUT})
 
 @pytest.mark.xfail(reason="marked", strict=True)
 @pytest.mark.poprun(num_instances=2)
@@ -167,6 +165,33 @@ def test_marked_xfail():
         f"SKIPPED [[]1[]] test_instances.py:{line_of(body, 'pytest.skip(')}: instance 1 of 3: not on this one",
         "XFAIL test_instances.py::test_xfailed - instance 2 of 3: known to break",
     ], consecutive=False)
+
+
+def test_a_skip_does_not_hide_another_instances_failure(pytester: pytest.Pytester) -> None:
+    """Instance 0 skips and has ended (its end of the FIFO closes with its process) before instance 1 fails.
+    Before, the first instance to end decided: the test was skipped and instance 1's failure never shown."""
+    result = run(pytester, """
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "instance0-ended"
+    os.mkfifo(path)
+    return path
+
+@pytest.mark.poprun(num_instances=2, timeout=30)
+def test_body(fifo):
+    if popdist.getInstanceIndex() == 0:
+        held = os.open(fifo, os.O_WRONLY)  # closed when this instance's process ends
+        pytest.skip("not on instance 0")
+    with open(fifo, "rb") as ended:
+        assert ended.read() == b""
+    assert False, "instance 1 is broken"
+""")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "instance 1 of 2 raised AssertionError: instance 1 is broken*",
+        "also: instance 0 of 2 skipped: not on instance 0 (pid * on localhost)",
+        "FAILED test_instances.py::test_body - Failed: instance 1 of 2 raised*",
+    ])
 
 
 def test_collectives_inside_tests(pytester: pytest.Pytester) -> None:

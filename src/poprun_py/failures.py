@@ -84,6 +84,11 @@ class InstanceFailure:
     stderr_tail: tuple[str, ...] = ()  # the end of its stderr, when it left no Python traceback
 
     @property
+    def skipped(self) -> bool:
+        """It called ``pytest.skip`` or ``pytest.xfail``: not a failure of its own."""
+        return self.error is not None and self.error.outcome in (SKIP, XFAIL)
+
+    @property
     def heading(self) -> str:
         """'instance 2 of 4 raised ValueError: boom (pid 123 on localhost)': what matters first,
         since pytest's one-line summary shows only the start."""
@@ -104,8 +109,9 @@ class InstanceFailure:
 class InstancesFailed(Exception):
     """Instances of a ``poprun_py.launch`` failed; every other instance was stopped.
 
-    ``failures`` puts the first failure first; ``stopped`` lists the instances
-    that were stopped because of it. The message is ``describe()`` in full.
+    ``failures`` puts the first failure first, and instances that called
+    ``pytest.skip``/``xfail`` after every real failure; ``stopped`` lists the
+    instances that were stopped because of it. The message is ``describe()`` in full.
     """
 
     def __init__(
@@ -145,7 +151,7 @@ class InstancesFailed(Exception):
                 if failure.details:
                     lines.append(failure.details)
             else:
-                lines.append(f"also failed: {failure.heading}")
+                lines.append(f"{'also' if failure.skipped else 'also failed'}: {failure.heading}")
         if self.stopped:
             lines.append(f"stopped as a consequence: instances {format_indices(self.stopped)}")
         return "\n".join(lines)

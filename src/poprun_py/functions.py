@@ -26,7 +26,7 @@ from popdist.env import FabricSettings
 from simipu.hardware import is_power_of_two
 
 from .executors.forked import ForkSpawner
-from .failures import InstanceFailure, InstancesFailed, RemoteError, describe_exception
+from .failures import SKIP, XFAIL, InstanceFailure, InstancesFailed, RemoteError, describe_exception
 from .job import JobReport, TimeLimit
 from .launcher import JobOptions, run_job
 from .plan import InstancePlan
@@ -263,7 +263,10 @@ class _InstanceBody:
     def _failed(self, exc: BaseException) -> tuple[int, _Outcome]:
         if isinstance(exc, SystemExit) and (exc.code is None or exc.code == 0):
             return 0, _Outcome(None)
-        return _exit_code(exc), _Outcome(error=self._describe(_without_this_frame(exc)))
+        error = self._describe(_without_this_frame(exc))
+        # pytest.skip()/xfail() end the instance with code 0: not a failure, so the supervisor does not stop
+        # the others, and a failure of theirs is not hidden by it (it wins in _instances_failed).
+        return (0 if error.outcome in (SKIP, XFAIL) else _exit_code(exc)), _Outcome(error=error)
 
 
 def _exit_code(exc: BaseException) -> int:
@@ -335,6 +338,15 @@ def _finalize_popdist() -> None:
         log.debug("finalising popdist failed", exc_info=True)
 
 
+def _how_it_ended(error: RemoteError | None) -> str:
+    """How an instance the supervisor saw end well (code 0) ended without a result."""
+    if error is None:
+        return "exited with code 0 before returning a result"
+    if error.outcome in (SKIP, XFAIL):
+        return f"{'skipped' if error.outcome == SKIP else 'xfailed'}: {error.message}"
+    return f"raised {error.summary}"
+
+
 def _instances_failed(report: JobReport, outcomes: list[_Outcome | None], stacks: list[str]) -> InstancesFailed:
     """The first failure first, then the others in the order they ended; the stopped ones apart."""
     n = report.num_instances
@@ -366,10 +378,9 @@ def _instances_failed(report: JobReport, outcomes: list[_Outcome | None], stacks
     for index, outcome in enumerate(outcomes):
         if index in seen or (outcome is not None and outcome.error is None):
             continue
-        how = f"raised {outcome.error.summary}" if outcome is not None and outcome.error else \
-            "exited with code 0 before returning a result"
-        failures.append(InstanceFailure(index, n, HOST, report.pids.get(index), how,
-                                        outcome.error if outcome is not None else None))
+        error = outcome.error if outcome is not None else None
+        failures.append(InstanceFailure(index, n, HOST, report.pids.get(index), _how_it_ended(error), error))
+    failures.sort(key=lambda failure: failure.skipped)  # a failure wins over a skip: it comes first
     note = None
     if report.startup_timeout is not None:
         note = f"start-up timed out: {report.startup_timeout.message}"

@@ -13,7 +13,8 @@
 * Shared fate: the first instance to fail stops the others and fails the test
   with its own traceback, rendered as pytest renders a failure (with the
   assertion's explanation), under "instance i of n". ``pytest.skip``/``xfail``
-  in an instance skips/xfails the test when it comes first. At the time limit
+  in an instance ends it alone: the others run on, and the test is skipped/xfailed
+  only if none of them fails (a failure wins). At the time limit
   (marker ``timeout``, else the ``poprun_timeout`` ini value, 60 s) every
   instance still running dumps its stacks into the report and is stopped.
   Each launch has its own ports, job id and sockets, so this works under
