@@ -225,3 +225,27 @@ def test_a_fork_starts_uninitialised_and_leaves_the_parents_fabric_alone() -> No
                         *python_program("fork_after_init.py"))
     assert result.returncode == 0, result.stderr.decode()
     assert sorted(result.stdout.decode().splitlines()) == ["0 3 0", "1 3 0"]
+
+
+def test_a_collective_in_a_forked_child_fails_at_once_saying_why() -> None:
+    """Before, the child checked in with the rendezvous as its parent's instance: "RendezvousError refused by
+    the job's rendezvous: instance 1 has already checked in", and poprun warned of a refused connection."""
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2",
+                        *python_program("collective_in_fork.py"))
+    assert result.returncode == 0, result.stderr.decode()
+    lines = result.stdout.decode().splitlines()
+    for index in (0, 1):
+        pid = next(line.split()[2] for line in lines if line.startswith(f"{index} parent "))
+        assert f"{index} parent {pid} 2" in lines
+        assert (f"{index} child ForkedProcessError: collectives cannot be used in a process forked from instance "
+                f"{index} (pid {pid}): call them from the instance's own process") in lines
+    assert b"refused" not in result.stderr, result.stderr.decode()
+
+
+def test_launch_in_a_poprun_instance_joins_its_own_fabric() -> None:
+    """launch()'s instances are forks of the caller, here an instance of a poprun job: with an environment of
+    their own job, they are not refused as forks of it."""
+    result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2",
+                        *python_program("launch_in_instance.py"))
+    assert result.returncode == 0, result.stderr.decode()
+    assert sorted(result.stdout.decode().splitlines()) == ["0 [6, 6, 6] 2", "1 [6, 6, 6] 2"]

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 from popdist.env import InstanceEnv
+from popdist.env_names import JOB_TOKEN
 
 if TYPE_CHECKING:  # numpy is imported when a collective runs, not with popdist
     import numpy as np
@@ -115,6 +116,8 @@ class _Backend:
         #: How many threads are inside ``instance_group`` now: while any is, every collective reads its thread's
         #: ``groups.members`` (a thread-local's attribute costs a hot call four plain ones).
         self.grouped = 0
+        #: In a process forked from an instance: (the job's fabric token, the instance's pid), set at the fork.
+        self.forked_from: tuple[str, int] | None = None
 
 
 _backend = _Backend()
@@ -126,8 +129,31 @@ def _forget_after_fork() -> None:
     The parent's fabric and device stay the parent's; the child never closes them
     (closing would tell the rendezvous that the parent left). ``poprun_py.launch``
     relies on this: its instances are forks of the caller.
+
+    The child notes the job it was forked in (its fabric token, from the environment it inherited) and the
+    instance's pid (kept through forks of forks): while its environment still names that job, it is a fork
+    of the instance, not a member of the fabric, and ``initialise`` refuses it at once. A ``launch()``
+    instance replaces its environment with its own job's (another token) before it runs, so it can join.
     """
+    inherited = _backend.forked_from
+    token = os.environ.get(JOB_TOKEN)
     _backend.__init__()  # type: ignore[misc]  # in place: core.py holds a reference to it
+    if token:
+        same_job = inherited is not None and inherited[0] == token
+        _backend.forked_from = inherited if same_job else (token, os.getppid())
+
+
+def _refuse_a_fork(launch: InstanceEnv | None) -> None:
+    """Raise ``ForkedProcessError`` in a fork of an instance whose launch has a fabric to join: the rendezvous
+    would refuse a second check-in of the instance's index (a misleading error, and a warning in poprun's log
+    that reads like an intruder)."""
+    forked = _backend.forked_from
+    if forked is None or launch is None or launch.num_instances == 1 or launch.fabric.token != forked[0]:
+        return
+    from simipu.fabric.errors import ForkedProcessError
+
+    raise ForkedProcessError(f"collectives cannot be used in a process forked from instance {launch.instance_index} "
+                             f"(pid {forked[1]}): call them from the instance's own process")
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -192,6 +218,7 @@ def initialise(implicitly: bool = False) -> None:
                 "first to initialise it again"
             )
         launch = InstanceEnv.from_environ(os.environ)
+        _refuse_a_fork(launch)
         _backend.device = _backend.device or adopt_device(launch)  # popdist.popart.getDevice may have
         _backend.fabric = connect(launch)
         _backend.hot_allreduces = getattr(_backend.fabric, "hot_allreduces", {})

@@ -45,12 +45,20 @@ hands them to ``engine.Fabric``. While collectives wait, ``frames/watch.py``
 reads the losses the rendezvous reports.
 """
 
-from .errors import CollectiveMismatchError, FabricError, PeerLostError, RendezvousError, RendezvousTimeout
+from .errors import (
+    CollectiveMismatchError,
+    FabricError,
+    ForkedProcessError,
+    PeerLostError,
+    RendezvousError,
+    RendezvousTimeout,
+)
 from .join.membership import Membership, Peer
 
 __all__ = [
     "CollectiveMismatchError",
     "FabricError",
+    "ForkedProcessError",
     "Membership",
     "Peer",
     "PeerLostError",

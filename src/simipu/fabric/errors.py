@@ -21,6 +21,12 @@ class CollectiveMismatchError(FabricError):
     """Instances called different collectives, or with arrays that do not match."""
 
 
+class ForkedProcessError(FabricError):
+    """A collective was called in a process forked from an instance: only the instance itself is a member of
+    the job's fabric (as in MPI, a fork is not a rank), so the fork is refused at once, without asking the
+    rendezvous (which would refuse a second check-in of the instance's index)."""
+
+
 class RendezvousError(FabricError):
     """Joining the job's fabric failed (refused, unreachable, or timed out)."""
 
