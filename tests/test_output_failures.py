@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from poprun_py.errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST
+from poprun_py.errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_USAGE
 from poprun_py.job import Failure, JobReport
 from poprun_py.output import OutputLoss
 from support import RUN_TIMEOUT, poprun_command, program, read_line
@@ -199,3 +199,32 @@ def test_the_lost_output_summary_counts_in_words() -> None:
                       "the output"
     two = lost_output_lines(JobReport(2, None, (), None, frozenset(), output_lost=LOSS * 2))
     assert "but 2 output files are incomplete" in two[-1]
+
+
+#: An instance that says something on stderr, then appends what poprun's fds 0, 1 and 2 are to a file.
+POPRUN_FDS = ("import os, sys\nprint('warn', file=sys.stderr, flush=True)\n"
+              "links = ' '.join(os.readlink(f'/proc/{os.getppid()}/fd/{n}') for n in range(3))\n"
+              "with open(sys.argv[1], 'a') as out: out.write(links + '\\n')")
+
+
+@pytest.mark.parametrize("fd", [0, 1, 2], ids=["<&-", ">&-", "2>&-"])
+def test_a_closed_standard_fd_is_dev_null_as_mpirun_makes_it(fd: int, tmp_path: Path) -> None:
+    """Before, the next fd poprun opened (the guardian's socket) took the closed number: with ``2>&-`` an
+    instance's stderr line went to the guardian, which took it for poprun's end and killed the job (143, silently);
+    with ``>&-``, exit 70 (``sys.stdout`` was None)."""
+    seen = tmp_path / "fds"
+    closing = ["sh", "-c", f'exec "$@" {fd}{"<" if fd == 0 else ">"}&-', "sh"]
+    result = subprocess.run([*closing, *poprun_command(OFFLINE, *TWO, sys.executable, "-c", POPRUN_FDS, str(seen))],
+                            capture_output=True, timeout=RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    links = [line.split(" ") for line in seen.read_text().splitlines()]
+    assert len(links) == 2 and all(fds[fd] == os.devnull for fds in links), links
+    if fd != 2:
+        assert result.stderr == b"warn\n" * 2
+
+
+def test_with_stderr_closed_a_usage_error_is_still_exit_2() -> None:
+    """Not exit 1 from an AttributeError on ``sys.stderr`` (None) that nobody could see."""
+    result = subprocess.run(["sh", "-c", 'exec "$@" 2>&-', "sh", *poprun_command("--num-replicas", "0", "true")],
+                            capture_output=True, timeout=RUN_TIMEOUT)
+    assert result.returncode == EXIT_USAGE and result.stdout == b""

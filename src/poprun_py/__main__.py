@@ -7,9 +7,10 @@ which ``cli.main`` (called in-process by tests) must not do.
 
 import atexit
 import gc
+import io
 import os
 import sys
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 
 def run() -> int:
@@ -20,6 +21,7 @@ def run() -> int:
     launch; gc.freeze moves them out of every later collection. The collector
     runs as usual while the job runs.
     """
+    open_closed_standard_fds()  # first: nothing may have taken fd 0, 1 or 2 yet
     gc.disable()
     try:
         from .cli import main
@@ -28,6 +30,39 @@ def run() -> int:
         gc.enable()
     code = main()
     exit_now(code)
+
+
+def open_closed_standard_fds() -> None:
+    """Open /dev/null on whichever of fds 0, 1 and 2 is closed, as mpirun and most Unix tools do.
+
+    ``poprun ... 2>&-``: otherwise the next descriptor poprun opens gets the
+    number 2 (the guardian's socket, say), and what poprun writes to "stderr"
+    (an instance's stderr lines) goes there. Python made ``sys.stdin``/
+    ``stdout``/``stderr`` None for a closed fd; they are rebuilt on /dev/null.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:  # (open takes the lowest free fd, and the lower ones are open by now: not expected)
+                os.dup2(null, fd)
+                os.close(null)
+    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
+        if getattr(sys, name) is None:
+            stream = _text_stream(fd)
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+
+
+def _text_stream(fd: int) -> TextIO:
+    """A text stream on ``fd`` as Python makes its standard ones (stderr: line-buffered, never fails to encode)."""
+    if fd == 0:
+        return io.TextIOWrapper(io.FileIO(fd, "r", closefd=False), encoding=sys.getfilesystemencoding(),
+                                errors="surrogateescape")
+    errors = "backslashreplace" if fd == 2 else "surrogateescape"
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=sys.getfilesystemencoding(),
+                            errors=errors, line_buffering=True)
 
 
 def exit_now(code: int) -> NoReturn:
