@@ -66,6 +66,31 @@ def test_sigint_stops_all_instances() -> None:
     assert_all_gone(pids)
 
 
+def test_ctrl_c_while_poprun_imports_its_command_line_is_one_line_and_130(tmp_path) -> None:
+    """A Ctrl-C in poprun's first ~0.1 s, before ``cli.main``'s handler is in place: before, a traceback.
+
+    A module named ``typer`` first on PYTHONPATH (the CLI's first import of its own) says that it is being
+    imported, then waits for a signal: the SIGINT provably lands inside the import.
+    """
+    read_end, write_end = os.pipe()
+    (tmp_path / "typer.py").write_text(f"import os, signal\nos.write({write_end}, b'importing\\n')\n"
+                                       "while True:\n    signal.pause()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))}
+    process = subprocess.Popen(poprun_command(OFFLINE, "true"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env, pass_fds=(write_end,))
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as importing:
+            assert read_line(importing) == b"importing\n"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (process.returncode, out, err) == (130, b"", b"poprun: interrupted\n")
+
+
 def test_sigusr1_and_sigusr2_are_passed_on_and_the_job_goes_on() -> None:
     """As mpirun: a scheduler's "checkpoint now" (Slurm's --signal=USR1@120) reaches every instance, and the job
     goes on. Before, poprun died of SIGUSR1 (exit 138, no word) and the guardian killed its instances. SIGQUIT

@@ -12,6 +12,8 @@ import os
 import sys
 from typing import NoReturn, TextIO
 
+from .errors import EXIT_INTERRUPTED
+
 
 def run() -> int:
     """Parse, launch, end the process with the exit code; the collector kept off the start-up path.
@@ -20,16 +22,32 @@ def run() -> int:
     them while they are made (gc.disable) only costs time, ~10 ms of a ~80 ms
     launch; gc.freeze moves them out of every later collection. The collector
     runs as usual while the job runs.
+
+    A Ctrl-C before ``cli.main``'s own handler is in place (while the CLI is
+    imported, the first ~0.1 s) ends as one after it does: one line, 130, and
+    no traceback.
     """
     open_closed_standard_fds()  # first: nothing may have taken fd 0, 1 or 2 yet
-    gc.disable()
     try:
-        from .cli import main
-    finally:
-        gc.freeze()  # what the imports made lives until exit: no later collection scans it
-        gc.enable()
-    code = main()
+        gc.disable()
+        try:
+            from .cli import main
+        finally:
+            gc.freeze()  # what the imports made lives until exit: no later collection scans it
+            gc.enable()
+        code = main()
+    except KeyboardInterrupt:
+        _say("poprun: interrupted\n")
+        code = EXIT_INTERRUPTED
     exit_now(code)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except OSError:  # nobody left to read it: the exit code still says it
+        pass
 
 
 def open_closed_standard_fds() -> None:
