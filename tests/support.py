@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import psutil
 
@@ -35,31 +35,91 @@ def python_program(name: str, *args: str) -> Sequence[str]:
     return (sys.executable, program(name), *args)
 
 
-def run_on_terminal(*args: str, timeout: float = RUN_TIMEOUT) -> bytes:
-    """Run poprun with stdout and stderr on a pseudo-terminal; return all it wrote there (bounded in time)."""
-    import select
-    import time
+class OnTerminal:
+    """poprun with stdout and stderr on a pseudo-terminal, read as it writes, bounded in time.
 
-    controller, terminal = os.openpty()
-    process = subprocess.Popen(poprun_command(*args), stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL)
-    os.close(terminal)
-    chunks, deadline = [], time.monotonic() + timeout
-    try:
-        while select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
+    ``columns``: the terminal's width, set as a terminal emulator sets it (TIOCSWINSZ); by default the
+    width is unknown (0). ``term``: the ``TERM`` poprun sees (None: unset). poprun gets a process group of
+    its own, as a shell with job control gives each job: the job-control signals (SIGTSTP) stop it, which
+    they never do to a process in an orphaned group.
+    """
+
+    def __init__(self, *args: str, columns: int | None = None, term: str | None = "xterm",
+                 timeout: float = RUN_TIMEOUT) -> None:
+        import time
+
+        self.controller, self._terminal = os.openpty()
+        if columns is not None:
+            import fcntl
+            import struct
+            import termios
+
+            fcntl.ioctl(self._terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+        env = {name: value for name, value in os.environ.items() if name != "TERM"}
+        if term is not None:
+            env["TERM"] = term
+        self.process = subprocess.Popen(poprun_command(*args), stdout=self._terminal, stderr=self._terminal,
+                                        stdin=subprocess.DEVNULL, env=env, preexec_fn=os.setpgrp)
+        self.seen = b""
+        self.deadline = time.monotonic() + timeout
+
+    def read_until(self, condition: Callable[[bytes], bool]) -> bool:
+        """Read until ``condition(all read so far)`` holds, poprun has closed the terminal, or time is up."""
+        import select
+        import time
+
+        while not condition(self.seen):
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([self.controller], [], [], left)[0]:
+                return False
             try:
-                data = os.read(controller, 65536)
+                data = os.read(self.controller, 65536)
             except OSError:  # EIO: every writer has closed the terminal
-                break
+                return False
             if not data:
-                break
-            chunks.append(data)
-        assert process.wait(max(1.0, deadline - time.monotonic())) == 0, b"".join(chunks)
-    finally:
-        os.close(controller)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    return b"".join(chunks)
+                return False
+            self.seen += data
+        return True
+
+    def written_so_far(self) -> bytes:
+        """All poprun has written until now (it is stopped, say): a mark written after it comes out after it."""
+        mark = b"<mark %d>" % len(self.seen)
+        os.write(self._terminal, mark)
+        assert self.read_until(lambda seen: mark in seen), self.seen
+        before, _, self.seen = self.seen.partition(mark)
+        return before
+
+    def finish(self) -> int:
+        """Read to the end; poprun's exit code."""
+        import time
+
+        self._close_terminal()
+        self.read_until(lambda _: False)
+        return self.process.wait(max(1.0, self.deadline - time.monotonic()))
+
+    def _close_terminal(self) -> None:
+        if self._terminal >= 0:
+            os.close(self._terminal)
+            self._terminal = -1
+
+    def __enter__(self) -> OnTerminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close_terminal()
+        os.close(self.controller)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def run_on_terminal(*args: str, timeout: float = RUN_TIMEOUT, columns: int | None = None,
+                    term: str | None = "xterm") -> bytes:
+    """Run poprun with stdout and stderr on a pseudo-terminal; return all it wrote there (bounded in time)."""
+    with OnTerminal(*args, columns=columns, term=term, timeout=timeout) as terminal:
+        code = terminal.finish()
+        assert code == 0, terminal.seen
+    return terminal.seen
 
 
 def python_example(name: str, *args: str) -> Sequence[str]:

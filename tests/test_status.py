@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 import sys
 
+import pytest
+
 from screen import Screen
-from support import program, run_on_terminal
+from support import OnTerminal, program, run_on_terminal
 
 STATUS = re.compile(r"poprun: 1/1 started, \d running, \d exited, \d+:\d\d elapsed")
 
@@ -96,37 +98,37 @@ def test_the_elapsed_time_moves_while_nothing_else_happens(tmp_path) -> None:
     second has passed since it printed, so it is blocked in open() by then.
     """
     import os
-    import select
-    import subprocess
-    import time
-
-    from support import RUN_TIMEOUT, poprun_command
 
     fifo = tmp_path / "go"
     os.mkfifo(fifo)
     waiter = f"print('waiting', flush=True); open({str(fifo)!r}).read()"
-    controller, terminal = os.openpty()
-    process = subprocess.Popen(poprun_command("--offline-mode", sys.executable, "-c", waiter),
-                               stdout=terminal, stderr=terminal, stdin=subprocess.DEVNULL)
-    os.close(terminal)
-    seen, deadline = b"", time.monotonic() + RUN_TIMEOUT
 
-    def times_after_waiting() -> set[bytes]:
+    def times_after_waiting(seen: bytes) -> set[bytes]:
         _, found, after = seen.partition(b"waiting")
         return set(re.findall(rb"(\d+:\d\d) elapsed", after)) if found else set()
 
-    try:
-        while len(times_after_waiting()) < 3 and time.monotonic() < deadline:
-            if select.select([controller], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                seen += os.read(controller, 65536)
-        assert len(times_after_waiting()) >= 3, seen
+    with OnTerminal("--offline-mode", sys.executable, "-c", waiter) as terminal:
+        assert terminal.read_until(lambda seen: len(times_after_waiting(seen)) >= 3), terminal.seen
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the program end (fails, never hangs)
-        assert process.wait(RUN_TIMEOUT) == 0
-    finally:
-        os.close(controller)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        assert terminal.finish() == 0
     screen = Screen()
-    screen.feed(seen)
+    screen.feed(terminal.seen)
     assert "waiting" in screen.lines()
+
+
+@pytest.mark.parametrize("columns", [20, 40])
+def test_the_status_line_is_cut_to_the_terminals_width(columns: int) -> None:
+    """A status line wider than the terminal wraps, and erasing it then leaves its first row behind at every
+    redraw: it is cut to one character less than the width."""
+    stream = run_on_terminal("--offline-mode", "--num-instances", "2", "--num-replicas", "2", "echo", "hello",
+                             columns=columns)
+    drawn = re.findall(rb"poprun: [^\r\n\x1b]*", stream)
+    assert drawn and all(len(line) == columns - 1 for line in drawn), stream  # (every one is wider uncut)
+
+
+@pytest.mark.parametrize("term", ["dumb", None], ids=["TERM=dumb", "no TERM"])
+def test_no_status_line_where_the_terminal_takes_no_cursor_control(term: str | None) -> None:
+    """Emacs' shell and compile buffers, CI log viewers with a pty: escape sequences there are noise."""
+    stream = run_on_terminal("--offline-mode", "--num-instances", "2", "--num-replicas", "2", "echo", "hello",
+                             term=term)
+    assert stream == b"hello\r\nhello\r\n", stream

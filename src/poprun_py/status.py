@@ -1,7 +1,11 @@
 """A live status line on a terminal: instances started / running / exited, and the time so far.
 
-Shown only when stderr is a terminal (Graphcore's poprun showed interactive
-progress). It must never hide what the program draws, so it follows where
+Shown only when stderr is a terminal that takes cursor control (``TERM`` set
+and not ``dumb``: Emacs' shell and compile buffers, and CI log viewers that
+give a job a pty, show the escape sequences as noise), as Graphcore's poprun
+showed interactive progress. It is cut to the terminal's width on every draw
+(a line that wrapped could not be erased: each redraw would leave one behind).
+It must never hide what the program draws, so it follows where
 the program left the cursor (the last byte instance output put on the
 terminal):
 
@@ -42,7 +46,7 @@ class StatusLine:
     def __init__(self, num_instances: int, fd: int = 2, enabled: bool | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._fd = fd
-        self.enabled = os.isatty(fd) if enabled is None else enabled
+        self.enabled = takes_cursor_control(fd) if enabled is None else enabled
         self._total = num_instances
         self._started = self._exited = self._failed = 0
         self._clock = clock
@@ -76,11 +80,24 @@ class StatusLine:
         if not self.enabled:
             return
         if self._console_end == b"\n":
-            self._write(self._erasing() + _ERASE + self.text().encode(), "here")
+            self._write(self._erasing() + _ERASE + self._fitted(), "here")
         elif self._console_end == b"\r":
-            self._write(self._erasing() + b"\n\x1b[K" + self.text().encode() + _UP, "below")
+            self._write(self._erasing() + b"\n\x1b[K" + self._fitted() + _UP, "below")
         else:
             self.hide()
+
+    def _fitted(self) -> bytes:
+        """The text, cut to one character less than the terminal's width (asked each time: it follows resizes).
+
+        One less: a line that fills the last column leaves some terminals' cursor pending on the next row.
+        A width the terminal does not know (0, or not a terminal) leaves the text whole.
+        """
+        text = self.text()
+        try:
+            columns = os.get_terminal_size(self._fd).columns
+        except OSError:
+            columns = 0
+        return (text[:columns - 1] if columns > 0 else text).encode()
 
     def refresh(self) -> None:
         """Redraw with the time updated, if it is on screen."""
@@ -124,6 +141,11 @@ class StatusLine:
                 return True
 
         return _Erase()
+
+
+def takes_cursor_control(fd: int) -> bool:
+    """Whether ``fd`` is a terminal that understands cursor control: ``TERM`` set, and not ``dumb``."""
+    return os.isatty(fd) and os.environ.get("TERM", "dumb") not in ("", "dumb")
 
 
 def _same_terminal(fd: int, other: int) -> bool:
