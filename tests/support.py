@@ -63,15 +63,22 @@ class OnTerminal:
         self.seen = b""
         self.deadline = time.monotonic() + timeout
 
-    def read_until(self, condition: Callable[[bytes], bool]) -> bool:
-        """Read until ``condition(all read so far)`` holds, poprun has closed the terminal, or time is up."""
+    def read_until(self, condition: Callable[[bytes], bool], every: float | None = None) -> bool:
+        """Read until ``condition(all read so far)`` holds, poprun has closed the terminal, or time is up.
+
+        ``every``: seconds after which to ask again with nothing read (a condition on more than the output).
+        """
         import select
         import time
 
         while not condition(self.seen):
             left = self.deadline - time.monotonic()
-            if left <= 0 or not select.select([self.controller], [], [], left)[0]:
+            if left <= 0:
                 return False
+            if not select.select([self.controller], [], [], min(left, every or left))[0]:
+                if every is None:
+                    return False
+                continue
             try:
                 data = os.read(self.controller, 65536)
             except OSError:  # EIO: every writer has closed the terminal
@@ -81,12 +88,28 @@ class OnTerminal:
             self.seen += data
         return True
 
+    def read_until_stopped(self) -> os.waitid_result | None:
+        """Read until poprun stops (a job-control signal) or exits: how, or None if neither came in time.
+
+        (The state is left for ``Popen`` to collect.)
+        """
+        changed: list[os.waitid_result] = []
+
+        def state_changed(_: bytes) -> bool:
+            found = os.waitid(os.P_PID, self.process.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG)
+            changed.extend([found] if found is not None else [])
+            return bool(changed)
+
+        self.read_until(state_changed, every=0.01)
+        return changed[0] if changed else None
+
     def written_so_far(self) -> bytes:
         """All poprun has written until now (it is stopped, say): a mark written after it comes out after it."""
         mark = b"<mark %d>" % len(self.seen)
         os.write(self._terminal, mark)
         assert self.read_until(lambda seen: mark in seen), self.seen
-        before, _, self.seen = self.seen.partition(mark)
+        before, _, after = self.seen.partition(mark)
+        self.seen = before + after
         return before
 
     def finish(self) -> int:

@@ -132,3 +132,42 @@ def test_no_status_line_where_the_terminal_takes_no_cursor_control(term: str | N
     stream = run_on_terminal("--offline-mode", "--num-instances", "2", "--num-replicas", "2", "echo", "hello",
                              term=term)
     assert stream == b"hello\r\nhello\r\n", stream
+
+
+def test_ctrl_z_erases_the_status_line_before_poprun_stops_and_it_comes_back_on_sigcont(tmp_path) -> None:
+    """Before, poprun stopped with its line on screen, and the shell's "Stopped" came under it.
+
+    The instances (in sessions of their own) are not stopped: they end once poprun is continued.
+    """
+    import os
+    import signal
+
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    waiter = f"go = open({str(fifo)!r}); print('waiting', flush=True); go.read(); print('done', flush=True)"
+    drawn_after_both = re.compile(rb"waiting.*waiting.*\x1b\[Kpoprun: 2/2 started", re.DOTALL)
+    release = os.open(fifo, os.O_RDWR)  # its one writer: the instances open it at once, read until it is closed
+    try:
+        with OnTerminal("--offline-mode", "--num-instances", "2", "--num-replicas", "2", sys.executable, "-c",
+                        waiter) as terminal:
+            pid = terminal.process.pid
+            assert terminal.read_until(lambda seen: drawn_after_both.search(seen) is not None), terminal.seen
+            os.kill(pid, signal.SIGTSTP)
+            stopped = terminal.read_until_stopped()
+            assert stopped is not None and stopped.si_code == os.CLD_STOPPED, stopped
+            at_stop = terminal.written_so_far()
+            screen = Screen()
+            screen.feed(at_stop)
+            assert screen.lines()[:3] == ["waiting", "waiting", ""], at_stop
+            os.kill(pid, signal.SIGCONT)
+            assert terminal.read_until(lambda seen: b"\x1b[Kpoprun: 2/2 started" in seen[len(at_stop):]), \
+                terminal.seen
+            os.close(release)  # the instances read the FIFO's end, and end
+            release = -1
+            assert terminal.finish() == 0, terminal.seen
+    finally:
+        if release >= 0:
+            os.close(release)
+    screen.feed(terminal.seen[len(at_stop):])
+    assert screen.lines()[:4] == ["waiting", "waiting", "done", "done"], terminal.seen
+

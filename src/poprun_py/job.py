@@ -10,6 +10,7 @@ over. One deadline for the whole stop; the loop never waits unboundedly.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -45,6 +46,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: now, you will be stopped soon" (Slurm's ``--signal=USR1@120``, ``scancel --signal=USR1``). Their default
 #: action is to terminate, so without a handler poprun itself died of one and its instances were killed.
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+#: Ctrl-Z: poprun erases its status line, then stops as the default action would; the instances, in sessions of
+#: their own, go on. Handled only where the status line can be shown: elsewhere the default action is the same.
+SUSPEND_SIGNAL = signal.SIGTSTP
 #: A stop signal this soon after the first is the same keypress delivered twice (to poprun and to a
 #: wrapper that forwards it, say), not a second Ctrl-C: it does not kill at once.
 REPEAT_WINDOW_SECONDS = 0.5
@@ -405,12 +409,29 @@ class Job:
             previous[signum] = signal.signal(signum, self._on_signal_received)
         for signum in FORWARDED_SIGNALS:
             previous[signum] = signal.signal(signum, self._on_forwarded_signal)
+        if self._status.enabled:
+            previous[SUSPEND_SIGNAL] = signal.signal(SUSPEND_SIGNAL, self._on_suspend_signal)
         return previous
 
     def _on_signal_received(self, signum: int, _frame: object) -> None:
         """A signal handler: queue the signal; a start in progress stops spawning at once."""
         self._events.put(SignalReceived(signum))
         self._executor.stop_starting()
+
+    def _on_suspend_signal(self, _signum: int, _frame: object) -> None:
+        """A signal handler (Ctrl-Z): erase the status line, stop; once continued, draw it again.
+
+        Not an event for the loop, as the other signals are: the stop must happen now, even while the loop
+        is blocked writing to a pager that the same Ctrl-Z stopped (``poprun ... | less``), which an event
+        queued behind the output would wait for forever. Handlers run in the main thread between two of its
+        steps, and the line is on screen (``on_screen``) only while the loop writes nothing else, so erasing
+        and drawing it from here cannot cut into output.
+        """
+        shown = self._status.on_screen
+        self._status.hide()
+        _suspend()
+        if shown:
+            self._status.show()  # the line as it is now
 
     def _on_forwarded_signal(self, signum: int, _frame: object) -> None:
         """A signal handler: queue the signal, to pass on (a start in progress goes on)."""
@@ -420,3 +441,16 @@ class Job:
     def _restore_signal_handlers(previous: dict[int, signal._HANDLER]) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _suspend() -> None:
+    """Stop as SIGTSTP's default action does; return once continued (SIGCONT), the handler back in place.
+
+    The signal poprun sends itself is delivered to this thread as ``kill`` returns, so the process is
+    stopped there and nothing runs between the erase before it and the stop.
+    """
+    handler = signal.signal(SUSPEND_SIGNAL, signal.SIG_DFL)
+    try:
+        os.kill(os.getpid(), SUSPEND_SIGNAL)
+    finally:
+        signal.signal(SUSPEND_SIGNAL, handler)

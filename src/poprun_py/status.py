@@ -110,6 +110,11 @@ class StatusLine:
             return None
         return 1.0 - (self._clock() - self._since) % 1.0
 
+    @property
+    def on_screen(self) -> bool:
+        """Whether the line is on screen, or being drawn: a Ctrl-Z now must erase it before poprun stops."""
+        return self._shown is not None
+
     def hide(self) -> None:
         if self._shown is not None:
             self._write(self._erasing(), None)
@@ -118,6 +123,8 @@ class StatusLine:
         return {"here": _ERASE, "below": _DOWN_ERASE + _UP}.get(self._shown or "", b"")
 
     def _write(self, data: bytes, shown: str | None) -> None:
+        if shown is not None:
+            self._shown = shown  # on screen from its first byte on (``on_screen``)
         try:
             os.write(self._fd, data)
             self._shown = shown
