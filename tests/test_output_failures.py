@@ -228,3 +228,56 @@ def test_with_stderr_closed_a_usage_error_is_still_exit_2() -> None:
     result = subprocess.run(["sh", "-c", 'exec "$@" 2>&-', "sh", *poprun_command("--num-replicas", "0", "true")],
                             capture_output=True, timeout=RUN_TIMEOUT)
     assert result.returncode == EXIT_USAGE and result.stdout == b""
+
+
+#: A dry run whose listing (~700 KB) is much larger than a pipe's buffer or the 64 KiB disk.
+BIG_DRY_RUN = (OFFLINE, "--num-instances", "512", "--num-replicas", "512", "--dry-run=yes", "true")
+
+
+def one_line_error(stderr: bytes, needle: bytes) -> None:
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(b"poprun: error: ") and needle in lines[0], stderr
+
+
+@pytest.mark.parametrize("args", [BIG_DRY_RUN, ("--help",), ("--version",)], ids=["--dry-run", "--help", "--version"])
+def test_poprun_s_own_output_on_dev_full_is_one_line_and_exit_80(args: tuple[str, ...]) -> None:
+    """Before: exit 70, "internal error: OSError"."""
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(poprun_command(*args), stdout=full, stderr=subprocess.PIPE, timeout=RUN_TIMEOUT)
+    assert result.returncode == EXIT_OUTPUT_LOST, result.stderr
+    one_line_error(result.stderr, b"cannot write poprun's stdout (No space left on device)")
+
+
+def test_the_topology_on_a_full_stderr_is_exit_80() -> None:
+    """Nowhere is left to say it (the error line is lost too), but the code says it: before, exit 1."""
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(poprun_command(OFFLINE, "--print-topology=yes", "true"), stdout=subprocess.PIPE,
+                                stderr=full, timeout=RUN_TIMEOUT)
+    assert (result.returncode, result.stdout) == (EXIT_OUTPUT_LOST, b"")
+
+
+def test_a_dry_run_on_a_full_disk_is_not_cut_silently(full_disk: Path) -> None:
+    """Before: the file held the first 64 KiB, nothing was said, and the exit code was 0."""
+    plan = full_disk / "plan.txt"
+    with open(plan, "wb") as out:
+        result = subprocess.run(poprun_command(*BIG_DRY_RUN), stdout=out, stderr=subprocess.PIPE,
+                                timeout=RUN_TIMEOUT)
+    assert result.returncode == EXIT_OUTPUT_LOST, result.stderr
+    one_line_error(result.stderr, b"cannot write poprun's stdout (No space left on device): ")
+    lost = int(re.search(rb": (\d+) bytes were not written", result.stderr).group(1))
+    complete = subprocess.run(poprun_command(*BIG_DRY_RUN), capture_output=True, timeout=RUN_TIMEOUT).stdout
+    assert plan.stat().st_size + lost == len(complete)
+
+
+def test_a_dry_run_whose_reader_leaves_is_141() -> None:
+    """``poprun --dry-run ... | head -c 1000``: the reader takes 1000 bytes and goes; before, exit 0."""
+    read_end, write_end = os.pipe()
+    poprun = subprocess.Popen(poprun_command(*BIG_DRY_RUN), stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as reader:
+            assert len(reader.read(1000)) == 1000
+        _, stderr = poprun.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        stop(poprun)
+    assert (poprun.returncode, stderr) == (EXIT_BROKEN_PIPE, b"")

@@ -37,17 +37,11 @@ def run() -> int:
             gc.enable()
         code = main()
     except KeyboardInterrupt:
-        _say("poprun: interrupted\n")
+        from .console import say
+
+        say("poprun: interrupted")
         code = EXIT_INTERRUPTED
     exit_now(code)
-
-
-def _say(line: str) -> None:
-    try:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-    except OSError:  # nobody left to read it: the exit code still says it
-        pass
 
 
 def open_closed_standard_fds() -> None:

@@ -19,7 +19,7 @@ import typer
 
 from . import __version__
 from .argv import expand_bare_flags
-from .console import quiet_closed_streams, stdout_lost_its_reader
+from .console import quiet_closed_streams, say, stdout_lost_its_reader
 from .errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
@@ -32,6 +32,7 @@ from .errors import (
 from .logs import configure_logging
 from .spec import MERGED_LISTS, LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
 from .validate import option_flag
+from .writers import READER_GONE, own_output_lost
 
 log = logging.getLogger("poprun")
 
@@ -65,7 +66,9 @@ def _epilog() -> str:
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"poprun (poprun-py) {__version__}")
+        from .writers import write_own_output
+
+        write_own_output(1, f"poprun (poprun-py) {__version__}\n")
         raise typer.Exit()
 
 
@@ -253,33 +256,49 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: list[str]) -> int:
     try:
-        try:
-            line = parse_command_line(args)
-        except SystemExit as exc:  # how the parser ends when --help or --version meets a closed pipe
-            if exc.code == 1 and stdout_lost_its_reader():
-                return EXIT_BROKEN_PIPE
-            raise
+        line = _parse(args)
         if not isinstance(line, CommandLine):
-            return int(line or 0)
+            return line
         return _launch(line)
     except typer.Abort:
         return EXIT_INTERRUPTED
     except typer.TyperException as exc:
-        sys.stderr.write(f"poprun: error: {_one_line(exc.format_message())} (see 'poprun --help')\n")
+        say(f"poprun: error: {_one_line(exc.format_message())} (see 'poprun --help')")
         return EXIT_USAGE
     except PoprunError as exc:
-        sys.stderr.write(f"poprun: error: {_one_line(str(exc))}\n")
-        sys.stderr.writelines(f"  {_one_line(line)}\n" for line in exc.details)
+        say(f"poprun: error: {_one_line(str(exc))}", *(f"  {_one_line(line)}" for line in exc.details))
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write("poprun: interrupted\n")
+        say("poprun: interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # poprun's own output (the topology, say) lost its reader: as a pipeline expects
         return EXIT_BROKEN_PIPE
     except Exception as exc:  # a bug: one line, the traceback only with --vv
         log.debug("internal error", exc_info=True)
-        sys.stderr.write(f"poprun: internal error: {type(exc).__name__}: {exc} (run with --vv for the traceback)\n")
+        say(f"poprun: internal error: {type(exc).__name__}: {exc} (run with --vv for the traceback)")
         return EXIT_INTERNAL
+
+
+def _parse(args: list[str]) -> CommandLine | int:
+    """The command line, or the exit code of ``--help``/``--version``, whose text is written by now.
+
+    That text goes through the parser's stream: flushed here, so that a failure to write it (a full disk,
+    /dev/full) is one line and exit 80 rather than an internal error, or nothing at all.
+    """
+    try:
+        line = parse_command_line(args)
+        if not isinstance(line, CommandLine):
+            sys.stdout.flush()
+            return int(line or 0)
+        return line
+    except SystemExit as exc:  # how the parser ends when --help or --version meets a closed pipe
+        if exc.code == 1 and stdout_lost_its_reader():
+            return EXIT_BROKEN_PIPE
+        raise
+    except OSError as exc:
+        if exc.errno in READER_GONE:
+            return EXIT_BROKEN_PIPE
+        raise own_output_lost(1, exc) from None
 
 
 def _one_line(text: str) -> str:

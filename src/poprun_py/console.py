@@ -113,6 +113,19 @@ def log_to_open_stream(closed: Stream) -> None:
             handler.setStream(sys.stdout)
 
 
+def say(*lines: str) -> None:
+    """poprun's own lines for the user (errors, ``interrupted``) on stderr.
+
+    A stderr that cannot take them (a full disk, a reader gone) changes nothing: the exit code still says
+    what happened, and an exception here would replace it with exit 1 and a traceback nobody sees.
+    """
+    try:
+        sys.stderr.write("".join(f"{line}\n" for line in lines))
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
 def quiet_closed_streams() -> None:
     """Before exit: a stream whose reader left gets /dev/null, so flushing it at exit raises nothing.
 

@@ -13,8 +13,7 @@ import dataclasses
 import os
 import re
 import shlex
-import sys
-from typing import Mapping, TextIO
+from typing import Mapping
 
 from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT, TORCHELASTIC_RUN_ID
 
@@ -24,6 +23,7 @@ from .planning import find_programs, local_host_cpus, numa_binding
 from .ranges import format_cpus
 from .reach import check_working_dir, with_allocation_hosts
 from .spec import LaunchSpec
+from .writers import write_own_output
 
 MASK = "********"
 #: Names whose values are never printed: the job token and anything that looks like a secret.
@@ -44,9 +44,12 @@ def shown_value(name: str, value: str, offline: bool = True) -> str:
     return "(chosen at launch)" if at_launch else value
 
 
-def dry_run(spec: LaunchSpec, out: TextIO | None = None) -> int:
-    """Print what the launch would run, where and with what; start nothing. Exit code 0."""
-    out = out or sys.stdout
+def dry_run(spec: LaunchSpec) -> int:
+    """Print what the launch would run, where and with what; start nothing. Exit code 0.
+
+    Written whole or not at all silently (``write_own_output``): ``poprun --dry-run ... > plan.txt`` on a
+    full disk is exit 80, and ``| head`` 141.
+    """
     placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
     spec = dataclasses.replace(spec, placement=placement)
     cwd = check_working_dir(spec.reach, placement.hosts)
@@ -58,8 +61,7 @@ def dry_run(spec: LaunchSpec, out: TextIO | None = None) -> int:
                      rendezvous=("127.0.0.1", _PLACEHOLDER_PORT), launcher_environ=os.environ, cwd=cwd,
                      fabric=dataclasses.replace(spec.fabric, token="dry-run"),
                      cpus=numa_binding(placement, remote), host_cpus=local_host_cpus(placement, remote))
-    out.write("\n".join(_lines(spec, plan, via_srun, partition)) + "\n")
-    out.flush()
+    write_own_output(1, "\n".join(_lines(spec, plan, via_srun, partition)) + "\n")
     return 0
 
 

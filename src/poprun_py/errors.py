@@ -19,7 +19,7 @@ EXIT_PARTITION_FAILED = 76  # the partition is in a failed state after create/re
 EXIT_VIPU_ERROR = 77  # any other refusal by the V-IPU service
 EXIT_PREFLIGHT = 75  # a host failed its pre-flight checks
 EXIT_STARTUP_TIMEOUT = 79  # instances did not join the fabric within --startup-timeout
-EXIT_OUTPUT_LOST = 80  # every instance succeeded, but writing some output file failed (bytes lost)
+EXIT_OUTPUT_LOST = 80  # nothing else failed, but writing some output (a file, poprun's own console) lost bytes
 EXIT_TIMEOUT = 124  # the job ran out of time (a time limit; like timeout(1))
 EXIT_NOT_EXECUTABLE = 126  # the program exists but cannot be executed
 EXIT_NOT_FOUND = 127  # the program does not exist
@@ -45,7 +45,7 @@ _MEANINGS = {
     "EXIT_VIPU_ERROR": "the V-IPU service refused a request",
     "EXIT_PREFLIGHT": "a host failed its pre-flight checks",
     "EXIT_STARTUP_TIMEOUT": "instances did not join within --startup-timeout",
-    "EXIT_OUTPUT_LOST": "the job succeeded but an output file lost bytes",
+    "EXIT_OUTPUT_LOST": "output lost: a file or poprun's stdout/stderr not written whole",
     "EXIT_TIMEOUT": "the job ran out of time (--timeout)",
     "EXIT_NOT_EXECUTABLE": "the program cannot be executed",
     "EXIT_NOT_FOUND": "the program does not exist",
@@ -113,3 +113,9 @@ class PreflightFailed(PoprunError):
     def __init__(self, message: str, verdicts: tuple[str, ...]) -> None:
         super().__init__(message)
         self.details = verdicts
+
+
+class OwnOutputLost(PoprunError):
+    """poprun's own output (``--dry-run``, ``--print-topology``, ``--help``) could not be written whole."""
+
+    exit_code = EXIT_OUTPUT_LOST

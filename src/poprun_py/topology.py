@@ -207,5 +207,7 @@ def print_plan_topology(plan: Plan, placement: Placement) -> None:
         elif placement.numa_wanted and not instance.host.is_local:
             lines.append(f"instance {instance.index} on {instance.host}: CPUs chosen there by its agent "
                          "(its host's NUMA nodes; --vv shows them)")
-    sys.stderr.write("\n".join(lines) + "\n")
-    sys.stderr.flush()
+    from .writers import write_own_output
+
+    sys.stderr.flush()  # what went before it comes first
+    write_own_output(2, "\n".join(lines) + "\n")

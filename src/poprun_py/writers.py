@@ -2,7 +2,8 @@
 
 ``OutputRouter`` (``output.py``) gives every console stream and every
 ``--output-filename`` file one ``FdWriter``; what they could not write ends
-in the job's summary as ``OutputLoss`` records.
+in the job's summary as ``OutputLoss`` records. poprun's own output
+(``--dry-run``, ``--print-topology``) goes through ``write_own_output``.
 """
 
 from __future__ import annotations
@@ -11,10 +12,57 @@ import errno
 import logging
 import os
 import select
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .errors import OwnOutputLost
+
 log = logging.getLogger("poprun.output")
+#: The errors by which a pipe or socket says its reader has gone (``| head``): not a loss, exit 141.
+READER_GONE = (errno.EPIPE, errno.ECONNRESET)
+
+
+def write_fully(fd: int, data: bytes) -> tuple[int, OSError | None]:
+    """Write all of ``data``, however the kernel splits it: the bytes written, and the error that stopped the rest.
+
+    A short write (a pipe, a disk filling up) is followed by another until all is written or one fails: a
+    text stream's single ``write`` may drop the rest of a short write without a word.
+    """
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:  # a console someone left non-blocking
+            select.select([], [fd], [])
+            continue
+        except OSError as exc:
+            return len(data) - len(view), exc
+        view = view[written:]
+    return len(data), None
+
+
+def write_own_output(fd: int, text: str) -> None:
+    """poprun's own output (``--dry-run``'s listing, ``--print-topology``'s table) to fd 1 or 2, whole or said.
+
+    A reader that left (``| head``) is ``BrokenPipeError`` (exit 141, as a pipeline expects); any other
+    failure (a full disk, /dev/full, EIO) is ``OwnOutputLost`` (exit 80), naming the stream and the loss.
+    Text is encoded as arguments and environment came in (a name that was not UTF-8 goes out as it came).
+    """
+    data = text.encode(sys.getfilesystemencoding(), "surrogateescape")
+    written, error = write_fully(fd, data)
+    if error is None:
+        return
+    if error.errno in READER_GONE:
+        raise BrokenPipeError(error.errno, error.strerror)
+    raise own_output_lost(fd, error, len(data) - written)
+
+
+def own_output_lost(fd: int, error: OSError, lost_bytes: int | None = None) -> OwnOutputLost:
+    """The one-line error for poprun's own stdout (1) or stderr (2) failing, with how much was lost if known."""
+    stream = {1: "poprun's stdout", 2: "poprun's stderr"}.get(fd, f"fd {fd}")
+    lost = f": {lost_bytes} bytes were not written" if lost_bytes is not None else ""
+    return OwnOutputLost(f"cannot write {stream} ({error.strerror or error}){lost}")
 
 
 @dataclass(frozen=True)
@@ -57,17 +105,9 @@ class FdWriter:
             if not self.closed_by_reader:
                 self.lost_bytes += len(data)
             return
-        view = memoryview(data)
-        try:
-            while view:
-                try:
-                    written = os.write(self.fd, view)
-                except BlockingIOError:  # a console someone left non-blocking
-                    select.select([], [self.fd], [])
-                    continue
-                view = view[written:]
-        except OSError as exc:
-            self._failed(exc, len(data), len(data) - len(view))
+        written, error = write_fully(self.fd, data)
+        if error is not None:
+            self._failed(error, len(data), written)
             return
         self._written += len(data)
 
@@ -81,7 +121,7 @@ class FdWriter:
             self._on_closed()
 
     def _failed(self, exc: OSError, size: int, partial: int) -> None:
-        if not self.owned and exc.errno in (errno.EPIPE, errno.ECONNRESET):
+        if not self.owned and exc.errno in READER_GONE:
             self.reader_closed()
             return
         self.working = False
