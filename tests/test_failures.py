@@ -76,8 +76,11 @@ def test_ctrl_c_while_poprun_imports_its_command_line_is_one_line_and_130(tmp_pa
     (tmp_path / "typer.py").write_text(f"import os, signal\nos.write({write_end}, b'importing\\n')\n"
                                        "while True:\n    signal.pause()\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))}
+    # (SIGINT at its default in poprun, as a terminal's foreground job has it: a background job of a
+    # non-interactive shell, as CI may run the suite, inherits it ignored, and Python then leaves it so)
     process = subprocess.Popen(poprun_command(OFFLINE, "true"), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=env, pass_fds=(write_end,))
+                               stderr=subprocess.PIPE, env=env, pass_fds=(write_end,),
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(write_end)
     try:
         with os.fdopen(read_end, "rb") as importing:

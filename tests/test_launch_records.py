@@ -75,8 +75,10 @@ def test_a_function_launch_builds_the_records_poprun_builds_from_its_options() -
 
 
 def test_a_function_launch_meets_the_bounds_poprun_options_meet() -> None:
-    with pytest.raises(UsageError, match="at most"):
-        FunctionLaunch(1, 2**20, 2).spec("fn")
+    """The same bound as poprun's, said in launch()'s own keywords, when the launch is made (before anything
+    starts), not when its spec is built."""
+    with pytest.raises(ValueError, match=r"num_replicas=1048576 x ipus_per_replica=2 is .* at most"):
+        FunctionLaunch(1, 2**20, 2)
 
 
 def test_the_slurm_hosts_replace_only_the_placements() -> None:

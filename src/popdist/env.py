@@ -177,6 +177,28 @@ class InstanceEnv:
             VIPU_TIMEOUT: str(self.vipu_timeout),
             VIPU_GCD_ID: str(self.gcd_id),
             TARGET_OPTIONS: json.dumps(self.target_options_dict, separators=(",", ":")),
+        })
+        out.update(self._launchers_names())
+        if self.master_port:
+            out[MASTER_ADDR] = self.master_addr
+            out[MASTER_PORT] = str(self.master_port)
+        if self.rendezvous_port:
+            out[RENDEZVOUS_ADDR] = self.rendezvous_addr
+            out[RENDEZVOUS_PORT] = str(self.rendezvous_port)
+        out[JOB_ID] = self.job_id
+        out[OFFLINE] = "1" if self.offline else "0"
+        if self.host_label:
+            out[HOST_LABEL] = self.host_label
+        out[FABRIC_ADDR] = self.fabric_addr
+        if self.device_fds:
+            out[DEVICE_FDS] = ",".join(map(str, self.device_fds))
+        out.update(self.fabric.render())
+        return out
+
+    def _launchers_names(self) -> dict[str, str]:
+        """The names mpirun and torchrun give a process of theirs (ranks, sizes, torchrun's group and role), so
+        that programs written for either find them."""
+        names = {
             OMPI_RANK: str(self.instance_index),
             OMPI_SIZE: str(self.num_instances),
             OMPI_LOCAL_RANK: str(self.local_instance_index),
@@ -193,24 +215,10 @@ class InstanceEnv:
             ROLE_WORLD_SIZE: str(self.num_instances),
             TORCHELASTIC_RESTART_COUNT: "0",
             TORCHELASTIC_MAX_RESTARTS: "0",
-        })
+        }
         if self.job_id:  # (its presence alone says "launched by torchrun": not for a record without a job)
-            out[TORCHELASTIC_RUN_ID] = self.job_id
-        if self.master_port:
-            out[MASTER_ADDR] = self.master_addr
-            out[MASTER_PORT] = str(self.master_port)
-        if self.rendezvous_port:
-            out[RENDEZVOUS_ADDR] = self.rendezvous_addr
-            out[RENDEZVOUS_PORT] = str(self.rendezvous_port)
-        out[JOB_ID] = self.job_id
-        out[OFFLINE] = "1" if self.offline else "0"
-        if self.host_label:
-            out[HOST_LABEL] = self.host_label
-        out[FABRIC_ADDR] = self.fabric_addr
-        if self.device_fds:
-            out[DEVICE_FDS] = ",".join(map(str, self.device_fds))
-        out.update(self.fabric.render())
-        return out
+            names[TORCHELASTIC_RUN_ID] = self.job_id
+        return names
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> InstanceEnv | None:
