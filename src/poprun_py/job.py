@@ -10,7 +10,6 @@ over. One deadline for the whole stop; the loop never waits unboundedly.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -419,7 +418,7 @@ class Job:
         self._executor.stop_starting()
 
     def _on_suspend_signal(self, _signum: int, _frame: object) -> None:
-        """A signal handler (Ctrl-Z): erase the status line, stop; once continued, draw it again.
+        """A signal handler (Ctrl-Z): ``StatusLine.suspend``, here and now.
 
         Not an event for the loop, as the other signals are: the stop must happen now, even while the loop
         is blocked writing to a pager that the same Ctrl-Z stopped (``poprun ... | less``), which an event
@@ -427,11 +426,7 @@ class Job:
         steps, and the line is on screen (``on_screen``) only while the loop writes nothing else, so erasing
         and drawing it from here cannot cut into output.
         """
-        shown = self._status.on_screen
-        self._status.hide()
-        _suspend()
-        if shown:
-            self._status.show()  # the line as it is now
+        self._status.suspend(SUSPEND_SIGNAL)
 
     def _on_forwarded_signal(self, signum: int, _frame: object) -> None:
         """A signal handler: queue the signal, to pass on (a start in progress goes on)."""
@@ -442,15 +437,3 @@ class Job:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
-
-def _suspend() -> None:
-    """Stop as SIGTSTP's default action does; return once continued (SIGCONT), the handler back in place.
-
-    The signal poprun sends itself is delivered to this thread as ``kill`` returns, so the process is
-    stopped there and nothing runs between the erase before it and the stop.
-    """
-    handler = signal.signal(SUSPEND_SIGNAL, signal.SIG_DFL)
-    try:
-        os.kill(os.getpid(), SUSPEND_SIGNAL)
-    finally:
-        signal.signal(SUSPEND_SIGNAL, handler)

@@ -32,11 +32,12 @@ from .errors import UsageError
 from .events import ConsoleClosed, EventQueue, PeerGone, StartupTimedOut, Stream
 from .executors.descriptors import check_descriptor_limit
 from .executors.guardian import Guardian
-from .executors.local import LocalExecutor, Spawner, exec_program
+from .executors.local import LocalExecutor, Spawner
 from .job import Job, JobReport, TimeLimit
 from .output import OutputOptions, OutputRouter
 from .plan import Allocation, Plan, Programs, offline_allocation
 from .planning import find_programs, plan_job
+from .programs import exec_program
 from .reach import Reach, check_working_dir, forwarded_environment, reach_hosts, with_allocation_hosts
 from .records import OutputSettings
 from .report import log_report

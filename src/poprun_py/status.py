@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from typing import Callable
 
@@ -114,6 +115,23 @@ class StatusLine:
     def on_screen(self) -> bool:
         """Whether the line is on screen, or being drawn: a Ctrl-Z now must erase it before poprun stops."""
         return self._shown is not None
+
+    def suspend(self, signum: int) -> None:
+        """Ctrl-Z (``signum``, SIGTSTP): erase the line, stop as the signal's default action does, and once
+        continued (SIGCONT) draw it again; the signal's handler is put back as it was.
+
+        The signal poprun sends itself is delivered to this thread as ``kill`` returns, so the process is
+        stopped there and nothing runs between the erase before it and the stop.
+        """
+        shown = self.on_screen
+        self.hide()
+        handler = signal.signal(signum, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signum)
+        finally:
+            signal.signal(signum, handler)
+        if shown:
+            self.show()  # the line as it is now
 
     def hide(self) -> None:
         if self._shown is not None:

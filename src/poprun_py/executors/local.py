@@ -24,22 +24,20 @@ the same for both.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
 import selectors
 import signal
-import subprocess
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Collection, Iterator, Mapping, Protocol, Sequence
 
-from ..errors import ProgramNotExecutable, ProgramNotFound
 from ..events import EventQueue, Exited, HostLost, Output, Started, StartInterrupted, Stream
 from ..plan import InstancePlan
+from ..programs import exec_program
 from .adoption import Adopter, become_subreaper, child_pids, process_state
 from .guardian import Guardian
 from .polling import readable
@@ -79,47 +77,6 @@ class Spawner(Protocol):
     def __call__(
         self, plan: InstancePlan, env: Mapping[str, str], stdout: int, stderr: int, foreign_fds: Collection[int]
     ) -> Process: ...
-
-
-def exec_program(
-    plan: InstancePlan, env: Mapping[str, str], stdout: int, stderr: int, foreign_fds: Collection[int]
-) -> subprocess.Popen:
-    """The default spawner: run the plan's argv (``close_fds`` takes care of ``foreign_fds``)."""
-    try:
-        return subprocess.Popen(
-            plan.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            env=dict(env),
-            cwd=plan.cwd,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=plan.pass_fds,
-        )
-    except FileNotFoundError:
-        raise ProgramNotFound(_not_found(plan.argv[0], plan.cwd)) from None
-    except PermissionError:
-        raise ProgramNotExecutable(f"{plan.argv[0]}: permission denied (is it executable?)") from None
-    except OSError as exc:
-        if exc.errno != errno.ENOEXEC:
-            raise
-        raise ProgramNotExecutable(f"{plan.argv[0]}: cannot execute: not a program for this machine, or a script "
-                                   "without a '#!' line (add one, or run it with its interpreter)") from None
-
-
-def _not_found(program: str, cwd: str | None) -> str:
-    """Why exec found no ``program``: it is not there, or (as the kernel says ENOENT for both) it is a script
-    whose '#!' interpreter is not."""
-    try:
-        with open(os.path.join(cwd or ".", program), "rb") as file:
-            first = file.readline(256)
-    except OSError:
-        return f"{program}: no such program"
-    if first.startswith(b"#!") and first[2:].split():
-        interpreter = first[2:].split()[0].decode(errors="replace")
-        return f"{program}: cannot execute: its interpreter {interpreter} (its '#!' line) was not found"
-    return f"{program}: cannot execute: a file it needs (its interpreter or loader) was not found"
 
 
 @dataclass(eq=False)
