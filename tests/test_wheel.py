@@ -23,8 +23,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("poprun_py", "popdist", "simipu", "__editable__", "_poprun_py")
 STEP_TIMEOUT = 120
-SOURCE = ["src", "tests", "examples", "scripts", "benchmarks", "pyproject.toml", "README.md", "LICENSE",
-          "CHANGELOG.md", "MANIFEST.in"]
+SOURCE = ["src", "tests", "examples", "scripts", "benchmarks", ".ci", "pyproject.toml", "setup.py", "README.md",
+          "ARCHITECTURE.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in"]
+PTH = "poprun_py_hook.pth"  # the compat imports' hook: at the wheel's root, so in site-packages
+
+
+def build(hook: str, source: Path, out: Path) -> None:
+    """One PEP 517 hook of setuptools' in ``source``, in a process of its own as a build front end calls it."""
+    run(sys.executable, "-c", f"import sys; from setuptools import build_meta; build_meta.{hook}(sys.argv[1])",
+        out, cwd=source)
 
 
 def run(*args: str | os.PathLike, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -61,9 +68,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     clone = fresh_copy(tmp_path_factory.mktemp("clone"))
     out = clone / "dist"
     out.mkdir()
-    for hook in ("build_wheel", "build_sdist"):  # one process each, as a build front end calls them
-        run(sys.executable, "-c", f"import sys; from setuptools import build_meta; build_meta.{hook}(sys.argv[1])",
-            out, cwd=clone)
+    for hook in ("build_wheel", "build_sdist"):
+        build(hook, clone, out)
     (wheel,), (sdist,) = out.glob("*.whl"), out.glob("*.tar.gz")
     return wheel, sdist
 
@@ -89,7 +95,7 @@ def clean_env(venv: Path) -> dict[str, str]:
 
 def test_the_wheel_holds_the_packages_data_types_and_license(built: tuple[Path, Path]) -> None:
     names = set(zipfile.ZipFile(built[0]).namelist())
-    for name in ("poprun_py/py.typed", "popdist/py.typed", "simipu/py.typed", "popdist/datasets/digits.csv.gz",
+    for name in (PTH, "poprun_py/py.typed", "popdist/py.typed", "simipu/py.typed", "popdist/datasets/digits.csv.gz",
                  "poprun_py/executors/guardian_process.py", "poprun_py-0.1.0.dist-info/licenses/LICENSE"):
         assert name in names
     assert not any(n.startswith("tests/") for n in names)
@@ -100,9 +106,23 @@ def test_the_wheel_holds_the_packages_data_types_and_license(built: tuple[Path, 
 def test_the_sdist_carries_its_tests(built: tuple[Path, Path]) -> None:
     names = {n.split("/", 1)[1] for n in tarfile.open(built[1]).getnames() if "/" in n}
     for name in ("tests/conftest.py", "tests/support.py", "tests/programs/emit.py", "tests/infra/sshd.py",
-                 "examples/train.py", "scripts/test.sh", "scripts/readme_toc.py", "LICENSE", "CHANGELOG.md"):
+                 "examples/train.py", "scripts/test.sh", "scripts/readme_toc.py", "LICENSE", "CHANGELOG.md",
+                 "ARCHITECTURE.md", ".ci/run", f"src/{PTH}"):
         assert name in names, name
     assert not any("__pycache__" in n or n.startswith("benchmarks/results") for n in names)
+
+
+def test_a_wheel_built_from_the_sdist_holds_the_hook(built: tuple[Path, Path], tmp_path: Path) -> None:
+    """What ``pip install poprun_py-0.1.0.tar.gz`` does: unpack the sdist and build the wheel there. Before,
+    the sdist lacked src/poprun_py_hook.pth, and setup.py's copy of it stopped the build."""
+    with tarfile.open(built[1]) as sdist:
+        sdist.extractall(tmp_path, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    (source,) = tmp_path.iterdir()
+    out = tmp_path / "dist"
+    out.mkdir()
+    build("build_wheel", source, out)
+    (wheel,) = out.glob("*.whl")
+    assert PTH in zipfile.ZipFile(wheel).namelist()
 
 
 @pytest.mark.timeout(4 * STEP_TIMEOUT)
