@@ -8,9 +8,12 @@ How README.md's code blocks are run (follow this when you add text to it):
   (XDG_STATE_HOME), within COMMAND_TIMEOUT seconds. It must exit 0; to show a failure, write
   ``$ poprun ...; echo "exit $?"`` and show the ``exit N`` line.
 - The lines after a command, up to the next one, are its shown output. Each must be a line of what the
-  command printed (stdout and stderr together, in any order: instances interleave). In a shown line ``...``
-  stands for any text, and a line that is only ``...`` for lines left out. Times, pids, job and partition
-  ids, hashes, throughput and CPU lists are compared masked (VOLATILE below), so a real run can be pasted.
+  command printed (stdout and stderr together, in any order: instances interleave). poprun's own log lines
+  (``... POPRUN [I] ...``) come from one process, so they must be shown in the order printed; and unless a
+  line that is only ``...`` leaves lines out, every ``[I]`` log line printed must be shown. In a shown line
+  ``...`` stands for any text. Times, pids, job and partition ids, hashes, throughput, CPU lists and
+  counts are compared masked (VOLATILE below), so a real run can be pasted. Commands run without
+  ``OMP_NUM_THREADS``, as in a fresh shell.
 - A ```python block is written to a file and run as ``python3 FILE`` from the repository root; it must exit
   0. Make it check what the text promises with ``assert``.
 - HTML comments on the lines just before a block's opening fence change this:
@@ -53,7 +56,12 @@ VOLATILE = [
     (re.compile(r"\bin [\d.]+ s\b"), "in <t> s"),
     (re.compile(r"collectives \d+% of each step"), "collectives <n>% of each step"),
     (re.compile(r"\bCPUs [\d,-]+"), "CPUs <cpus>"),
+    (re.compile(r"OMP_NUM_THREADS=\d+ (for each .*? instances on \S+ \(their share of )\d+ CPUs"),
+     r"OMP_NUM_THREADS=<n> \1<n> CPUs"),  # the host's CPU count
 ]
+#: poprun's own log lines (its format: logs.py), written by one process in the order things happened.
+_LOG_LINE = " POPRUN ["
+_INFO_LINE = " POPRUN [I] "
 
 
 @dataclass(frozen=True)
@@ -128,8 +136,34 @@ def missing_lines(shown: tuple[str, ...], printed: str) -> list[str]:
             and not any(shown_line_pattern(line).fullmatch(a) for a in actual)]
 
 
+def out_of_order(shown: tuple[str, ...], printed: str) -> list[str]:
+    """The shown log lines of poprun's that were printed (as far as matched) in another order."""
+    actual = [masked(line) for line in printed.splitlines() if _LOG_LINE in line]
+    wrong, at = [], 0
+    for line in (line for line in shown if _LOG_LINE in line):
+        pattern = shown_line_pattern(line)
+        found = next((i for i in range(at, len(actual)) if pattern.fullmatch(actual[i])), None)
+        if found is None:
+            wrong.append(line)
+        else:
+            at = found + 1
+    return wrong
+
+
+def unshown_log_lines(shown: tuple[str, ...], printed: str) -> list[str]:
+    """The ``[I]`` log lines printed that no shown line matches, when the shown output leaves nothing out (no
+    line of ``...``) and shows poprun's log at all. (Warnings may depend on the machine: a host without NUMA
+    information warns.)"""
+    if any(line.strip() == "..." for line in shown) or not any(_LOG_LINE in line for line in shown):
+        return []
+    patterns = [shown_line_pattern(line) for line in shown if _LOG_LINE in line]
+    return [line for line in printed.splitlines()
+            if _INFO_LINE in line and not any(p.fullmatch(masked(line)) for p in patterns)]
+
+
 def environment() -> dict[str, str]:
     env = dict(os.environ)  # XDG_STATE_HOME and the leak-check marker come from tests/conftest.py
+    env.pop("OMP_NUM_THREADS", None)  # poprun chooses it (and says so at -v), as in a fresh shell
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -178,6 +212,12 @@ def test_readme_block_runs_as_shown(block: Block, tmp_path: Path) -> None:
         missing = missing_lines(command.shown, result.stdout)
         assert not missing, (f"{block.name}: $ {command.text}\nshown but not printed:\n  "
                              + "\n  ".join(missing) + f"\nprinted:\n{result.stdout}")
+        wrong = out_of_order(command.shown, result.stdout)
+        assert not wrong, (f"{block.name}: $ {command.text}\npoprun's log shown out of the order printed:\n  "
+                           + "\n  ".join(wrong) + f"\nprinted:\n{result.stdout}")
+        unshown = unshown_log_lines(command.shown, result.stdout)
+        assert not unshown, (f"{block.name}: $ {command.text}\nprinted but not shown (or show a '...' line):\n  "
+                             + "\n  ".join(unshown) + f"\nprinted:\n{result.stdout}")
 
 
 def test_shown_output_is_compared_line_by_line_with_volatile_fields_masked() -> None:
@@ -188,6 +228,24 @@ def test_shown_output_is_compared_line_by_line_with_volatile_fields_masked() -> 
     assert missing_lines(("... POPRUN [I] Created partition ... with 8 IPUs ...",), printed) != []
     assert missing_lines(("epoch  1/3  loss 1.3959     26,743 samples/s",), printed) != []
     assert missing_lines(("epoch  1/3  loss 1.3958    112,192 samples/s",), printed) == []
+
+
+def test_poprun_s_log_is_shown_whole_and_in_its_order() -> None:
+    printed = ("12:00:00.000 1 POPRUN [I] Launching 2 instances of true (job 0123456789abcdef)\n"
+               "instance 1 line\ninstance 0 line\n"
+               "12:00:00.100 1 POPRUN [I] Removed partition poprun-0000abcd\n"
+               "12:00:00.100 1 POPRUN [I] all 2 instances exited with code 0\n")
+    shown = ("13:00:00.000 2 POPRUN [I] Launching 2 instances of true (job 0000000000000000)",
+             "instance 0 line", "instance 1 line",
+             "13:00:00.100 2 POPRUN [I] Removed partition poprun-1111abcd",
+             "13:00:00.100 2 POPRUN [I] all 2 instances exited with code 0")
+    assert out_of_order(shown, printed) == [] and unshown_log_lines(shown, printed) == []
+    swapped = (*shown[:3], shown[4], shown[3])
+    assert out_of_order(swapped, printed) == [shown[3]]
+    assert unshown_log_lines(shown[1:], printed) == [printed.splitlines()[0]]
+    assert unshown_log_lines(("...", *shown[1:]), printed) == []  # a '...' line leaves lines out
+    omp = "12:00:00.000 1 POPRUN [I] OMP_NUM_THREADS=2 for each of the 2 instances on localhost (their share of 4 CPUs)"
+    assert missing_lines((omp.replace("=2", "=1").replace("4 CPUs", "2 CPUs"),), omp) == []
 
 
 def test_a_command_continues_over_backslashed_lines() -> None:
