@@ -56,7 +56,8 @@ Anchors missing on this machine are installed first (skip with
 the headers and mpicc wrapper are for mpi4py's build), then
 ``pip install --no-binary mpi4py mpi4py`` with this interpreter, so that
 mpi4py is compiled against the very Open MPI that mpirun runs (PyPI's wheel
-would pick an MPI library at run time), and ``pip install torch==2.13.0``.
+would pick an MPI library at run time), and torch's CPU build,
+``pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu``.
 An anchor that cannot be had is skipped with a note; the rest still runs.
 
 Run it with the project's interpreter, so that ``poprun`` and ``torchrun`` are

@@ -32,7 +32,9 @@ What it measures, side by side in one run:
 
 Anchors missing on this machine are installed first (skip with
 ``--skip-install``): ``apt-get install -y openmpi-bin`` (as root) and
-``pip install torch==2.13.0`` into this interpreter's environment. An anchor
+``pip install torch==2.13.0+cpu --extra-index-url https://download.pytorch.org/whl/cpu`` (the CPU
+build, never PyPI's CUDA one; a local ``+cpu`` wheel in pip's find-links does too) into this
+interpreter's environment. An anchor
 that cannot be had is skipped with a note; the rest still runs.
 
 Run it with the project's interpreter, so that ``poprun`` and ``torchrun`` are
@@ -77,6 +79,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 BIN_DIR = Path(sys.executable).parent
 TORCH_VERSION = "2.13.0"
+#: torch's CPU build: ``+cpu`` matches no wheel of PyPI's (whose Linux ones pull several GB of CUDA packages),
+#: only the CPU index's or a local ``+cpu`` wheel in pip's find-links.
+TORCH_CPU = f"torch=={TORCH_VERSION}+cpu"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CORES = os.cpu_count() or 1
 
 LAUNCH_SIZES = (2, 16, 64)
@@ -307,20 +313,20 @@ def ensure_torchrun(skip_install: bool) -> Anchor:
     anchor = Anchor("torchrun")
     version = _torch_version()
     if version is None and not skip_install:
-        note(f"installing torch=={TORCH_VERSION} into {sys.prefix} (pip picks the CPU wheel on disk) ...")
-        argv = [sys.executable, "-m", "pip", "install", f"torch=={TORCH_VERSION}"]
+        note(f"installing {TORCH_CPU} into {sys.prefix} (from {TORCH_CPU_INDEX} or a local +cpu wheel) ...")
+        argv = [sys.executable, "-m", "pip", "install", TORCH_CPU, "--extra-index-url", TORCH_CPU_INDEX]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
             where = _install_log("torch", f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}")
             if done.returncode != 0:
-                anchor.note = f"pip install torch=={TORCH_VERSION} exited {done.returncode} (log: {where}); torchrun skipped"
+                anchor.note = f"pip install {TORCH_CPU} exited {done.returncode} (log: {where}); torchrun skipped"
                 return anchor
         except (OSError, subprocess.TimeoutExpired) as exc:
-            anchor.note = f"pip install torch=={TORCH_VERSION} failed ({exc}); torchrun skipped"
+            anchor.note = f"pip install {TORCH_CPU} failed ({exc}); torchrun skipped"
             return anchor
         version = _torch_version()
     if version is None:
-        anchor.note = f"torch not installed (pip install torch=={TORCH_VERSION}); torchrun skipped"
+        anchor.note = f"torch not installed (pip install {TORCH_CPU} --extra-index-url {TORCH_CPU_INDEX}); torchrun skipped"
         return anchor
     if version.split("+")[0] != TORCH_VERSION:
         anchor.note = f"torch {version} installed, not {TORCH_VERSION}; torchrun skipped (left untouched)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """torch.distributed under poprun: ``init_process_group("gloo")`` with no other arguments.
 
-    pip install 'poprun-py[torch]'      # torch 2.13.0, CPU
+    pip install -e .                    # in a clone of poprun-py (it is not on PyPI)
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu    # torch's CPU build
     poprun --num-instances 2 --num-replicas 2 python3 examples/torch_ddp.py
 
 poprun gives every instance RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,

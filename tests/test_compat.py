@@ -19,7 +19,7 @@ import pytest
 
 from support import PROGRAMS, RUN_TIMEOUT, python_example, python_program, run_poprun
 
-torch = pytest.importorskip("torch", reason="the torch extra: pip install -e '.[torch]' (scripts/test.sh installs it)")
+torch = pytest.importorskip("torch", reason="torch's CPU build (README, Dependencies; scripts/test.sh installs it)")
 
 OFFLINE = ("--offline-mode=yes",)
 STAND_IN = PROGRAMS / "stand_ins"  # packages named mpi4py and horovod whose world is one process, as the real ones'

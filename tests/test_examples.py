@@ -143,7 +143,7 @@ def test_progress_bar_on_a_terminal_without_asking() -> None:
 
 
 def test_torch_distributed_initialises_with_no_arguments_under_poprun() -> None:
-    pytest.importorskip("torch", reason="the torch extra: pip install -e '.[torch]' (scripts/test.sh installs it)")
+    pytest.importorskip("torch", reason="torch's CPU build (README, Dependencies; scripts/test.sh installs it)")
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", *python_example("torch_ddp.py"))
     assert result.returncode == 0, result.stderr
     assert sorted(text(result.stdout).splitlines()) == [

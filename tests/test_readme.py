@@ -267,6 +267,31 @@ def test_a_stale_table_of_contents_is_caught(tmp_path: Path) -> None:
     assert result.returncode == 1 and "--write" in result.stderr
 
 
+#: The examples that need torch: a README block that runs one says so (``needs torch``).
+TORCH_EXAMPLES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "examples").glob("*.py")
+                        if re.search(r"^(import torch|from torch|import horovod\.torch)", p.read_text(), re.M))
+
+
+def test_a_block_running_a_torch_example_says_it_needs_torch() -> None:
+    assert TORCH_EXAMPLES, "examples/torch_ddp.py and examples/horovod_train.py import torch"
+    for block in RUNNABLE:
+        if any(example in line for example in TORCH_EXAMPLES for line in block.body if line.startswith("$ ")):
+            assert block.directive("needs") == "torch" or block.directive("not run"), block.name
+
+
+def test_every_torch_install_takes_the_cpu_build() -> None:
+    """PyPI's default Linux wheel of torch pulls several GB of CUDA packages (README, Dependencies): every
+    ``pip install`` of torch written here names the CPU wheels' index or the ``+cpu`` build."""
+    offenders = []
+    for path in [README, ROOT / "benchmarks" / "README.md", *(ROOT / d for d in ("examples", "benchmarks", "tests"))]:
+        for file in (sorted(set(path.rglob("*.py")) - {Path(__file__)}) if path.is_dir() else [path]):
+            for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+                if re.search(r"pip install\b.*(torch==|\[torch\])", line) and not re.search(
+                        r"download\.pytorch\.org/whl/cpu|torch==[\d.]+\+cpu", line):
+                    offenders.append(f"{file.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, offenders
+
+
 #: What the README names as written by a run (git-ignored): not in a clone until something runs.
 WRITTEN_BY_RUNS = ("benchmarks/results",)
 
