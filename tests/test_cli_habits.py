@@ -3,6 +3,7 @@ OMP_NUM_THREADS, and a --help that says what each value is. Real poprun processe
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -185,6 +186,31 @@ def test_dry_run_prints_each_instance_and_starts_nothing(tmp_path: Path) -> None
     assert "partition: " in out and "4 IPUs, 2 GCDs" in out
 
 
+#: Each instance's RANK and the names of the environment it was started with (/proc: before Python sets any).
+PRINT_ENV_NAMES = (sys.executable, "-c", "import json, os; start = open('/proc/self/environ', 'rb').read(); "
+                   "print(os.environ['RANK'], json.dumps(sorted(e.split(b'=')[0].decode() for e in start.split(b'\\0') if e)))")
+
+
+def test_dry_run_lists_every_variable_an_instance_gets_besides_poprun_s_environment() -> None:
+    """Before, the soft default IPUOF_LOG_LEVEL, POPRUN_CONSOLE_IS_TERMINAL and the guardian's
+    POPRUN_GUARDIAN_TOKEN reached every instance and the listing left them out."""
+    env = {k: v for k, v in os.environ.items() if k not in ("IPUOF_LOG_LEVEL", "POPRUN_CONSOLE_IS_TERMINAL")}
+    launch = (*OFFLINE, "--mpi-local-args=-x PLAIN=visible")
+    real = run_poprun(*launch, *PRINT_ENV_NAMES, env=env)
+    assert real.returncode == 0, real.stderr
+    lines = (line.split(" ", 1) for line in real.stdout.decode().splitlines())
+    got = {int(rank): set(json.loads(names)) for rank, names in lines}
+    dry = run_poprun("--dry-run", *launch, *PRINT_ENV_NAMES, env=env)
+    assert dry.returncode == 0, dry.stderr
+    out = dry.stdout.decode()
+    for index in (0, 1):
+        block = out.split(f"instance {index} on localhost:\n")[1].split("\ninstance ")[0]
+        listed = set(re.findall(r"^    ([^=\s]+)=", block, re.M))
+        assert got[index] == listed | set(env), (sorted(got[index] - listed - set(env)), sorted(listed - got[index]))
+        assert {"    IPUOF_LOG_LEVEL=WARN", "    POPRUN_GUARDIAN_TOKEN=********",
+                "    POPRUN_CONSOLE_IS_TERMINAL=(chosen at launch)"} <= set(block.splitlines()), block
+
+
 def test_dry_run_on_several_hosts_connects_to_none() -> None:
     result = run_poprun("--dry-run", "--offline-mode", "-H", "localhost,node-that-does-not-exist",
                         "--num-instances", "2", "--num-replicas", "2", "python3", "x.py")
@@ -192,6 +218,8 @@ def test_dry_run_on_several_hosts_connects_to_none() -> None:
     out = result.stdout.decode()
     assert "instance 1 on node-that-does-not-exist:" in out
     assert "command: python3 x.py (found there by poprun's agent)" in out
+    remote = out.split("instance 1 on node-that-does-not-exist:\n")[1]
+    assert f"    PATH={os.environ['PATH']}\n" in remote and "    POPRUN_GUARDIAN_TOKEN=********\n" in remote  # forwarded
 
 
 def test_a_host_files_slots_it_exceeds_are_said_not_silently_ignored(tmp_path: Path) -> None:

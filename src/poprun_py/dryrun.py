@@ -15,26 +15,46 @@ import re
 import shlex
 from typing import Mapping
 
-from popdist.env import JOB_ID, JOB_TOKEN, MASTER_PORT, NODE_DEVICE_ID, RENDEZVOUS_PORT, TORCHELASTIC_RUN_ID
+from popdist.env import (
+    CONSOLE_IS_TERMINAL,
+    JOB_ID,
+    JOB_TOKEN,
+    MASTER_PORT,
+    NODE_DEVICE_ID,
+    RENDEZVOUS_PORT,
+    SOFT_DEFAULTS,
+    TORCHELASTIC_RUN_ID,
+)
 
+from .executors.guardian import MARKER_VARIABLE
 from .mpiargs import shell_word
 from .plan import Allocation, Plan, Programs, make_plan, offline_allocation
 from .planning import find_programs, local_host_cpus, numa_binding
 from .ranges import format_cpus
-from .reach import check_working_dir, with_allocation_hosts
+from .reach import check_working_dir, forwarded_environment, with_allocation_hosts
 from .spec import LaunchSpec
 from .writers import write_own_output
 
 MASK = "********"
 #: Names whose values are never printed: the job token and anything that looks like a secret.
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|(^|_)KEY($|_)|APIKEY|AUTH", re.IGNORECASE)
-#: Values poprun picks only when it launches.
-_AT_LAUNCH = {MASTER_PORT, RENDEZVOUS_PORT, JOB_ID, TORCHELASTIC_RUN_ID}
+#: Values poprun picks only when it launches (whether its stdout is a terminal: the launch's, not the listing's).
+_AT_LAUNCH = {MASTER_PORT, RENDEZVOUS_PORT, JOB_ID, TORCHELASTIC_RUN_ID, CONSOLE_IS_TERMINAL}
 _PLACEHOLDER_PORT = 1  # any port: make_plan leaves a port of 0 out, and the real ones are picked at launch
 
 
 def is_secret(name: str) -> bool:
-    return name == JOB_TOKEN or bool(_SECRET_NAME.search(name))
+    return name == JOB_TOKEN or name == MARKER_VARIABLE or bool(_SECRET_NAME.search(name))
+
+
+def executor_additions(here: bool, environ: Mapping[str, str]) -> dict[str, str]:
+    """What the launch adds to an instance's environment besides its plan's (which wins), as
+    ``launcher._executor`` and the guardian do: the soft defaults (this host: where poprun's own environment
+    lacks them; other hosts: poprun's value or the default, with the names forwarded there), whether the
+    console is a terminal, and the guardian's token (a secret, masked)."""
+    soft = {k: v for k, v in SOFT_DEFAULTS.items() if k not in environ} if here else \
+        forwarded_environment(environ, SOFT_DEFAULTS)
+    return {**soft, CONSOLE_IS_TERMINAL: "0", MARKER_VARIABLE: "dry-run"}
 
 
 def shown_value(name: str, value: str, offline: bool = True) -> str:
@@ -119,7 +139,8 @@ def _lines(spec: LaunchSpec, plan: Plan, via_srun: bool, partition: str) -> list
         elif placement.numa_aware and not here:
             lines.append("  cpus: placed on that host's NUMA nodes by its agent")
         lines.append("  env (besides poprun's own environment):" if here else "  env:")
-        lines.extend(f"    {name}={shown_value(name, shell_word(v), spec.offline_mode)}" for name, v in _sorted(instance.env))
+        env = {**executor_additions(here, os.environ), **instance.env}
+        lines.extend(f"    {name}={shown_value(name, shell_word(v), spec.offline_mode)}" for name, v in _sorted(env))
     return lines
 
 
