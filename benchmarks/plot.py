@@ -196,6 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("results", nargs="*", type=Path, help="JSON results (default: those in benchmarks/results/)")
     parser.add_argument("--out", type=Path, default=PLOTS_DIR, help="where the PNGs go (default: benchmarks/plots/)")
     args = parser.parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("benchmarks/plot.py needs matplotlib, which is not installed: pip install -e '.[bench]'", file=sys.stderr)
+        return 1
     paths = args.results or [RESULTS_DIR / name for name in PLOTTERS if (RESULTS_DIR / name).exists()]
     if not paths:
         print(f"no results in {RESULTS_DIR}: run a benchmark first", file=sys.stderr)

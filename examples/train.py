@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"training a 64-{args.hidden}-10 network on {len(train_set[1])} handwritten digits "
               f"({len(test_set[1])} held out): {popdist.getNumInstances()} instance(s) x "
               f"{options.replication_factor} replica(s) = {total} replicas, global batch {args.batch_size} "
-              f"({args.batch_size // total} per replica), lr {args.lr}, {args.epochs} epochs", flush=True)
+              f"({args.batch_size // total} per replica), lr {args.lr}, {args.epochs} epoch{'s' * (args.epochs != 1)}",
+              flush=True)
         reporter = Progress(progress_wanted(args.progress), len(train))
 
     results = replicas.run(train_replica, args, train, test, reporter)  # one thread per local replica

@@ -33,6 +33,18 @@ def test_the_pictures_are_drawn_again_from_the_saved_results(tmp_path: Path) -> 
         assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000, kind
 
 
+def test_without_matplotlib_it_says_so_in_one_line(tmp_path: Path) -> None:
+    """Before: a ModuleNotFoundError traceback. (matplotlib hidden: a None in sys.modules fails its import.)"""
+    plot = ROOT / "benchmarks" / "plot.py"
+    hide = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv[0] = sys.argv.pop(1); "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", hide, str(plot), str(PLOTS / "launch.json"), "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (1, ""), result.stderr
+    assert result.stderr == "benchmarks/plot.py needs matplotlib, which is not installed: pip install -e '.[bench]'\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_result_it_cannot_draw_gets_one_line(tmp_path: Path) -> None:
     stray = tmp_path / "fixtures.json"
     stray.write_text("{}")

@@ -110,6 +110,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_whole(tmp_path:
     checkpoint = tmp_path / "model.npz"
     first = run_poprun(*OFFLINE_ONE, *python_example("train.py", "--epochs", "1", "--checkpoint", str(checkpoint)))
     assert first.returncode == 0, first.stderr
+    assert b", lr 0.5, 1 epoch\n" in first.stdout, first.stdout  # before: "1 epochs"
     good = checkpoint.read_bytes()
     interrupted = run_poprun(*OFFLINE_ONE, sys.executable, program("file_size_limit.py"), str(len(good) // 2),
                              str(EXAMPLES / "train.py"), "--epochs", "2", "--checkpoint", str(checkpoint))
