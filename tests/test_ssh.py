@@ -222,6 +222,7 @@ def test_remote_python_without_poprun_py(home: Path) -> None:
     assert bare and bare != sys.executable
     text = preflight("-H", "nodeA", "--remote-python", bare)
     assert "nodeA: poprun_py: poprun_py is not installed" in text and "No module named" in text
+    assert "from the same clone or wheel as here (it is not on PyPI)" in text  # (not "pip install poprun-py")
 
 
 def test_another_version_of_poprun_py(home: Path, tmp_path: Path) -> None:

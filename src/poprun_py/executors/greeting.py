@@ -76,7 +76,8 @@ def failed_start(status: int | None, tail: tuple[str, ...], python: str, cwd: st
         return HostCheckFailed("working directory", f"the working directory {cwd} does not exist there")
     if status == EXIT_NO_PACKAGE:
         return HostCheckFailed("poprun_py", f"poprun_py is not installed for {python} there "
-                               f"({tail[-1] if tail else 'import failed'}); pip install poprun-py=={__version__}")
+                               f"({tail[-1] if tail else 'import failed'}); install poprun-py {__version__} there for it "
+                               "from the same clone or wheel as here (it is not on PyPI): PYTHON -m pip install PATH")
     detail = "; ".join(tail[-3:]) or "no message"
     return HostCheckFailed("agent", f"the agent exited at once (status {status}): {detail}")
 
