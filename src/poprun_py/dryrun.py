@@ -22,7 +22,6 @@ from popdist.env import (
     MASTER_PORT,
     NODE_DEVICE_ID,
     RENDEZVOUS_PORT,
-    SOFT_DEFAULTS,
     TORCHELASTIC_RUN_ID,
 )
 
@@ -31,7 +30,7 @@ from .mpiargs import shell_word
 from .plan import Allocation, Plan, Programs, make_plan, offline_allocation
 from .planning import find_programs, local_host_cpus, numa_binding
 from .ranges import format_cpus
-from .reach import check_working_dir, forwarded_environment, with_allocation_hosts
+from .reach import base_environment, check_working_dir, with_allocation_hosts
 from .spec import LaunchSpec
 from .writers import write_own_output
 
@@ -48,13 +47,13 @@ def is_secret(name: str) -> bool:
 
 
 def executor_additions(here: bool, environ: Mapping[str, str]) -> dict[str, str]:
-    """What the launch adds to an instance's environment besides its plan's (which wins), as
-    ``launcher._executor`` and the guardian do: the soft defaults (this host: where poprun's own environment
-    lacks them; other hosts: poprun's value or the default, with the names forwarded there), whether the
-    console is a terminal, and the guardian's token (a secret, masked)."""
-    soft = {k: v for k, v in SOFT_DEFAULTS.items() if k not in environ} if here else \
-        forwarded_environment(environ, SOFT_DEFAULTS)
-    return {**soft, CONSOLE_IS_TERMINAL: "0", MARKER_VARIABLE: "dry-run"}
+    """What the launch adds to an instance's environment besides its plan's (which wins): its base
+    (``reach.base_environment``; on this host, what poprun's own environment lacks, and whether the console is
+    a terminal) and the guardian's token (a secret, masked)."""
+    base = base_environment(here, environ, console_is_terminal=False)
+    if here:
+        base = {k: v for k, v in base.items() if k not in environ or k == CONSOLE_IS_TERMINAL}
+    return {**base, MARKER_VARIABLE: "dry-run"}
 
 
 def shown_value(name: str, value: str, offline: bool = True) -> str:

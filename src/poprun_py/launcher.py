@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, VIPU_HOST, VIPU_PORT
 from simipu.fabric.join.rendezvous import RendezvousServer
 
 from .console import ConsoleWatch
@@ -38,7 +37,7 @@ from .output import OutputOptions, OutputRouter
 from .plan import Allocation, Plan, Programs, offline_allocation
 from .planning import find_programs, plan_job
 from .programs import exec_program
-from .reach import Reach, check_working_dir, forwarded_environment, reach_hosts, with_allocation_hosts
+from .reach import Reach, base_environment, check_working_dir, reach_hosts, with_allocation_hosts
 from .records import OutputSettings
 from .report import log_report
 from .spec import LaunchSpec
@@ -155,12 +154,10 @@ def _run_on(launch: _Launch, allocation: Allocation, devices: Mapping[int, Devic
 
 def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[str, str],
               guardian: Guardian) -> LocalExecutor | FanOutExecutor:
-    console = {CONSOLE_IS_TERMINAL: "1" if sys.stdout.isatty() else "0"}  # instances' stdout is a pipe
+    terminal = sys.stdout.isatty()
     # Only poprun itself adopts orphans: a function launch runs in the caller's own process.
     adopt = launch.options.spawn is exec_program
-    # A V-IPU server named in poprun's own environment (an outer launch's) is not this job's: the plan names its own
-    inherited = {name: value for name, value in environ.items() if name not in (VIPU_HOST, VIPU_PORT)}
-    local = LocalExecutor(events, {**SOFT_DEFAULTS, **inherited, **console}, guardian, launch.options.spawn, adopt)
+    local = LocalExecutor(events, base_environment(True, environ, terminal), guardian, launch.options.spawn, adopt)
     if not launch.reach.agents:
         return local
     # imported here: only launches with remote hosts need the agents' code
@@ -168,7 +165,7 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
     from .executors.remote import AgentExecutor
 
     spec = launch.spec
-    base_env = {**forwarded_environment(environ, SOFT_DEFAULTS), **console}
+    base_env = base_environment(False, environ, terminal)
     agents = {
         label: AgentExecutor(label, host.channel, events, base_env=base_env, grace=spec.supervision.stop_grace,
                              numa=spec.placement.numa_wanted, start_timeout=spec.reach.ssh_timeout,

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Protocol
 
+from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, VIPU_HOST, VIPU_PORT
+
 from .errors import UsageError
 from .hosts import HostSpec
 from .records import Placement, ReachSettings
@@ -106,6 +108,18 @@ def forwarded_environment(environ: Mapping[str, str], defaults: Mapping[str, str
     """What remote instances get from the launcher's environment besides the contract and ``-x``."""
     forwarded = {name: environ[name] for name in FORWARDED_NAMES if name in environ}
     return {**{k: environ.get(k, v) for k, v in defaults.items()}, **forwarded}
+
+
+def base_environment(here: bool, environ: Mapping[str, str], console_is_terminal: bool) -> dict[str, str]:
+    """What an instance's environment starts from, before its plan's (which wins): on this host poprun's own
+    (less an outer launch's V-IPU server: the plan names this job's) over the soft defaults; on an agent's host
+    the names forwarded there over them; and whether poprun's console is a terminal (the instances' stdout is
+    a pipe). The launch starts from it, and ``--dry-run`` lists what it adds."""
+    if here:
+        base = {**SOFT_DEFAULTS, **{k: v for k, v in environ.items() if k not in (VIPU_HOST, VIPU_PORT)}}
+    else:
+        base = forwarded_environment(environ, SOFT_DEFAULTS)
+    return {**base, CONSOLE_IS_TERMINAL: "1" if console_is_terminal else "0"}
 
 
 def check_working_dir(settings: ReachSettings, hosts: tuple[HostSpec, ...]) -> str:
