@@ -71,6 +71,11 @@ def test_repeated_small_calls_skip_the_fabric_methods_and_stay_right(instances: 
         assert r["wrong"] == [] and r["entered"] == {"allreduce": 2, "broadcast": 2, "allgather": 1}, r
         assert r["subgroup"] == (r["instance"] in {0, instances - 1}), r  # (its members enter Fabric.allreduce)
         assert r["after"] == ["CollectiveMismatchError", "FabricError"], r
+        # a hot call is popdist.collectives' frame and the plan's (and, with peers, its publisher's): with one peer
+        # the allgather filled its rows in a third frame before (``take_pair``), a twentieth of a 4 KiB call
+        publishing = [] if instances == 2 else ["publish"]
+        assert r["frames"] == {"allreduce": ["allreduce", "call", *publishing],
+                               "allgather": ["allgather", "call", *publishing]}, r
 
 
 def test_steady_shared_copies_take_the_boards_when_segments_differ_in_size() -> None:

@@ -2,9 +2,11 @@
 call the fabric's board plans themselves (a frame nearer than ``Fabric``'s methods), and stay right: new values
 each step, a late peer on one step (its peers' calls give up waiting and the general path receives), a subgroup
 (``execute_on_instances``: the general path), then a mismatch, after which the same calls raise at once.
-Prints {"instance": i, "entered": {method: calls of Fabric's}, "wrong": [...], "after": [error types]}."""
+Prints {"instance": i, "entered": {method: calls of Fabric's}, "wrong": [...], "after": [error types],
+"frames": {collective: the Python frames one more hot call entered}}."""
 
 import json
+import sys
 import time
 
 import numpy as np
@@ -56,6 +58,28 @@ for step in range(6):
     g[:] = base[:256] + 1000 * rank + step
     check(f"allgather {step}", C.allgather(g, out=rows), np.stack([base[:256] + 1000 * r + step for r in range(n)]))
 hot = dict(entered)
+
+
+def frames_of(call):
+    """The Python frames a call enters (C functions not counted), but those that wait for a peer or wake one:
+    the fewest over five calls (a peer late past the spin sends a call the general way)."""
+    seen = []
+    for _ in range(5):
+        names = []
+
+        def profile(frame, event, arg, names=names):
+            if event == "call" and frame.f_code.co_name not in {"await_alone", "await_crowded", "nudge"}:
+                names.append(frame.f_code.co_name)
+        sys.setprofile(profile)
+        try:
+            call(x, "sum", out=out) if call is C.allreduce else call(g, out=rows)
+        finally:
+            sys.setprofile(None)
+        seen.append(names)
+    return min(seen, key=len)
+
+
+frames = {"allreduce": frames_of(C.allreduce), "allgather": frames_of(C.allgather)}
 x[:] = base + rank
 members = {0, n - 1}
 got = C.execute_on_instances(members, C.allreduce, x, "sum", out=out)
@@ -70,4 +94,4 @@ for call in (lambda: C.allreduce(np.zeros(7 + (rank == 0), np.float32)), lambda:
     except Exception as exc:  # noqa: BLE001  (the type is the result)
         after.append(type(exc).__name__)
 print(json.dumps({"instance": rank, "entered": hot, "wrong": wrong, "after": after,
-                  "subgroup": subgroup}), flush=True)
+                  "subgroup": subgroup, "frames": frames}), flush=True)

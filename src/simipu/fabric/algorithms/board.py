@@ -117,6 +117,10 @@ class HotCalls:
 #: CPU of two, a 256 KiB allreduce of two instances took 90-390 us a call instead of 55-115 us.
 ALONE_SECONDS = 20e-6
 
+#: ``b[WHOLE] = a`` copies as ``b[:] = a`` does, without building the slice on each call (CPython 3.11 makes one per
+#: ``[:]``: a few hundredths of a 4 KiB call in ``one_peer_call``, which has four).
+WHOLE = slice(None)
+
 
 def await_alone(words: memoryview, at: int, wanted: int, spin: float) -> bool:
     """Whether ``words[at]`` (a peer's publication) becomes ``wanted`` within ``spin`` s, with a CPU for each
@@ -194,9 +198,12 @@ class BoardAllreduce:
     #: peer's next frame is not this call's on its board within the spin: the general path receives). Seq 0: a
     #: hot call (``HotCalls``), which numbers itself and returns a result always (or raises).
     allreduce: Callable[..., np.ndarray]
-    #: ``one_peer_call``'s end of a copy (``board_copies``): ``(x, its bytes, the peer's bytes, out) -> out``, in
-    #: place of the reduction; None for an allreduce.
+    #: ``one_peer_call``'s end of a broadcast (``board_copies``): ``(x, its bytes, the peer's bytes, out) -> out``,
+    #: in place of the reduction; None for an allreduce and an allgather.
     take_pair: Callable[[np.ndarray, memoryview, memoryview, np.ndarray], np.ndarray] | None = None
+    #: Whether this plan is an allgather's (``board_copies.BoardAllgather``): ``one_peer_call`` then fills the two
+    #: rows of ``out`` itself, from our bytes and the peer's (a method call for it was a twentieth of a 4 KiB call).
+    gathers = False
 
     def __init__(self, segment: MailboxSegment, group: Group, like: np.ndarray, op: str,
                  spreader: Spreader, phase: int = Phase.FIRST, tail: bytes = b"",
@@ -326,9 +333,9 @@ def publisher(plan: BoardAllreduce) -> Callable[[int, np.ndarray, memoryview | N
         put_seq(header, SEQ_AT, seq)
         published = segment.publications = segment.publications + 1  # (``MailboxSegment.publish``, inline)
         length_at, offset_at, publication_at, offset, header_bytes, payload_bytes, indices = mine[published & 1]
-        header_bytes[:] = header
+        header_bytes[WHOLE] = header
         payload = payload if payload is not None else plan._x_bytes if x is plan._x else plan.bytes_of(x)
-        payload_bytes[:] = payload
+        payload_bytes[WHOLE] = payload
         words[length_at], words[offset_at] = total, offset
         for link, at in indices:  # (``claim_each``, inline)
             words[at] = index = link.sent
@@ -389,20 +396,17 @@ def many_peers_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
 
 
 def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
-    """``many_peers_call`` for a group of two: the same frames, checks and reduction order, unrolled (no loop),
-    with all it reads bound once (closure variables cost less than a plan's attributes)."""
+    """``many_peers_call`` for two members, unrolled: the same frames, checks and order, all it reads bound once."""
     (link, box, peer_words, _), = plan._waits
     header, segment, words, total, spreader = plan._header, plan._segment, plan._words, plan._total, plan._spreader
     ufunc, inline, rank, reduce, awaited = plan._ufunc, plan._inline, plan._rank, plan.reduce, plan._awaited
-    take_pair, hooks, nudge, flag = plan.take_pair, plan._hot, link.nudge, plan._flags[0]
-    spread_every = plan._spread_every
+    take_pair, hooks, nudge, flag, gather = plan.take_pair, plan._hot, link.nudge, plan._flags[0], plan.gathers
     counter, spin, failed, fallback = hooks.counter, hooks.spin, hooks.failed, hooks.fallback
-    mine, theirs = plan._pair_slots()
+    (mine, theirs), spread_every, other = plan._pair_slots(), plan._spread_every, 1 - plan._rank
 
     def call(seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
              sources: tuple[np.ndarray, ...] = ()) -> np.ndarray | None:
-        hot = not seq
-        if hot:
+        if hot := not seq:
             seq = counter[0] = counter[0] + 1
         try:
             if spreader is not None and not seq % spread_every:
@@ -410,12 +414,11 @@ def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
             put_seq(header, SEQ_AT, seq)
             published = segment.publications = segment.publications + 1
             length_at, offset_at, index_at, publication_at, offset, header_bytes, payload_bytes = mine[published & 1]
-            header_bytes[:] = header
+            header_bytes[WHOLE] = header
             if payload is None:
                 payload = plan._x_bytes if x is plan._x else plan.bytes_of(x)
-            payload_bytes[:] = payload
-            words[length_at] = total
-            words[offset_at] = offset
+            payload_bytes[WHOLE] = payload
+            words[length_at], words[offset_at] = total, offset
             words[index_at] = index = link.sent  # (``link.claim()`` and, below, ``link.took_published()``, inline:
             link.sent = index + 1  # each method call is a twentieth of a small call)
             words[publication_at] = published
@@ -434,6 +437,10 @@ def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
                     array = sources[0]  # (the slots hold no arrays then)
                 if inline:
                     result = ufunc(x, array, out) if rank == 0 else ufunc(array, x, out)
+                elif gather:  # (an allgather: both rows, in member order, by the byte views of ``out`` made once)
+                    rows = plan._rows if out is plan._rows_for else plan._rows_of(out)  # type: ignore[attr-defined]
+                    rows[rank][WHOLE], rows[other][WHOLE] = payload, array_bytes
+                    result = out
                 elif take_pair is not None:
                     result = take_pair(x, payload, array_bytes, out)  # type: ignore[arg-type]  # (a copy: out given)
                 else:

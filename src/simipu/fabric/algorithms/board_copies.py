@@ -51,7 +51,7 @@ import numpy as np
 from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
 from ..frames.link import Link, send_boxed
 from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
-from .board import ALONE_SECONDS, MAX_PLANS, BoardAllreduce, BoardAllreduces, HotCalls, publisher
+from .board import ALONE_SECONDS, MAX_PLANS, WHOLE, BoardAllreduce, BoardAllreduces, HotCalls, publisher
 from .calls import Group
 from .phases import Phase
 from .placement import Spreader
@@ -107,6 +107,7 @@ class BoardAllgather(BoardAllreduce):
         self._root_rank = root_rank
         #: The collective's kind (its header's).
         self.kind = ALLGATHER if root_rank < 0 else BROADCAST
+        self.gathers = root_rank < 0  # (read by the call ``super().__init__`` makes: ``board.one_peer_call``)
         template = HeaderTemplate(self.kind, 0, Phase.FIRST, like.dtype.str, tuple(like.shape), self.root, group.key,
                                   like.nbytes)
         # (the op only names the reduction that ``reduce`` replaces; an allgather's header is an allreduce's length)
@@ -130,13 +131,6 @@ class BoardAllgather(BoardAllreduce):
             self._rows_for, self._rows = out, [whole[k * n:(k + 1) * n] for k in range(rows)]
             self._peer_rows = self._rows[:self._rank] + self._rows[self._rank + 1:]
         return self._rows
-
-    def take_pair(self, x: np.ndarray, mine: memoryview, theirs: memoryview, out: np.ndarray) -> np.ndarray:
-        """With one peer: ``out``'s rows filled from our bytes and the peer's, in member order."""
-        rows = self._rows if out is self._rows_for else self._rows_of(out)
-        rows[self._rank][:] = mine
-        rows[1 - self._rank][:] = theirs
-        return out
 
     def remember(self, array: np.ndarray, out: np.ndarray | None, x: np.ndarray, result: np.ndarray) -> None:
         """After the engine's checks of a call (``x``: ``array`` checked; ``result``: ``out`` if it is fit, with
@@ -228,9 +222,9 @@ def many_peers_copy_call(plan: BoardAllgather) -> Callable[..., np.ndarray | Non
                         break
                 if peer_words[index_at] != link.received or header_bytes.tobytes() != header:
                     break
-                row[:] = theirs
+                row[WHOLE] = theirs
             else:
-                plan._rows[rank][:] = payload
+                plan._rows[rank][WHOLE] = payload
                 result = out
                 for link, box in taken:  # take (``took_published``, inline): their writers may reuse those slots
                     box.board_taken += 1
