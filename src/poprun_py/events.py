@@ -78,8 +78,9 @@ class StartupTimedOut:
 
 @dataclass(frozen=True)
 class PeerGone:
-    """The job's fabric saw an instance's connection close without a clean leave: it died (its ``Exited``
-    follows, on its own time), and the instances in a collective with it fail of that."""
+    """The job's fabric saw an instance leave on its way out: its connection closed without a clean leave (it
+    died), or it left as its program ended (``exited``, as the fabric closes at exit, an uncaught exception's
+    included). Its ``Exited`` follows, on its own time, and the instances in a collective with it fail of that."""
 
     instance: int
 

@@ -40,6 +40,10 @@ log = logging.getLogger("poprun.job")
 
 #: How long instances may take to die after SIGKILL before poprun gives up on them.
 REAP_AFTER_KILL_SECONDS = 10.0
+#: How long an instance that left the fabric (its program ended, or it died) may take to be reaped, once a peer
+#: has failed of its loss, before poprun stops the job: its own exit status decides whether it is the first
+#: failure, and a stop sent before it would have it die of poprun's signal instead.
+CAUSE_WAIT_SECONDS = 3.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Signals passed on to every running instance, the job going on, as mpirun does: a scheduler's "checkpoint
 #: now, you will be stopped soon" (Slurm's ``--signal=USR1@120``, ``scancel --signal=USR1``). Their default
@@ -162,11 +166,13 @@ class Job:
         self._pids: dict[int, int] = {}
         self._first_failure: Failure | None = None
         self._knock_ons: list[Failure] = []
-        #: Instances whose fabric connection closed without a leave, in that order (``PeerGone``): dead, though
-        #: their ``Exited`` may come after the failures of the instances their death made fail.
+        #: Instances that left the fabric dying or exiting, in that order (``PeerGone``): on their way out,
+        #: though their ``Exited`` may come after the failures of the instances their loss made fail.
         self._gone: list[int] = []
         #: The gone instance a failure waits for, to be named first in its place (``_record_failure``).
         self._cause_awaited: int | None = None
+        #: Until when the job waits for that instance's exit before stopping the others (``CAUSE_WAIT_SECONDS``).
+        self._cause_deadline: float | None = None
         #: The signals poprun has sent the instances to stop them.
         self._sent: set[int] = set()
         self._stop_signal: int | None = None
@@ -260,8 +266,13 @@ class Job:
                 self._on_console_closed(event.stream)
 
     def _timeout(self) -> float | None:
-        deadline = self._reap_deadline or self._kill_deadline or self._time_deadline
+        deadline = self._reap_deadline or self._kill_deadline or self._next_running_deadline()
         return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _next_running_deadline(self) -> float | None:
+        """Before the stop: the end of the wait for a failure's cause, or of the time limit, whichever is sooner."""
+        deadlines = [d for d in (self._cause_deadline, self._time_deadline) if d is not None]
+        return min(deadlines) if deadlines else None
 
     def _wait(self) -> float | None:
         """Until the next deadline, or the status line's next tick of the clock if that is sooner."""
@@ -273,7 +284,13 @@ class Job:
         return timeout is None or timeout > 0
 
     def _on_deadline(self) -> bool:
-        """Out of time: stop; the grace period is over: SIGKILL; after that, give up on what will not die."""
+        """The cause awaited did not exit: stop; out of time: stop; the grace period is over: SIGKILL; after
+        that, give up on what will not die."""
+        if self._awaiting_cause() and self._cause_deadline is not None and time.monotonic() >= self._cause_deadline:
+            log.info("instance %s left the fabric but has not exited within %gs: stopping %s", self._cause_awaited,
+                     CAUSE_WAIT_SECONDS, named_instances(self._remaining))
+            self._begin_stop(signal.SIGTERM)
+            return True
         if not self._stopping and self._time_limit is not None:
             self._timed_out = self._time_limit
             log.info("the job ran out of time (%gs): stopping %s",
@@ -299,6 +316,9 @@ class Job:
             log.debug("instance %d (pid %d) exited with code 0", event.instance, event.pid)
             if self._on_clean_exit is not None:
                 self._on_clean_exit(event.instance, "with code 0")
+            if self._awaiting_cause() and event.instance == self._cause_awaited:
+                self._first_failure = self._knock_ons.pop(0)  # its leaving was no failure: its peers' failure is
+                self._stop_for(self._first_failure)
 
     def _on_host_lost(self, event: HostLost) -> None:
         log.error("lost %s: %s", event.host, event.reason)
@@ -332,30 +352,55 @@ class Job:
         self._begin_stop(signal.SIGTERM)
 
     def _record_failure(self, failure: Failure) -> None:
-        """The first failure stops the job. One that comes while an instance whose fabric connection closed
-        first (it died) is still to be reported is that death's knock-on: the dead one, once reported, is named
-        first (its process may take longer to be reaped than its peers take to fail of its loss)."""
+        """The first failure stops the job. One that comes while an instance that left the fabric first (it died,
+        or its program ended) is still to be reported is that loss's knock-on: the job waits (at most
+        ``CAUSE_WAIT_SECONDS``) for the one that left, and names it first if it failed (its process may take
+        longer to be reaped than its peers take to fail of its loss; stopped now, it would die of our signal)."""
         if self._stopping:
-            if self._first_failure is None and failure.instance == self._cause_awaited:
-                if failure.signal is not None and failure.signal in self._sent and failure.instance in self._signalled:
-                    # it died of our stop: it was alive when it left the fabric (exiting of its own failure), so
-                    # the failure that came first is first after all
-                    self._first_failure = self._knock_ons.pop(0)
-                    self._knock_ons.append(failure)
-                else:
-                    self._first_failure = failure
+            self._record_failure_while_stopping(failure)
+            return
+        if self._awaiting_cause():
+            if failure.instance == self._cause_awaited:
+                self._first_failure = failure
+                self._stop_for(failure)
             else:
                 self._knock_ons.append(failure)
             return
-        cause = next((i for i in self._gone if i != failure.instance and i in self._remaining), None)
+        cause = self._left_before(failure.instance)
         if cause is not None:
-            log.info("instance %d failed after instance %d left the fabric: stopping the other %s",
-                     failure.instance, cause, counted(len(self._remaining), "instance"))
+            log.info("instance %d failed after instance %d left the fabric: waiting up to %gs for instance %d's "
+                     "exit", failure.instance, cause, CAUSE_WAIT_SECONDS, cause)
             self._cause_awaited = cause
+            self._cause_deadline = time.monotonic() + CAUSE_WAIT_SECONDS
             self._knock_ons.append(failure)
-            self._begin_stop(signal.SIGTERM)
             return
         self._first_failure = failure
+        self._stop_for(failure)
+
+    def _left_before(self, instance: int) -> int | None:
+        """The first instance still unreported that left the fabric before ``instance`` did (if it did: a peer
+        failing of a loss leaves too, at its exit), whose loss ``instance``'s failure may be a knock-on of."""
+        earlier = self._gone[:self._gone.index(instance)] if instance in self._gone else self._gone
+        return next((i for i in earlier if i in self._remaining), None)
+
+    def _awaiting_cause(self) -> bool:
+        """A failure came after an instance left the fabric, and the job waits for that one's exit, not stopping."""
+        return self._cause_awaited is not None and self._first_failure is None and not self._stopping
+
+    def _record_failure_while_stopping(self, failure: Failure) -> None:
+        if self._first_failure is None and failure.instance == self._cause_awaited:
+            if failure.signal is not None and failure.signal in self._sent and failure.instance in self._signalled:
+                # it died of our stop (the wait for it was over, or a signal came): it was alive when it left the
+                # fabric, so the failure that came first is first after all
+                self._first_failure = self._knock_ons.pop(0)
+                self._knock_ons.append(failure)
+            else:
+                self._first_failure = failure
+        else:
+            self._knock_ons.append(failure)
+
+    def _stop_for(self, failure: Failure) -> None:
+        """Stop the instances still running: ``failure`` is the job's first."""
         if self._remaining:
             log.info("instance %d failed: stopping the other %s", failure.instance,
                      counted(len(self._remaining), "instance"))

@@ -321,6 +321,8 @@ class RendezvousServer:
         (``why``, from an authenticated member, is still only ever one of ``LEAVE_REASONS``' codes)."""
         connection.left = True
         code = why if isinstance(why, str) and why in LEAVE_REASONS else "closed"
+        if code == "exited" and self._on_gone is not None and connection.instance is not None:
+            self._on_gone(connection.instance)  # its process is ending (in failure or not): first, as in ``_drop``
         for other in list(self._checked_in.values()):
             if other is not connection:
                 self._send(other, {"left": connection.instance, "why": code})
