@@ -317,7 +317,7 @@ class Job:
             if self._on_clean_exit is not None:
                 self._on_clean_exit(event.instance, "with code 0")
             if self._awaiting_cause() and event.instance == self._cause_awaited:
-                self._first_failure = self._knock_ons.pop(0)  # its leaving was no failure: its peers' failure is
+                self._first_failure = self._knock_ons.pop(0)  # it succeeded: the failure of its loss is the first
                 self._stop_for(self._first_failure)
 
     def _on_host_lost(self, event: HostLost) -> None:
