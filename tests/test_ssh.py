@@ -16,8 +16,10 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import paramiko
 import psutil
@@ -203,13 +205,51 @@ def test_no_key_to_offer_is_an_authentication_verdict_naming_the_missing_file(ho
     write_config(home / ".ssh", sshd, {"nodeA": "127.0.0.2"}, key="id_missing")
     text = preflight("-H", "nodeA")
     assert (f"nodeA: authentication: no key to offer for user '{sshd.user}': IdentityFile "
-            f"{home / '.ssh' / 'id_missing'} does not exist and ssh-agent is not used (IdentitiesOnly)") in text, text
+            f"{home / '.ssh' / 'id_missing'} does not exist and ssh-agent holds no key of the IdentityFiles "
+            "(IdentitiesOnly)") in text, text
     (home / ".ssh" / "id_ed25519").unlink()
     write_config(home / ".ssh", sshd, {"nodeA": "127.0.0.2"})
     (home / ".ssh" / "config").write_text((home / ".ssh" / "config").read_text().replace(
         "  IdentityFile ~/.ssh/id_ed25519\n  IdentitiesOnly yes\n", ""))
     text = preflight("-H", "nodeA")
     assert f"nodeA: authentication: no key to offer for user '{sshd.user}': no key in ~/.ssh" in text, text
+
+
+@contextlib.contextmanager
+def ssh_agent_holding(key: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A real ssh-agent (ours, stopped after) holding ``key``, with SSH_AUTH_SOCK pointing at it."""
+    sock = key.parent / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-s", "-D", "-a", str(sock)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert agent.stdout is not None and agent.stdout.readline().startswith(b"SSH_AUTH_SOCK=")  # listening
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        subprocess.run(["ssh-add", "-q", str(key)], check=True, capture_output=True, timeout=30)
+        yield
+    finally:
+        agent.kill()
+        agent.wait(timeout=10)
+
+
+@pytest.mark.parametrize("public_file", ["beside it", "absent"])
+def test_identities_only_offers_the_agents_copy_of_a_passphrase_key(home: Path, sshd: SshServer, public_file: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ssh does: IdentitiesOnly limits the agent's keys to the IdentityFiles', it does not ignore the agent.
+    Before: 'the key needs a passphrase ...; add it to ssh-agent' though it was there."""
+    if shutil.which("ssh-agent") is None or shutil.which("ssh-add") is None:
+        pytest.skip("no ssh-agent here")
+    ssh = home / ".ssh"
+    locked = ssh / "id_locked"
+    shutil.copy(sshd.client_key, locked)
+    subprocess.run(["ssh-keygen", "-q", "-p", "-P", "", "-N", "secret pass", "-f", str(locked)], check=True,
+                   capture_output=True, timeout=30)
+    if public_file == "beside it":  # else its public half is read from the key's unencrypted header
+        shutil.copy(sshd.client_key.with_suffix(".pub"), ssh / "id_locked.pub")
+    write_config(ssh, sshd, {"nodeA": "127.0.0.2"}, key="id_locked")
+    with ssh_agent_holding(ssh / "id_ed25519", monkeypatch):
+        (ssh / "id_ed25519").unlink()  # only the agent's copy can open the door
+        result = run_poprun("-H", "nodeA", OFFLINE, "--mpi-global-args", FORWARD_MARKER, "true")
+    assert result.returncode == 0, result.stderr
 
 
 def test_missing_remote_python(home: Path) -> None:

@@ -19,6 +19,7 @@ is ever offered).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import getpass
 import logging
@@ -48,6 +49,7 @@ WINDOW_BYTES = 16 * 1024 * 1024
 #: Unacknowledged data older than this ends a direct connection (TCP_USER_TIMEOUT); keepalives decide sooner.
 DEAD_HOST_SECONDS = 30
 USER_CONFIG, SYSTEM_CONFIG = "~/.ssh/config", "/etc/ssh/ssh_config"
+OPENSSH_KEY_MAGIC = b"openssh-key-v1\0"
 
 
 @dataclass(frozen=True)
@@ -281,12 +283,54 @@ def _connect(target: SshTarget, infos: Sequence[Any], timeout: float) -> socket.
     raise HostCheckFailed("connect", f"cannot connect to {target.hostname} port {target.port}: {why}")
 
 
+def public_key_blob(identity_file: str) -> bytes | None:
+    """The public half of an IdentityFile without its passphrase, as ssh finds it: the ``.pub`` beside it,
+    else the unencrypted header of an OpenSSH-format private key (PEM keys keep it encrypted)."""
+    try:
+        with open(identity_file + ".pub") as pub:
+            return base64.b64decode(pub.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(identity_file) as private:
+            armoured = private.read()
+        body = "".join(armoured.split("-----BEGIN OPENSSH PRIVATE KEY-----", 1)[1].split("-----END")[0].split())
+        data = base64.b64decode(body)
+    except (OSError, IndexError, ValueError):
+        return None
+    if not data.startswith(OPENSSH_KEY_MAGIC):
+        return None
+    message = paramiko.Message(data[len(OPENSSH_KEY_MAGIC):])
+    for _ in range(3):  # cipher name, KDF name, KDF options
+        message.get_string()
+    return message.get_binary() if message.get_int() >= 1 else None
+
+
+def _agent_keys(target: SshTarget, key_files: tuple[str, ...]) -> tuple[paramiko.Agent | None, dict[str, Any]]:
+    """With IdentitiesOnly, ssh still offers agent keys, but only those of the IdentityFiles: by file."""
+    if not (target.identities_only and key_files and os.environ.get("SSH_AUTH_SOCK")):
+        return None, {}
+    agent = paramiko.Agent()
+    try:
+        loaded = {key.asbytes(): key for key in agent.get_keys()}
+    except paramiko.SSHException as exc:  # an agent that answers nonsense: the files alone, as without one
+        log.debug("ignoring ssh-agent: %s", exc)
+        loaded = {}
+    found = {path: loaded[blob] for path in key_files if (blob := public_key_blob(path)) in loaded}
+    if not found:
+        agent.close()
+        return None, {}
+    return agent, found
+
+
 def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: Any, timeout: float) -> None:
     key_files = tuple(p for p in target.identity_files if os.path.isfile(p))
+    agent, from_agent = _agent_keys(target, key_files)
+    first = next(iter(from_agent), None)  # Paramiko takes one key object: the first file the agent holds
     try:
         client.connect(
             target.hostname, port=target.port, username=target.user, sock=sock,
-            key_filename=list(key_files) or None,
+            pkey=from_agent.get(first or ""), key_filename=[p for p in key_files if p != first] or None,
             look_for_keys=not target.identity_files, allow_agent=not target.identities_only,
             timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
         )
@@ -307,6 +351,9 @@ def _handshake(client: paramiko.SSHClient, target: SshTarget, sock: Any, timeout
     except (EOFError, OSError) as exc:
         raise HostCheckFailed("ssh handshake", f"no SSH server answered properly on port {target.port} "
                               f"({exc or type(exc).__name__})") from None
+    finally:
+        if agent is not None:
+            agent.close()
 
 
 def _no_key(target: SshTarget, key_files: tuple[str, ...]) -> str:
@@ -316,7 +363,8 @@ def _no_key(target: SshTarget, key_files: tuple[str, ...]) -> str:
         why = "IdentityFile " + ", ".join(missing) + (" does not exist" if len(missing) == 1 else " do not exist")
     else:
         why = "no key in ~/.ssh (id_rsa, id_ecdsa, id_ed25519, id_dsa)"
-    agent = " and ssh-agent is not used (IdentitiesOnly)" if target.identities_only else " and no ssh-agent key"
+    agent = (" and ssh-agent holds no key of the IdentityFiles (IdentitiesOnly)" if target.identities_only
+             else " and no ssh-agent key")
     return (f"no key to offer for user {target.user!r}: {why}{agent}; fix IdentityFile in ~/.ssh/config, "
             "or add a key with ssh-add")
 
