@@ -50,8 +50,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield cluster
 
 
-def salloc(cluster: SlurmCluster, *poprun_args: str, tasks: int = 2) -> list[str]:
-    return ["salloc", "--quiet", "-N1", f"-n{tasks}", "--time=5", *poprun_command(*poprun_args)]
+def salloc(cluster: SlurmCluster, *poprun_args: str, tasks: int = 2, name: str = "poprun-test") -> list[str]:
+    return ["salloc", "--quiet", "-N1", f"-n{tasks}", f"--job-name={name}", "--time=5", *poprun_command(*poprun_args)]
 
 
 def run_in_allocation(cluster: SlurmCluster, *poprun_args: str, tasks: int = 2) -> subprocess.CompletedProcess[bytes]:
@@ -60,15 +60,20 @@ def run_in_allocation(cluster: SlurmCluster, *poprun_args: str, tasks: int = 2) 
 
 
 def test_instances_run_in_srun_steps_on_the_allocation_nodes(slurm: SlurmCluster) -> None:
+    """Each instance sees itself as a task of the launch in the user's job (before: every instance had the agent
+    step's SLURM_PROCID=0, SLURM_NTASKS=1 and SLURM_JOB_NAME=poprun-agent, so Slurm-aware code saw rank 0 of 1)."""
     result = run_in_allocation(slurm, OFFLINE, "--num-instances", "2", "--num-replicas", "4",
                                *python_program("print_env.py"))
     assert result.returncode == 0, result.stderr
     seen = sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda d: d["api"]["instance"])
     assert [d["api"]["instance"] for d in seen] == [0, 1]
     for d in seen:
-        env = d["env"]
+        env, index = d["env"], d["api"]["instance"]
         assert env["POPRUN_HOST"] == slurm.node_name and "SLURM_STEP_ID" in env  # inside an srun step
-        assert d["api"]["local_instance"] == d["api"]["instance"]
+        assert d["api"]["local_instance"] == index
+        assert env["SLURM_JOB_NAME"] == "poprun-test"
+        assert (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"]) == (str(index), str(index), "0")
+        assert (env["SLURM_NTASKS"], env["SLURM_NPROCS"], env["SLURM_TASKS_PER_NODE"]) == ("2", "2", "2")
     assert seen[0]["env"]["SLURM_STEP_ID"] == seen[1]["env"]["SLURM_STEP_ID"]  # one agent per node
 
 

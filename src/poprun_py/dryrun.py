@@ -80,6 +80,10 @@ def dry_run(spec: LaunchSpec) -> int:
                      rendezvous=("127.0.0.1", _PLACEHOLDER_PORT), launcher_environ=os.environ, cwd=cwd,
                      fabric=dataclasses.replace(spec.fabric, token="dry-run"),
                      cpus=numa_binding(placement, remote), host_cpus=local_host_cpus(placement, remote))
+    if via_srun:
+        from .executors.slurm import with_task_variables
+
+        plan = with_task_variables(plan, os.environ)
     write_own_output(1, "\n".join(_lines(spec, plan, via_srun, partition)) + "\n")
     return 0
 

@@ -178,10 +178,15 @@ def _executor(launch: _Launch, plan: Plan, events: EventQueue, environ: Mapping[
 def _plan(launch: _Launch, token: str, allocation: Allocation, device_fds: Mapping[int, tuple[int, ...]],
           rendezvous_port: int) -> Plan:
     spec, reach = launch.spec, launch.reach
-    return plan_job(spec.placement, spec.instance, launch.programs(), job_id=launch.job_id, allocation=allocation,
+    plan = plan_job(spec.placement, spec.instance, launch.programs(), job_id=launch.job_id, allocation=allocation,
                     fabric=dataclasses.replace(spec.fabric, token=token),
                     rendezvous=(reach.rendezvous_address, rendezvous_port), cwd=launch.cwd, environ=os.environ,
                     addresses=reach.addresses, device_fds=device_fds)
+    if not reach.via_srun:
+        return plan
+    from .executors.slurm import with_task_variables
+
+    return with_task_variables(plan, os.environ)
 
 
 def _run_with_rendezvous(

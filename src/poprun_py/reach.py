@@ -53,6 +53,7 @@ class Reach:
     addresses: Mapping[str, str] = field(default_factory=dict)
     rendezvous_bind: str = LOOPBACK
     rendezvous_address: str = LOOPBACK
+    via_srun: bool = False  # the agents are srun steps: instances get their own Slurm task variables
 
     def close(self) -> None:
         for host in self.agents.values():
@@ -101,7 +102,7 @@ def reach_hosts(hosts: tuple[HostSpec, ...], settings: ReachSettings, cwd: str, 
     here = sorted(local_addresses)[0]
     addresses = {str(h): agents[str(h)].address if str(h) in agents else here for h in hosts}
     bind = here if len(local_addresses) == 1 else ""  # several networks: listen on all, answer with one
-    return Reach(agents, addresses, bind, here)
+    return Reach(agents, addresses, bind, here, via_srun)
 
 
 def forwarded_environment(environ: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:

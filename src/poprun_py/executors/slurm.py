@@ -16,10 +16,12 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
 from ..hosts import HostListError, HostSpec, parse_host_list
+from ..plan import Plan
 from .channels import PipeChannel
 from .greeting import HostCheckFailed, agent_script, greet, verdict_error
 
@@ -52,6 +54,41 @@ def allocation_hosts(environ: Mapping[str, str]) -> tuple[HostSpec, ...]:
     if len(slots) != len(nodes):
         slots = [1] * len(nodes)
     return tuple(replace(node, slots=count) for node, count in zip(nodes, slots))
+
+
+def compress_counts(counts: Sequence[int]) -> str:
+    """The inverse of ``tasks_per_node``: [2, 2, 1] -> ``2(x2),1``, as Slurm writes them."""
+    parts: list[str] = []
+    run = 0
+    for position, count in enumerate(counts):
+        run += 1
+        if position + 1 == len(counts) or counts[position + 1] != count:
+            parts.append(f"{count}(x{run})" if run > 1 else str(count))
+            run = 0
+    return ",".join(parts)
+
+
+def with_task_variables(plan: Plan, environ: Mapping[str, str]) -> Plan:
+    """Each instance's Slurm variables as if one ``srun`` step of the instances had started them: its own
+    SLURM_PROCID, SLURM_LOCALID and SLURM_NODEID, the launch's task counts, and the job's name as poprun saw it
+    (not those of the one-task agent step it really runs in, which would make every instance rank 0 of 1 in a
+    job named poprun-agent for Slurm-aware code)."""
+    per_host = [sum(1 for i in plan.instances if i.host == host) for host in plan.hosts]
+    shared = {"SLURM_NTASKS": str(len(plan.instances)), "SLURM_NPROCS": str(len(plan.instances)),
+              "SLURM_TASKS_PER_NODE": compress_counts(per_host), "SLURM_STEP_NUM_TASKS": str(len(plan.instances)),
+              "SLURM_STEP_TASKS_PER_NODE": compress_counts(per_host), "SLURM_STEP_NUM_NODES": str(len(plan.hosts)),
+              "SLURM_STEP_NODELIST": ",".join(host.name for host in plan.hosts)}
+    if "SLURM_JOB_NAME" in environ:
+        shared["SLURM_JOB_NAME"] = environ["SLURM_JOB_NAME"]
+    instances = []
+    for instance in plan.instances:
+        node = plan.hosts.index(instance.host)
+        on_node = [str(i.index) for i in plan.instances if i.host == instance.host]
+        own = {"SLURM_PROCID": str(instance.index), "SLURM_LOCALID": str(instance.local_index),
+               "SLURM_NODEID": str(node), "SLURM_GTIDS": ",".join(on_node)}
+        env = {**shared, **own, **instance.env}  # what poprun or -x set wins
+        instances.append(replace(instance, env=MappingProxyType(env)))
+    return replace(plan, instances=tuple(instances))
 
 
 @dataclass(eq=False)
