@@ -252,6 +252,27 @@ def test_identities_only_offers_the_agents_copy_of_a_passphrase_key(home: Path, 
     assert result.returncode == 0, result.stderr
 
 
+def test_hosts_defined_in_included_files(home: Path, sshd: SshServer) -> None:
+    """``Include`` as ssh reads it: relative to ~/.ssh, globs sorted, the including block going on after it.
+    Before: Paramiko kept ``include`` as an ordinary option, and nodeA 'cannot resolve'."""
+    ssh = home / ".ssh"
+    (ssh / "config.d").mkdir()
+    write_config(ssh, sshd, {"nodeA": "127.0.0.2"})
+    (ssh / "config").rename(ssh / "config.d" / "10-nodes.conf")
+    (ssh / "config.d" / "20-more.conf").write_text("Host nodeB\n  HostName 127.0.0.3\n")
+    (ssh / "config").write_text(f"Host nodeB\n  Include config.d/*.conf\n  Port {sshd.port}\n"
+                                f"Host *\n  Include ~/.ssh/config.d/1*.conf\n  User {sshd.user}\n"
+                                f"  IdentityFile ~/.ssh/id_ed25519\n")
+    result = run_poprun(*launch_args("--num-instances", "2", "--num-replicas", "2", *python_program("print_env.py")))
+    assert result.returncode == 0, result.stderr
+    seen = sorted(instance_lines(result.stdout), key=lambda d: d["api"]["instance"])
+    assert [d["env"]["SSH_CONNECTION"].split()[2] for d in seen] == ["127.0.0.2", "127.0.0.3"]
+    (ssh / "config.d" / "20-more.conf").write_text("Include config\n")  # a loop: refused, as ssh refuses it
+    looped = run_poprun("-H", "nodeA", OFFLINE, "true")
+    assert looped.returncode == EXIT_USAGE
+    assert looped.stderr.decode().splitlines()[-1].endswith("it includes itself, or more than 16 nested Includes")
+
+
 def test_missing_remote_python(home: Path) -> None:
     text = preflight("-H", "nodeA", "--remote-python", "/nonexistent/bin/python3")
     assert "nodeA: remote python: /nonexistent/bin/python3 not found there" in text

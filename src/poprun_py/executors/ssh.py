@@ -11,7 +11,7 @@ already started and greeted, for the launch itself, and a keepalive thread
 ``~/.ssh/config`` is honoured (HostName, Port, User, IdentityFile,
 IdentitiesOnly, UserKnownHostsFile, GlobalKnownHostsFile,
 StrictHostKeyChecking, HashKnownHosts, ProxyJump, ProxyCommand,
-ServerAliveInterval, ServerAliveCountMax), then ``/etc/ssh/ssh_config`` for
+ServerAliveInterval, ServerAliveCountMax, Include), then ``/etc/ssh/ssh_config`` for
 what it leaves unset, as ssh(1) reads them; keys come from files and the SSH
 agent; there is never a password prompt (Paramiko has none, and no password
 is ever offered).
@@ -22,8 +22,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import getpass
+import glob
 import logging
 import os
+import re
 import shlex
 import socket
 import time
@@ -50,6 +52,9 @@ WINDOW_BYTES = 16 * 1024 * 1024
 DEAD_HOST_SECONDS = 30
 USER_CONFIG, SYSTEM_CONFIG = "~/.ssh/config", "/etc/ssh/ssh_config"
 OPENSSH_KEY_MAGIC = b"openssh-key-v1\0"
+#: ssh(1)'s own bound on nested Includes.
+MAX_INCLUDE_DEPTH = 16
+_KEYWORD = re.compile(r"^\s*(\w+)(?:\s*=\s*|\s+)(.*?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -87,13 +92,50 @@ class SshConfig:
             raise UsageError(f"{USER_CONFIG} for {name}: {exc}") from None
 
 
+def _include_paths(words: str, relative_to: str) -> list[str]:
+    """The files an Include line names, as ssh finds them: ``~`` expanded, relative to ``relative_to``,
+    globs sorted, and names that match nothing skipped."""
+    found: list[str] = []
+    for word in shlex.split(words):
+        pattern = os.path.join(relative_to, os.path.expanduser(word))
+        found.extend(sorted(p for p in glob.glob(pattern) if os.path.isfile(p)))
+    return found
+
+
+def _config_text(path: str, relative_to: str, chain: tuple[str, ...] = ()) -> str:
+    """The file with its Include lines replaced by the files they name (Paramiko keeps ``include`` as an
+    ordinary option). After an included file the block it was included in goes on: its Host or Match line is
+    repeated (``Host *`` at the top, which applies to every host as options before any Host do)."""
+    with open(path) as config:
+        lines = config.read().splitlines()
+    here = (*chain, os.path.realpath(path))
+    out: list[str] = []
+    header = "Host *"
+    for line in lines:
+        match = _KEYWORD.match(line)
+        keyword = match.group(1).lower() if match else ""
+        if keyword in ("host", "match"):
+            header = line.strip()
+        if keyword != "include" or match is None:
+            out.append(line)
+            continue
+        for included in _include_paths(match.group(2), relative_to):
+            if os.path.realpath(included) in here or len(here) > MAX_INCLUDE_DEPTH:
+                raise ValueError(f"Include {included} in {path}: it includes itself, or more than "
+                                 f"{MAX_INCLUDE_DEPTH} nested Includes")
+            out.append(_config_text(included, relative_to, here))
+        out.append(header)
+    return "\n".join(out) + "\n"
+
+
 def _read_config(path: str, *, strict: bool) -> paramiko.SSHConfig:
-    """The parsed file (empty if absent); a user's unreadable config is a usage error, the system's is skipped."""
+    """The parsed file (empty if absent), its Includes read relative to its own directory (``~/.ssh``,
+    ``/etc/ssh``); a user's unreadable config is a usage error, the system's is skipped."""
     full = os.path.expanduser(path)
     if not os.path.isfile(full):
         return paramiko.SSHConfig()
     try:
-        return paramiko.SSHConfig.from_path(full)
+        return paramiko.SSHConfig.from_text(_config_text(full, os.path.dirname(full)))
     except (OSError, paramiko.SSHException, ValueError) as exc:
         if strict:
             raise UsageError(f"cannot read {full}: {exc}") from None
