@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -180,6 +181,31 @@ def test_unreachable_hosts_each_get_a_verdict_at_once(home: Path) -> None:
     assert "nonexistent.invalid: name resolution:" in text
     assert "127.0.0.9:1: connect: cannot connect" in text
     assert "ssh handshake: no SSH server answered" in text
+
+
+def test_ctrl_c_during_the_pre_flight_stops_at_once(home: Path) -> None:
+    """Before: SIGINT waited for every host's check (here the whole --ssh-timeout), then printed
+    'poprun: interrupted', not a line of poprun's log."""
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]  # accept, never say a word
+    hosts = ",".join(f"127.0.0.1:{server.getsockname()[1]}" for server in silent)
+    accepted = []
+    try:
+        launch = Launch("-H", hosts, "--num-instances", "2", "--num-replicas", "2", OFFLINE, "--ssh-timeout", "30",
+                        "true")
+        for server in silent:
+            server.settimeout(30)
+            accepted.append(server.accept()[0])  # kept open: Paramiko waits for a banner that never comes
+        started = time.monotonic()  # both checks are under way: poprun waits for their verdicts
+        launch.process.send_signal(signal.SIGINT)
+        assert launch.finish(timeout=60) == 130
+        assert time.monotonic() - started < 10
+    finally:
+        for sock in accepted + silent:
+            sock.close()
+    stderr = launch.stderr.decode()
+    assert re.search(r"POPRUN \[W\] received SIGINT during the pre-flight checks of 127\.0\.0\.1:\d+, "
+                     r"127\.0\.0\.1:\d+: stopped checking \(nothing was started\)$", stderr, re.M), stderr
+    assert "poprun: interrupted" not in stderr
 
 
 def test_unknown_host_key_says_how_to_fix_it(home: Path, sshd: SshServer) -> None:

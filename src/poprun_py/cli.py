@@ -25,6 +25,7 @@ from .errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    InterruptedAndLogged,
     PoprunError,
     UsageError,
     exit_code_meanings,
@@ -268,6 +269,8 @@ def _main(args: list[str]) -> int:
     except PoprunError as exc:
         say(f"poprun: error: {_one_line(str(exc))}", *(f"  {_one_line(line)}" for line in exc.details))
         return exc.exit_code
+    except InterruptedAndLogged:
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         say("poprun: interrupted")
         return EXIT_INTERRUPTED

@@ -119,3 +119,7 @@ class OwnOutputLost(PoprunError):
     """poprun's own output (``--dry-run``, ``--print-topology``, ``--help``) could not be written whole."""
 
     exit_code = EXIT_OUTPUT_LOST
+
+
+class InterruptedAndLogged(KeyboardInterrupt):
+    """A Ctrl-C whose line poprun's log has written already (what was stopped): the CLI adds none of its own."""

@@ -29,13 +29,13 @@ import re
 import shlex
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import paramiko
 
-from ..errors import UsageError
+from ..errors import InterruptedAndLogged, UsageError
 from ..hosts import HostSpec
 from .channels import SshChannel
 from .greeting import HostCheckFailed, agent_script, greet, verdict_error
@@ -422,19 +422,42 @@ def host_key_advice(target: SshTarget) -> str:
             "(after checking it), or log in once with ssh")
 
 
+def _verdict(future: Future[RemoteHost]) -> RemoteHost | HostCheckFailed:
+    try:
+        return future.result()  # bounded by the host's own deadline (every Paramiko wait has a timeout)
+    except HostCheckFailed as exc:
+        return exc
+
+
+def _abandon(pool: ThreadPoolExecutor, futures: Sequence[Future[RemoteHost]]) -> None:
+    """Ctrl-C: not waiting for the checks under way (a connect to a cut link takes its whole timeout); each
+    host that passes after all is closed as soon as it does, so its agent stops (``exit_now`` ends the rest)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for future in futures:
+        future.add_done_callback(_close_if_passed)
+
+
+def _close_if_passed(future: Future[RemoteHost]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
+
+
 def check_hosts(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: float) -> dict[str, RemoteHost]:
     """Every host checked at once; all pass (their connections returned) or ``PreflightFailed`` lists each verdict."""
     config = load_ssh_config()
     targets = [ssh_target(h, config) for h in hosts]
-    with ThreadPoolExecutor(max_workers=min(64, len(targets)), thread_name_prefix="poprun-preflight") as pool:
-        futures = [pool.submit(connect_host, t, python=python, cwd=cwd, timeout=timeout, config=config)
-                   for t in targets]
-        results: list[RemoteHost | HostCheckFailed] = []
-        for future in futures:  # each is bounded by its own deadline (every Paramiko wait has a timeout)
-            try:
-                results.append(future.result())
-            except HostCheckFailed as exc:
-                results.append(exc)
+    pool = ThreadPoolExecutor(max_workers=min(64, len(targets)), thread_name_prefix="poprun-preflight")
+    futures: list[Future[RemoteHost]] = []
+    try:
+        for target in targets:
+            futures.append(pool.submit(connect_host, target, python=python, cwd=cwd, timeout=timeout, config=config))
+        results = [_verdict(future) for future in futures]
+    except KeyboardInterrupt:
+        _abandon(pool, futures)
+        log.warning("received SIGINT during the pre-flight checks of %s: stopped checking (nothing was started)",
+                    ", ".join(t.label for t in targets))
+        raise InterruptedAndLogged() from None
+    pool.shutdown()
     failed = [(t, r) for t, r in zip(targets, results) if isinstance(r, HostCheckFailed)]
     if not failed:
         return {t.label: r for t, r in zip(targets, results) if isinstance(r, RemoteHost)}
