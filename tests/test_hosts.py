@@ -267,7 +267,8 @@ def test_binary_host_file_is_refused(tmp_path: Path) -> None:
         ("a slots=0\n", ":1: bad slots value '0'"),
         ("a slots=four\n", ":1: bad slots value 'four'"),
         ("a slots=\n", ":1: bad slots value ''"),
-        ("a max_slots=4\n", ":1: unknown option 'max_slots=4'"),
+        ("a max_slots=4\n", ":1: unknown option 'max_slots=4'; only slots=N may follow the hosts (poprun-py has "
+                             "no max_slots"),
         ("a slots=1 slots=2\n", ":1: slots= given twice"),
         ("slots=4\n", ":1: empty host list"),
         ("a b\n", ":1: bad host name 'a b'"),

@@ -180,6 +180,7 @@ def test_unreachable_hosts_each_get_a_verdict_at_once(home: Path) -> None:
     assert "3 of 4 remote hosts failed the pre-flight checks (1 passed)" in text
     assert "nonexistent.invalid: name resolution:" in text
     assert "127.0.0.9:1: connect: cannot connect" in text
+    assert "(if :1 was meant as mpirun's slot count: poprun-py reads host:N as the SSH port" in text  # -H a:2
     assert "ssh handshake: no SSH server answered" in text
 
 

@@ -325,7 +325,9 @@ def _parse_options(options: Iterable[str]) -> int | None:
     for option in options:
         key, _, value = option.partition("=")
         if key != "slots":
-            raise HostListError(f"unknown option {option!r}; only slots=N may follow the hosts")
+            no_max = " (poprun-py has no max_slots: instances are split evenly, slots=N only warns)" \
+                if key == "max_slots" else ""
+            raise HostListError(f"unknown option {option!r}; only slots=N may follow the hosts{no_max}")
         if slots is not None:
             raise HostListError("slots= given twice")
         if not _NUMBER.fullmatch(value) or int(value) < 1:

@@ -322,7 +322,16 @@ def _connect(target: SshTarget, infos: Sequence[Any], timeout: float) -> socket.
         why = f"no answer within {timeout:.3g}s"
     else:
         why = error.strerror or str(error)
-    raise HostCheckFailed("connect", f"cannot connect to {target.hostname} port {target.port}: {why}")
+    raise HostCheckFailed("connect", f"cannot connect to {target.hostname} port {target.port}: {why}"
+                          + _slot_count_hint(target.port))
+
+
+def _slot_count_hint(port: int) -> str:
+    """mpirun's ``-H nodeA:2`` means two slots; here ``:2`` is the SSH port (as in ``ssh -p``)."""
+    if port >= 1024 or port == 22:
+        return ""
+    return (f" (if :{port} was meant as mpirun's slot count: poprun-py reads host:N as the SSH port; "
+            f"slots come from a --host-file's 'host slots={port}')")
 
 
 def public_key_blob(identity_file: str) -> bytes | None:
