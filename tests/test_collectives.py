@@ -187,6 +187,32 @@ def test_mismatched_shapes_are_an_error_on_every_side() -> None:
     assert result.returncode == 4
 
 
+def test_instances_naming_different_roots_of_a_small_broadcast_never_end_as_if_they_agreed() -> None:
+    """Among three instances a small broadcast's root writes and returns (``board_copies.RootBroadcast``), so
+    instance 0 (root 0) and instances 1 and 2 (root 1) all return from it. Before, the program then ended with
+    code 0 and divergent arrays; now an instance that closes its fabric with a peer's frame of that call still
+    unread fails with CollectiveMismatchError naming both roots (of two roots that wrote to each other, one
+    sees the other's frame however they are scheduled)."""
+    result = run_failing("roots")
+    assert result.returncode == 1, result
+    assert b"CollectiveMismatchError: instance " in result.stderr, result.stderr
+    assert re.search(rb"instance \d closed its fabric \(the end of its program, or popdist.finalizeBackend\(\)\) "
+                     rb"but instance \d called broadcast\(root=[01]\) on float64\[4\] as collective #1 of its "
+                     rb"group; instance \d never took that frame: its own collective #1 was another call \(the "
+                     rb"instances named different roots", result.stderr), result.stderr
+
+
+def test_a_collective_after_a_small_broadcast_with_different_roots_names_the_roots() -> None:
+    """The same broadcast, then a barrier: every instance raises there, and says which broadcast went unread."""
+    result = run_failing("roots-then")
+    lines = [line for line in result.stdout.decode().splitlines() if line.startswith("mismatch:")]
+    assert len(lines) == 3, result
+    assert all("called barrier as collective #2 of its group but instance" in line
+               and "as collective #1; instance" in line and "instances named different roots" in line
+               for line in lines), lines
+    assert result.returncode == 4
+
+
 def test_a_connection_without_the_secret_is_refused() -> None:
     result = run_failing("wrong-token", "--startup-timeout", "2")
     assert b"refused" in result.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
@@ -160,8 +161,24 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _close_in_owner(fabric: Collectives, owner: int) -> None:
-    if os.getpid() == owner:  # an atexit handler inherited by a fork must not close the parent's fabric
+    """At exit: leave the fabric. A mismatch found only now (a peer's frame of a call we made, never taken: see
+    ``Fabric.close``) ends the instance with code 1, as if its last call had raised: an exception in an
+    ``atexit`` handler is printed but leaves the code 0, and the program must not look as if it succeeded."""
+    if os.getpid() != owner:  # an atexit handler inherited by a fork must not close the parent's fabric
+        return
+    from simipu.fabric.errors import FabricError  # (loaded with the fabric)
+
+    try:
         fabric.close(why="exited")
+    except FabricError as error:
+        logger.error("%s: %s", type(error).__name__, error)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(1)
 
 
 def connect(launch: InstanceEnv | None) -> Collectives:

@@ -22,6 +22,9 @@ usage: fabric_fail.py MODE
   exits       after a barrier, instance 1 exits with code 0; the others print "lost: <error>" when their
               allreduce raises
   mismatch    instance 0 reduces 3 floats, the others 4
+  roots       instance 0 broadcasts 4 floats from root 0, the others from root 1 (each root writes and
+              returns: nobody compares the calls), then the program ends
+  roots-then  as roots, then a barrier: each prints "mismatch: <error>" when it raises
   wrong-token instance 0 joins with a token it made up
 """
 
@@ -109,6 +112,9 @@ def main() -> int | None:
     if mode == "mismatch":
         return reported(lambda: C.allreduce(np.ones(3 if me == 0 else 4, np.float32)), CollectiveMismatchError,
                         "mismatch", 4)
+    if mode in ("roots", "roots-then"):
+        C.broadcast(np.full(4, float(me)), root=0 if me == 0 else 1)
+        return reported(C.barrier, CollectiveMismatchError, "mismatch", 4) if mode == "roots-then" else 0
     C.barrier()
     return 0
 

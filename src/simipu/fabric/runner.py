@@ -21,9 +21,9 @@ from .algorithms.scratch import ScratchBuffers
 from .algorithms.shared import SharedArena
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
 from .frames.exchange import exchange, exchange_all
-from .frames.header import OP_CODES, abort_notice, mismatch_notice
+from .frames.header import OP_CODES, abort_notice, mismatch_notice, unread_at_close
 from .frames.link import Link
-from .frames.mailbox import MailboxSegment
+from .frames.mailbox import MailboxSegment, full_fence
 from .frames.messages import Kept, Source
 from .frames.watch import Control, LossWatch
 from .join.membership import Membership
@@ -92,6 +92,7 @@ class PhaseRunner:
         then release the links: a peer that sees them close hears why first. Idempotent."""
         if self._closed:
             return
+        unread = self._unread_collective()
         self._closed = True
         if self._on_close is not None:
             self._on_close(why)
@@ -106,6 +107,24 @@ class PhaseRunner:
         self._arenas.clear()
         if self._mailboxes is not None:
             self._mailboxes.close()
+        if unread is not None:
+            raise unread
+
+    def _unread_collective(self) -> Exception | None:
+        """Before a clean close: the error for a collective's frame (or a mismatch notice) a peer left unread in
+        our mailbox, for a call we made too: the calls differed where nobody compared them (a small broadcast's
+        root writes and returns: ``algorithms/board_copies.py``), and a program must not end as if they had
+        not. A full fence first: of two roots that wrote to each other and then close, one sees the other's."""
+        if self._broken is not None or self._mailboxes is None:
+            return None
+        full_fence()
+        made = {g.key: self._seq[members][0] for members, g in self._groups.items()}
+        for peer, link in sorted(self._links.items()):
+            frame = link.mailbox.peek(link.received) if link.mailbox is not None else None
+            error = unread_at_close(self.instance, peer, frame, made) if frame else None
+            if error is not None:
+                return error
+        return None
 
     def _release_plans(self) -> None:
         """Drop what a subclass made over the boards and arenas: when the fabric closes (``close`` closes those

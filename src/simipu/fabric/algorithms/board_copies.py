@@ -37,7 +37,10 @@ unusual (the root's frame not there within the spin, another header, a
 socket in between) the engine hands the call to ``exchange``, which finishes
 it or raises exactly as the general path would: nothing has been taken yet.
 A member that called something else sees the root's header and raises, and
-its notice reaches the others in this call or their next one.
+its notice reaches the others in this call or their next one. Members that
+name different roots all return (each root writes, each reader finds its
+root's frame); the frames nobody took show at the next collective, or at the
+close of the fabric (``runner.PhaseRunner.close``), which raises then.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -205,4 +205,35 @@ def mismatch_message(me: int, mine: Signature, peer: int, theirs: Signature, mem
         its += f" as collective #{theirs.seq}"
     if ours == its:  # same call, different phase: the streams are out of step
         its += f" (phase {theirs.phase}, not {mine.phase})"
-    return f"instance {me} called {ours} but instance {peer} called {its}"
+    message = f"instance {me} called {ours} but instance {peer} called {its}"
+    if theirs.group_key == mine.group_key and theirs.seq < mine.seq:
+        message += f"; {left_unread(me, peer, theirs)}"
+    return message
+
+
+def left_unread(me: int, peer: int, theirs: Signature) -> str:
+    """Why ``peer``'s frame of a collective that instance ``me`` has passed is still unread: that collective was
+    another call here, and nobody waited to compare them (a small broadcast's root writes and goes on)."""
+    why = (" (the instances named different roots, or instance {me} called another collective there: a small "
+           "broadcast's root writes its array to each peer and returns, so nobody compared the calls then)"
+           if theirs.kind == BROADCAST else "")
+    return (f"instance {me} never took that frame: its own collective #{theirs.seq} was another call"
+            f"{why.format(me=me)}")
+
+
+def unread_at_close(me: int, peer: int, frame: memoryview, made: Mapping[int, int]) -> Exception | None:
+    """The error a fabric closing cleanly raises for ``frame``, the next one ``peer`` left in our mailbox: a
+    collective's of a call we made too (``made``: our call count per group key) or a mismatch notice means
+    that the instances' calls differed where nobody compared them; a message never received, a loss told
+    late or a collective we never called (its sender hears that we left) is not ours to raise."""
+    hlen = header_length(frame, peer)
+    if hlen is None or len(frame) < hlen:
+        return None
+    theirs, nbytes = decode_prefix(frame)
+    if theirs.kind == MISMATCH:
+        return unexpected(peer, frame, hlen, nbytes)
+    if theirs.kind in (MESSAGE, ABORT) or not 0 < theirs.seq <= made.get(theirs.group_key, 0):
+        return None
+    return CollectiveMismatchError(
+        f"instance {me} closed its fabric (the end of its program, or popdist.finalizeBackend()) but instance "
+        f"{peer} called {theirs.describe()} as collective #{theirs.seq} of its group; {left_unread(me, peer, theirs)}")
