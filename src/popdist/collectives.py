@@ -86,7 +86,8 @@ def allreduce_init(array: Any, op: str = Sum) -> Callable[[], Any]:
     once, then each call of the returned function allreduces its current contents across the instances of the
     group current at binding (as an MPI persistent request keeps its communicator), with the same result, bit
     for bit, as ``allreduce(array, op)``, into one output array that it returns every time (the next call
-    overwrites it). The plan, the checks and the output are made once."""
+    overwrites it). The plan, the checks and the output are made once. The array's memory is bound with the
+    shape it has now: reshaping it in place later (``array.shape = ...``) changes nothing here."""
     import numpy as np
 
     if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or not array.dtype.isnative:
@@ -94,7 +95,7 @@ def allreduce_init(array: Any, op: str = Sum) -> Callable[[], Any]:
                          "C-contiguous numpy.ndarray in native byte order: pass np.ascontiguousarray(x) and keep it")
     fabric = _backend.fabric or current_fabric()
     init = getattr(fabric, "allreduce_init", None)
-    x, op, group = _array(array), _op(op), _backend.groups.members
+    x, op, group = _array(array).view(), _op(op), _backend.groups.members  # (a view: its shape stays this one)
     if init is not None:
         bound = init(x, op, group)
     else:

@@ -2,9 +2,10 @@
 
 Modes (argv[1]):
   results   for each case (dtype, shape, op; the board, shared-memory and socket paths; a group of the first
-            and last instances), bind an array, change it in place between calls (instance 0 late for one), and
-            check that each persistent call gives the plain call's result bit for bit, in the same output array
-            every time; prints one JSON line with a digest of each case's last result
+            and last instances), bind an array, change it in place between calls (instance 0 late for one; its
+            shape too, at the end), and check that each persistent call gives the plain call's result bit for
+            bit, in the same output array every time; prints one JSON line with a digest of each case's last
+            result
   mismatch  instance 0 binds 3 floats, the others 4: every instance prints "mismatch: <error>" and exits 4
   misuse    arrays that cannot be bound: prints "refused: <error>" for each
 """
@@ -56,6 +57,11 @@ def check_case(me, dtype, shape, op):
             raise AssertionError(f"{np.dtype(dtype)}{list(shape)} {op}, call {k}: {got!r} != {want!r}")
     if len(outputs) != 1:
         raise AssertionError("a persistent call returned different arrays")
+    bound.shape = (*shape, 1)  # in place, on every instance: the call keeps the bound memory's bound shape
+    bound[...] = value(me, 4, bound.shape, dtype)
+    want, got = C.allreduce(bound.reshape(shape), op), call()
+    if got.shape != shape or got.tobytes() != want.tobytes() or id(got) not in outputs:
+        raise AssertionError(f"{np.dtype(dtype)}{list(shape)} {op}, after an in-place reshape: {got!r} != {want!r}")
     return hashlib.sha256(got.tobytes()).hexdigest()
 
 

@@ -170,11 +170,14 @@ class Fabric(PlannedPaths):
                        group: Sequence[int] | None = None) -> Callable[[], np.ndarray]:
         """A persistent allreduce (MPI 4's ``MPI_Allreduce_init``): a callable that allreduces ``array``'s current
         contents, as ``allreduce`` would, into one output array it returns each time (overwritten by the next
-        call). ``array`` is bound, not copied, so it must be a C-contiguous ndarray in native byte order."""
+        call). ``array``'s memory is bound, not copied, so it must be a C-contiguous ndarray in native byte
+        order; through a view made now, as an MPI request binds a buffer: a later in-place reshape of ``array``
+        (``array.shape = ...``) changes neither the shape reduced nor the output's."""
         x = self._prepare(array, op)
         if x is not array:
             raise ValueError("allreduce_init binds its array, so it needs a C-contiguous numpy.ndarray in native "
                              "byte order; pass np.ascontiguousarray(array) and keep that one")
+        x = x.view()
         group = None if group is None or tuple(group) == self._everyone else tuple(group)
         self._group(group)  # (checked now, not at the first call)
         out = np.empty_like(x)
