@@ -77,6 +77,10 @@ def keeps_its_group() -> dict:
             out[name] = call()
         except TypeError as error:
             out[name] = str(error)
+    try:  # nested: instance 2 is outside the enclosing pair, so it never runs the inner call
+        out["nested"] = C.execute_on_instances({0, 1}, C.execute_on_instances, {1, 2}, C.allreduce, x)
+    except ValueError as error:
+        out["nested"] = str(error)
     C.barrier()
     return out
 
@@ -84,7 +88,9 @@ def keeps_its_group() -> dict:
 def test_a_persistent_allreduce_keeps_the_group_it_was_bound_across_and_roots_are_integers() -> None:
     """Called inside execute_on_instances of other instances it refuses at once; before, instances 0 and 1
     waited for instance 2 until its next collective, then all three raised CollectiveMismatchError. A root of
-    1.5 and an instance 0.7 were truncated by int() into instances 1 and 0."""
+    1.5 and an instance 0.7 were truncated by int() into instances 1 and 0. execute_on_instances nested in
+    another and naming an instance outside it refuses at once on every member of the enclosing group; before,
+    instance 1 waited for instance 2, which never ran it, and failed late with another call's error."""
     import poprun_py
 
     results = poprun_py.launch(keeps_its_group, num_instances=3, timeout=60)
@@ -97,3 +103,6 @@ def test_a_persistent_allreduce_keeps_the_group_it_was_bound_across_and_roots_ar
         assert out["whole_in_everyone"] == [6.0] * 3
         assert out["root"] == "broadcast's root must be an instance index (an integer), got 1.5"
         assert out["instances"] == "execute_on_instances: each instance must be an instance index (an integer), got 0.7"
+        assert out["nested"] == (None if me == 2 else "execute_on_instances([1, 2]) inside execute_on_instances([0, 1])"
+                                 ": instances [2] are outside the enclosing group, so they never run it; name only "
+                                 "instances of the enclosing group, or call it outside that group"), out

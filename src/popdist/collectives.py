@@ -179,16 +179,31 @@ def execute_on_instances(instances: Iterable[int], func: Callable[..., T], *args
 
     Collectives inside ``func`` span only those instances, e.g. a checkpoint
     saved by instance 0 alone: ``execute_on_instances({0}, save, model)``.
+    Nested inside another, it may name only instances of the enclosing one.
     """
     members = tuple(sorted({_instance_index(i, 'execute_on_instances: each instance') for i in instances}))
     count = core.getNumInstances()
     bad = [i for i in members if not 0 <= i < count]
     if bad:
         raise ValueError(f"execute_on_instances: instances {bad} do not exist (0 to {count - 1})")
+    _check_within_enclosing(members, current_group())
     if core.getInstanceIndex() not in members:
         return None
     with instance_group(members):
         return func(*args, **kwargs)
+
+
+def _check_within_enclosing(members: tuple[int, ...], enclosing: tuple[int, ...] | None) -> None:
+    """Inside ``execute_on_instances`` of ``enclosing``, the instances outside it never run the nested call: its
+    collectives would wait for them (then fail late, naming other calls). Every member of the enclosing group
+    that reaches the nested call raises at once instead, whether or not it is among ``members``."""
+    if enclosing is None:
+        return
+    outside = [i for i in members if i not in enclosing]
+    if outside:
+        raise ValueError(f"execute_on_instances({list(members)}) inside execute_on_instances({list(enclosing)}): "
+                         f"instances {outside} are outside the enclosing group, so they never run it; name only "
+                         "instances of the enclosing group, or call it outside that group")
 
 
 def _instance_index(value: Any, what: str) -> int:
