@@ -105,7 +105,9 @@ def test_horovod_corners_behave_as_horovod_0_28() -> None:
     """Each of these differed from Horovod before: a scheduler made first skipped the reduction (the weights
     drifted apart), bare parameters were unpacked as pairs, a fresh optimizer's state stayed empty, SparseAdam
     refused the dense gradient, mpi_ops had no Average, float16 scaled by a rounded factor, duplicate or
-    missing names passed, the allgather mismatch was a ValueError, and the names below were missing."""
+    missing names passed, the allgather mismatch was a ValueError, and the names below were missing. Allreduces
+    whose scale factors, dtype (bfloat16 against float32) or op (an integer Average) differ gave each rank its
+    own result, with exit 0."""
     import numpy as np
 
     by_rank = records(run_poprun(*job(2), *python_program("horovod_corners.py")))
@@ -124,6 +126,13 @@ def test_horovod_corners_behave_as_horovod_0_28() -> None:
         assert passes == 3 and warned == ["optimizer.step() after optimizer.synchronize() reduces the gradients "
                                           "again"]
         assert out["allgather_mismatch"] == ["RowsMismatchError", True]
+        assert out["allreduce_mismatch"] == [
+            "hvd.allreduce: Mismatched prescale and/or postscale factors: instance 0 gave (1.0, 2.0), instance 1 "
+            "(1.0, 1.5); every instance must give the same",
+            "hvd.allreduce: Mismatched data types: instance 0 passed bfloat16, instance 1 float32; every instance "
+            "must pass a tensor of the same dtype",
+            "hvd.allreduce: Mismatched reduction operation: instance 0 asked for Average, instance 1 for Min; every "
+            "instance must name the same op"]
         assert out["grouped_async"] == [[2.0, 2.0], [2.0]] and out["built"] == [False, False]
 
 
@@ -148,6 +157,18 @@ def test_a_horovod_call_mismatch_names_the_call_the_header_begins() -> None:
     assert named and all("allreduce(mean) on float32[4]" in line and "allgather on int64[18] (the exchange of "
                          "shapes that begins an allgather of rows or of Python objects: hvd.allgather" in line
                          for line in named)
+
+
+def test_a_horovod_allreduce_that_checks_first_against_a_plain_one_fails_on_every_instance() -> None:
+    """An integer Average (a sum, then a local division: it compares op, factors and dtype first) against an
+    integer Sum (the fabric's plain call): the fabric's mismatch on both, naming the comparison. Before, each
+    instance got its own result, with exit 0."""
+    result = run_poprun(*job(2), *python_program("horovod_call_mismatch.py", "integer-average"))
+    lines = [line for line in result.stdout.decode().splitlines() if line.startswith("mismatch:")]
+    assert len(lines) == 2, (lines, result.stderr.decode()[-2000:])
+    assert all("allreduce(sum) on int64[2]" in line and "allgather on float64[2, 2] (hvd.allreduce's comparison "
+               "of op, scale factors and dtype" in line for line in lines), lines
+    assert result.returncode == 4
 
 
 def test_horovod_in_launch_instances(spawn_instances) -> None:

@@ -1,9 +1,9 @@
 """Horovod's API in the corners a review found unlike Horovod 0.28.1 (2 instances or more): an LR scheduler made
 before the optimizer is wrapped, ``broadcast_parameters(model.parameters())``, a fresh optimizer's state,
 ``sparse_as_dense`` with ``SparseAdam``, names imported from ``horovod.torch.mpi_ops``, float16 scaling,
-``DistributedOptimizer``'s checks and ``set_backward_passes_per_step``, an allgather of mismatched shapes, and
-the names ``barrier``, ``grouped_allreduce_async``, ``cuda_built``, ``horovod.common.exceptions``. Each
-rank prints its results as JSON."""
+``DistributedOptimizer``'s checks and ``set_backward_passes_per_step``, an allgather of mismatched shapes,
+allreduces of mismatched scale factors, dtypes and ops, and the names ``barrier``, ``grouped_allreduce_async``,
+``cuda_built``, ``horovod.common.exceptions``. Each rank prints its results as JSON."""
 
 import json
 import warnings
@@ -82,6 +82,24 @@ try:
 except RuntimeError as exc:
     out["allgather_mismatch"] = [type(exc).__name__, isinstance(exc, HorovodInternalError)]
 hvd.barrier()
+
+
+def refused(call):
+    try:
+        call()
+        return None
+    except HorovodInternalError as exc:
+        return str(exc)
+
+
+# allreduces whose op, scale factors or dtype differ where the fabric's call would not: Horovod's errors on
+# every rank, and the job goes on
+f = torch.tensor([1.0, 2.0])
+out["allreduce_mismatch"] = [
+    refused(lambda: hvd.allreduce(f, op=hvd.Sum, postscale_factor=2.0 if r == 0 else 1.5)),
+    refused(lambda: hvd.allreduce(f.bfloat16() if r == 0 else f, op=hvd.Sum, prescale_factor=0.5)),
+    refused(lambda: hvd.allreduce(torch.tensor([r]), op=hvd.Average if r == 0 else hvd.Min, postscale_factor=3.0)),
+]
 handle = hvd.grouped_allreduce_async([torch.ones(2), torch.ones(1)], op=hvd.Sum)
 out["grouped_async"] = [t.tolist() for t in hvd.synchronize(handle)]
 out["built"] = [hvd.cuda_built(), hvd.rocm_built()]

@@ -19,6 +19,8 @@ from popdist.backend import current_fabric, current_group
 if TYPE_CHECKING:
     import numpy as np
 
+    from popdist.backend import Collectives
+
 __all__ = [
     "Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum",
     "allreduce_array", "barrier", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "init",
@@ -63,6 +65,7 @@ def init(comm: object = None, process_sets: object = None) -> None:
     if comm is not None or process_sets is not None:
         raise NotImplementedError("hvd.init(comm=..., process_sets=...) is not provided by poprun-py: "
                                   "call hvd.init() and every instance of the job takes part")
+    _name_the_agreement()
     _state.initialised = True
 
 
@@ -160,17 +163,25 @@ def resolve_op(op: object, average: object) -> ReduceOp:
 
 
 def allreduce_array(x: np.ndarray, op: ReduceOp, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> np.ndarray:
+                    postscale_factor: float = 1.0, bfloat16: bool = False) -> np.ndarray:
     """A new array: ``x`` reduced over the instances (in instance order: the same bits everywhere).
 
     Average of an integer array sums, scales once by ``postscale_factor / size`` and truncates toward zero, as
     Horovod's scaling does (dividing and truncating first, then scaling, lost what the division had left).
+    ``bfloat16``: ``x`` holds a bfloat16 tensor's values in float32.
+
+    Such a call (a scale factor, an integer Average, bfloat16) sends the fabric a plain sum or float32 array,
+    whose header cannot tell it from another instance's plain call: its instances compare op, factors and
+    dtype first (``_check_agreement``), as Horovod's coordinator does.
     """
     require_init()
     fabric, group = current_fabric(), current_group()
+    integer_average = op is ReduceOp.Average and x.dtype.kind in "iu"
+    if integer_average or bfloat16 or prescale_factor != 1.0 or postscale_factor != 1.0:
+        _check_agreement(fabric, group, op, prescale_factor, postscale_factor, None if bfloat16 else x.dtype)
     if prescale_factor != 1.0:
         x = _scaled(x, prescale_factor)
-    if op is ReduceOp.Average and x.dtype.kind in "iu":
+    if integer_average:
         members = len(group) if group else fabric.num_instances
         return (fabric.allreduce(x, "sum", group) * (postscale_factor / members)).astype(x.dtype)
     out = fabric.allreduce(x, _FABRIC_OPS[op], group)
@@ -185,3 +196,58 @@ def _scaled(x: np.ndarray, factor: float) -> np.ndarray:
     if x.dtype == np.float16:
         return (x.astype(np.float32) * np.float32(factor)).astype(np.float16)
     return (x * factor).astype(x.dtype, copy=False)
+
+
+#: The shape of the float64 array ``_check_agreement`` gathers: (op, dtype), (prescale, postscale).
+_AGREEMENT = (2, 2)
+
+
+def _name_the_agreement() -> None:
+    """Have the fabric's mismatch messages name the agreement's allgather (``init``: on every instance, as the
+    one that meets it may be making a plain call)."""
+    import numpy as np
+
+    from simipu.fabric.frames.header import ALLGATHER, name_call
+
+    name_call(ALLGATHER, np.dtype(np.float64), _AGREEMENT, "hvd.allreduce's comparison of op, scale factors and "
+              "dtype, which begins a call with a prescale or postscale factor, an integer Average or bfloat16")
+
+
+def _check_agreement(fabric: Collectives, group: tuple[int, ...] | None, op: ReduceOp, prescale: float,
+                     postscale: float, dtype: np.dtype | None) -> None:
+    """Raise ``CollectiveMismatchError`` on every instance unless all name the same op, factors and dtype (None:
+    bfloat16), in Horovod's wording. One small allgather: every instance judges the same rows alike. An instance making
+    a plain call meanwhile meets this allgather instead of its allreduce: the fabric's mismatch, on all."""
+    import numpy as np
+
+    from simipu.fabric.errors import CollectiveMismatchError
+
+    code = 0.0 if dtype is None else float(ord(np.dtype(dtype.str).char))  # (int64's "l" and "q" alike)
+    mine = np.array([[int(op), code], [prescale, postscale]], np.float64)
+    rows = fabric.allgather(mine, group)
+    members = group or range(fabric.num_instances)
+    for k, row in enumerate(rows):
+        if row.tobytes() != rows[0].tobytes():
+            first, other = members[0], members[k]
+            break
+    else:
+        return
+    (op0, code0), factors0 = rows[0]
+    (op1, code1), factors1 = row
+    if code0 != code1:
+        raise CollectiveMismatchError(f"hvd.allreduce: Mismatched data types: instance {first} passed "
+                                      f"{_dtype_name(code0)}, instance {other} {_dtype_name(code1)}; every "
+                                      "instance must pass a tensor of the same dtype")
+    if op0 != op1:
+        raise CollectiveMismatchError(f"hvd.allreduce: Mismatched reduction operation: instance {first} asked for "
+                                      f"{ReduceOp(int(op0)).name}, instance {other} for {ReduceOp(int(op1)).name}; "
+                                      "every instance must name the same op")
+    raise CollectiveMismatchError(f"hvd.allreduce: Mismatched prescale and/or postscale factors: instance {first} "
+                                  f"gave {tuple(factors0.tolist())}, instance {other} {tuple(factors1.tolist())}; "
+                                  "every instance must give the same")
+
+
+def _dtype_name(code: float) -> str:
+    import numpy as np
+
+    return "bfloat16" if code == 0 else np.dtype(chr(int(code))).name

@@ -87,7 +87,8 @@ def to_tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
 
 
 def _allreduce(tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
-    return to_tensor(allreduce_array(to_array(tensor), op, prescale, postscale), tensor)
+    return to_tensor(allreduce_array(to_array(tensor), op, prescale, postscale, tensor.dtype is torch.bfloat16),
+                     tensor)
 
 
 class HorovodAllreduce(torch.autograd.Function):
