@@ -213,6 +213,43 @@ def test_a_collective_after_a_small_broadcast_with_different_roots_names_the_roo
     assert result.returncode == 4
 
 
+def refusals() -> dict:
+    import numpy as np
+
+    import popdist.collectives as C
+
+    out = {}
+    for op in ("max", "min"):
+        try:
+            out[op] = C.allreduce(np.array([1 + 2j, 3 - 1j]), op).tolist()
+        except TypeError as error:
+            out[op] = str(error)
+    swapped = np.arange(5.0).astype(">f8")
+    try:
+        out["swapped"] = C.allreduce(swapped, out=swapped).tolist()
+    except ValueError as error:
+        out["swapped"] = str(error)
+    out["after"] = C.allreduce(np.ones(2)).tolist()  # (nothing above broke the fabric)
+    return out
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_max_of_complex_and_an_out_in_another_byte_order_are_refused_clearly(instances: int) -> None:
+    """max and min of complex arrays are refused, as MPI's MAX and MIN (and this project's mpi4py) refuse
+    them; before, NumPy's lexicographic order was taken. out= of another byte order than the machine's (in
+    place too) says so; before: "out is >f8[5] but the result is float64[5]"."""
+    import poprun_py
+
+    for out in poprun_py.launch(refusals, num_instances=instances, timeout=60):
+        for op in ("max", "min"):
+            assert out[op] == (f"{op} does not reduce a complex128 array: complex numbers have no order (MPI's MAX "
+                               "and MIN refuse them too); reduce their abs() or real parts instead"), out
+        assert out["swapped"] == ("out is >f8[5], not in this machine's byte order, and results are written in it "
+                                  "(float64); for out= (in place too) pass a native-order array "
+                                  "(x.astype(x.dtype.newbyteorder('='))), or no out"), out
+        assert out["after"] == [instances] * 2
+
+
 def test_a_connection_without_the_secret_is_refused() -> None:
     result = run_failing("wrong-token", "--startup-timeout", "2")
     assert b"refused" in result.stdout

@@ -107,7 +107,7 @@ def test_horovod_corners_behave_as_horovod_0_28() -> None:
     refused the dense gradient, mpi_ops had no Average, float16 scaled by a rounded factor, duplicate or
     missing names passed, the allgather mismatch was a ValueError, and the names below were missing. Allreduces
     whose scale factors, dtype (bfloat16 against float32) or op (an integer Average) differ gave each rank its
-    own result, with exit 0."""
+    own result, with exit 0; an allgather of 0-d tensors gave shape (size,)."""
     import numpy as np
 
     by_rank = records(run_poprun(*job(2), *python_program("horovod_corners.py")))
@@ -126,6 +126,11 @@ def test_horovod_corners_behave_as_horovod_0_28() -> None:
         assert passes == 3 and warned == ["optimizer.step() after optimizer.synchronize() reduces the gradients "
                                           "again"]
         assert out["allgather_mismatch"] == ["RowsMismatchError", True]
+        assert out["allgather_0d"] == [
+            "allgather: members [0, 1] pass a 0-d array (a rank-zero tensor, which Horovod's allgather refuses too), "
+            "and it concatenates on the first dimension: give every member's at least one dimension (x.reshape(1))",
+            "allgather: members [0] pass a 0-d array (a rank-zero tensor, which Horovod's allgather refuses too), "
+            "and it concatenates on the first dimension: give every member's at least one dimension (x.reshape(1))"]
         assert out["allreduce_mismatch"] == [
             "hvd.allreduce: Mismatched prescale and/or postscale factors: instance 0 gave (1.0, 2.0), instance 1 "
             "(1.0, 1.5); every instance must give the same",

@@ -55,6 +55,10 @@ class LoneFabric:
         import numpy as np
 
         array = np.asarray(array)  # (not ascontiguousarray, which makes a 0-d array 1-d; copy() is C-ordered)
+        if array.dtype.kind == "c" and op in ("max", "min"):  # (refused as the fabric refuses it)
+            from simipu.fabric.algorithms.calls import unordered
+
+            raise TypeError(unordered(op, array.dtype))
         if op == "mean" and not np.issubdtype(array.dtype, np.floating):
             array = array / 1
         return _filled(out, array)
@@ -249,13 +253,14 @@ def initialise(implicitly: bool = False) -> None:
 
 
 def _filled(out, result):
-    """A copy of ``result``, or ``out`` filled with it (checked as the fabric checks it; alone, a wrong one
-    raises at once: no peer waits)."""
+    """A copy of ``result`` in native byte order, as the fabric's results are, or ``out`` filled with it
+    (checked as the fabric checks it; alone, a wrong one raises at once: no peer waits)."""
+    native = result.dtype.newbyteorder("=")
     if out is None:
-        return result.copy()
+        return result.astype(native, order="C")
     from simipu.fabric.algorithms.outputs import out_problem
 
-    problem = out_problem(out, result.shape, result.dtype)
+    problem = out_problem(out, result.shape, native)
     if problem:
         raise ValueError(problem)
     out[...] = result

@@ -100,15 +100,14 @@ def allgather_rows(array: np.ndarray, group: Sequence[int] | None = None) -> lis
     """Every member's array, in member order; the first dimension may differ, nothing else may."""
     fabric = current_fabric()
     members = _group(group)
-    x = np.ascontiguousarray(array)
-    if x.ndim == 0:
-        raise ValueError("allgather needs arrays of at least one dimension (it concatenates on the first)")
+    x = np.asarray(array)  # (not ascontiguousarray yet: it makes a 0-d array 1-d)
     if x.ndim > MAX_DIMS:
         raise ValueError(f"allgather takes arrays of at most {MAX_DIMS} dimensions, got {x.ndim}")
     header = np.zeros(2 + MAX_DIMS, np.int64)
     header[0], header[1], header[2:2 + x.ndim] = x.dtype.num, x.ndim, x.shape
-    headers = fabric.allgather(header, members)
+    headers = fabric.allgather(header, members)  # (a 0-d array's too: every member then refuses it alike)
     _check_same_rows(headers, x)
+    x = np.ascontiguousarray(x)
     rows = [int(h[2]) for h in headers]
     if len(set(rows)) == 1:
         gathered = fabric.allgather(x, members)
@@ -120,7 +119,13 @@ def allgather_rows(array: np.ndarray, group: Sequence[int] | None = None) -> lis
 
 
 def _check_same_rows(headers: np.ndarray, x: np.ndarray) -> None:
-    """Every member's dtype and trailing dimensions agree with the first member's (the same verdict on all)."""
+    """Every member's dtype and trailing dimensions agree with the first member's, and none is 0-d (the same
+    verdict on all)."""
+    flat = [k for k, header in enumerate(headers) if header[1] == 0]
+    if flat:
+        raise RowsMismatchError(f"allgather: members {flat} pass a 0-d array (a rank-zero tensor, which Horovod's "
+                                "allgather refuses too), and it concatenates on the first dimension: give every "
+                                "member's at least one dimension (x.reshape(1))")
     first = headers[0]
     for k, header in enumerate(headers):
         if header[0] != first[0]:

@@ -2,8 +2,8 @@
 before the optimizer is wrapped, ``broadcast_parameters(model.parameters())``, a fresh optimizer's state,
 ``sparse_as_dense`` with ``SparseAdam``, names imported from ``horovod.torch.mpi_ops``, float16 scaling,
 ``DistributedOptimizer``'s checks and ``set_backward_passes_per_step``, an allgather of mismatched shapes,
-allreduces of mismatched scale factors, dtypes and ops, and the names ``barrier``, ``grouped_allreduce_async``,
-``cuda_built``, ``horovod.common.exceptions``. Each rank prints its results as JSON."""
+allreduces of mismatched scale factors, dtypes and ops, an allgather of 0-d tensors, and the names ``barrier``,
+``grouped_allreduce_async``, ``cuda_built``, ``horovod.common.exceptions``. Each rank prints its results as JSON."""
 
 import json
 import warnings
@@ -90,6 +90,11 @@ def refused(call):
         return None
     except HorovodInternalError as exc:
         return str(exc)
+
+
+# an allgather of a rank-zero tensor is refused on every rank, as Horovod's, whoever passes it
+out["allgather_0d"] = [refused(lambda: hvd.allgather(torch.tensor(float(r)))),
+                       refused(lambda: hvd.allgather(torch.tensor(1.0) if r == 0 else torch.ones(1)))]
 
 
 # allreduces whose op, scale factors or dtype differ where the fabric's call would not: Horovod's errors on

@@ -139,14 +139,23 @@ def checked_array(array: np.ndarray, op: str | None) -> np.ndarray:
     if op is not None:
         if op not in UFUNCS:
             raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(UFUNCS)}")
-        if x.dtype.kind == "b":
+        kind = x.dtype.kind
+        if kind == "b":
             raise TypeError(f"{op} of a bool array is ambiguous; convert it to an integer dtype first")
-        if op == "mean" and x.dtype.kind in "iu":
+        if kind == "c" and (op == "max" or op == "min"):
+            raise TypeError(unordered(op, x.dtype))
+        if op == "mean" and kind in "iu":
             raise TypeError(f"mean of {x.dtype} arrays would need rounding; use op='sum' and divide, "
                             "or pass a floating-point array")
     if not x.dtype.isnative:
         x = x.astype(x.dtype.newbyteorder("="))
     return x
+
+
+def unordered(op: str, dtype: np.dtype) -> str:
+    """Why ``op`` (max or min) refuses complex ``dtype``: MPI's MAX and MIN do, where NumPy's order is lexicographic."""
+    return (f"{op} does not reduce a {dtype} array: complex numbers have no order (MPI's MAX and MIN refuse them "
+            "too); reduce their abs() or real parts instead")
 
 
 def check_members(members: tuple[int, ...], instance: int, num_instances: int) -> None:

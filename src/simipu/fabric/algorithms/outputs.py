@@ -22,6 +22,10 @@ def out_problem(out: object, shape: tuple[int, ...], dtype: np.dtype) -> str | N
     if type(out) is not np.ndarray and not isinstance(out, np.ndarray):
         return f"out must be a NumPy array, got {type(out).__name__}"
     if out.shape != shape or out.dtype != dtype:
+        if out.shape == shape and not out.dtype.isnative and out.dtype.newbyteorder("=") == dtype:
+            return (f"out is {out.dtype.str}{list(out.shape)}, not in this machine's byte order, and results are "
+                    f"written in it ({dtype}); for out= (in place too) pass a native-order array "
+                    "(x.astype(x.dtype.newbyteorder('='))), or no out")
         return (f"out is {out.dtype}{list(out.shape)} but the result is {dtype}{list(shape)}; "
                 "pass an array of the result's dtype and shape, or no out")
     if not out.flags.c_contiguous or not out.flags.writeable:
