@@ -62,9 +62,10 @@ hot = dict(entered)
 
 def frames_of(call):
     """The Python frames a call enters (C functions not counted), but those that wait for a peer or wake one:
-    the fewest over five calls (a peer late past the spin sends a call the general way)."""
+    the fewest over ten calls. A peer late past the spin sends a call the general way: such a call's frames are
+    cut where it falls back (``_hot_fallback``), and count only if every call fell back."""
     seen = []
-    for _ in range(5):
+    for _ in range(10):
         names = []
 
         def profile(frame, event, arg, names=names):
@@ -75,8 +76,9 @@ def frames_of(call):
             call(x, "sum", out=out) if call is C.allreduce else call(g, out=rows)
         finally:
             sys.setprofile(None)
-        seen.append(names)
-    return min(seen, key=len)
+        fell_back = "_hot_fallback" in names
+        seen.append((fell_back, len(names), names[:names.index("_hot_fallback")] if fell_back else names))
+    return min(seen)[2]
 
 
 frames = {"allreduce": frames_of(C.allreduce), "allgather": frames_of(C.allgather)}
