@@ -313,6 +313,10 @@ def test_mpi4py_semantics_over_three_instances() -> None:
         assert out["missing"].startswith("MPI.Comm.Create_intercomm is not provided by poprun-py's mpi4py")
         assert "Running Graphcore's programs" in out["missing"]
         assert out["missing_on_the_class"].startswith("MPI.Comm.Compare is not provided by poprun-py's mpi4py; see")
+        assert out["exception"] == [True, False, 6, 6, 6, 6, "rank", "MPI_ERR_RANK: invalid rank",
+                                    "Recv: rank 99 is not in MPI_COMM_WORLD (0 to 2) (MPI_ERR_RANK)", True]
+        assert out["made"] == ["MPI_ERR_ARG: invalid argument", 13, True, False, True, 18,
+                               "MPI_ERR_OTHER: other error", True]
     assert by_rank[2]["recv"] == {"hello": "from 0"} and by_rank[0]["recv"] == [1, 2, 3]
     assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
 

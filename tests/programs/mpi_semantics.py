@@ -1,6 +1,7 @@
 """mpi4py's semantics over the fabric, each result printed as JSON for the test to check (3 instances)."""
 
 import json
+import pickle
 
 import numpy as np
 from mpi4py import MPI
@@ -49,5 +50,14 @@ try:
 except AttributeError as exc:
     out["missing_on_the_class"] = str(exc)
 out["hasattr_Win"] = hasattr(MPI, "Win")
+try:
+    comm.Recv(np.zeros(1), source=99)
+except MPI.Exception as exc:  # (an int where one is compared, as mpi4py's: all but int(exc) failed before)
+    out["exception"] = [exc == MPI.ERR_RANK, exc != MPI.ERR_RANK, int(exc), exc.error_class, exc.error_code,
+                        exc.Get_error_class(), {exc: "rank"}.get(MPI.ERR_RANK), exc.error_string, str(exc),
+                        isinstance(pickle.loads(pickle.dumps(exc)), ValueError)]
+made = MPI.Exception(MPI.ERR_ARG)
+out["made"] = [str(made), int(made), bool(made), bool(MPI.Exception()), made < MPI.ERR_TRUNCATE,
+               MPI.ERR_IN_STATUS, MPI.Get_error_string(MPI.ERR_OTHER), pickle.loads(pickle.dumps(made)) == made]
 comm.Barrier()
 print(json.dumps(out), flush=True)

@@ -41,23 +41,35 @@ from popdist.mpi4py.specs import (
     ANY_TAG,
     COMM_TYPE_SHARED,
     ERR_ARG,
+    ERR_BUFFER,
     ERR_COMM,
+    ERR_COUNT,
     ERR_DIMS,
+    ERR_GROUP,
     ERR_IN_STATUS,
+    ERR_INTERN,
     ERR_OP,
+    ERR_OTHER,
+    ERR_PENDING,
     ERR_RANK,
+    ERR_REQUEST,
+    ERR_ROOT,
     ERR_TAG,
     ERR_TOPOLOGY,
     ERR_TRUNCATE,
+    ERR_TYPE,
+    ERR_UNKNOWN,
     IN_PLACE,
     PROC_NULL,
     README_SECTION,
+    SUCCESS,
     UNDEFINED,
     Datatype,
     MPIException,
     NotProvidedError,
     RankError,
     Status,
+    error_string,
 )
 from popdist.mpi4py.topology import CART, compute_dims
 
@@ -65,12 +77,14 @@ __all__ = [
     "ANY_SOURCE", "ANY_TAG", "BAND", "BOOL", "BOR", "BXOR", "BYTE", "CART", "CHAR", "COMM_NULL", "COMM_SELF",
     "COMM_TYPE_SHARED", "COMM_WORLD", "COMPLEX", "C_BOOL", "C_DOUBLE_COMPLEX", "C_FLOAT_COMPLEX", "Cartcomm", "Comm",
     "Compute_dims", "DIST_GRAPH", "DOUBLE", "DOUBLE_COMPLEX", "DOUBLE_INT", "Datatype", "Distgraphcomm", "ERR_ARG",
-    "ERR_COMM", "ERR_DIMS", "ERR_IN_STATUS", "ERR_OP", "ERR_RANK", "ERR_TAG", "ERR_TOPOLOGY", "ERR_TRUNCATE",
-    "Exception", "FLOAT", "FLOAT_INT", "Finalize", "GRAPH", "Get_processor_name", "Get_version", "Graphcomm",
+    "ERR_BUFFER", "ERR_COMM", "ERR_COUNT", "ERR_DIMS", "ERR_GROUP", "ERR_INTERN", "ERR_IN_STATUS", "ERR_OP",
+    "ERR_OTHER", "ERR_PENDING", "ERR_RANK", "ERR_REQUEST", "ERR_ROOT", "ERR_TAG", "ERR_TOPOLOGY", "ERR_TRUNCATE",
+    "ERR_TYPE", "ERR_UNKNOWN", "Exception", "FLOAT", "FLOAT_INT", "Finalize", "GRAPH", "Get_error_class",
+    "Get_error_string", "Get_processor_name", "Get_version", "Graphcomm",
     "INFO_NULL", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "INT_INT", "IN_PLACE", "Init", "Intracomm",
     "Is_finalized", "Is_initialized", "LAND", "LONG", "LONG_DOUBLE", "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG",
     "LOR", "LXOR", "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "NotProvidedError", "OP_NULL", "Op", "PROC_NULL",
-    "PROD", "Query_thread", "REPLACE", "REQUEST_NULL", "Request", "SHORT", "SHORT_INT", "SIGNED_CHAR", "SUM",
+    "PROD", "Query_thread", "REPLACE", "REQUEST_NULL", "Request", "SHORT", "SHORT_INT", "SIGNED_CHAR", "SUCCESS", "SUM",
     "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "TWOINT", "Topocomm", "UINT16_T", "UINT32_T", "UINT64_T",
     "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "UNWEIGHTED",
     "WEIGHTS_EMPTY", "Wtick", "Wtime",
@@ -172,6 +186,15 @@ def Wtime() -> float:
 
 def Wtick() -> float:
     return time.get_clock_info("monotonic").resolution
+
+
+def Get_error_string(errorcode: int) -> str:
+    """What an error class means, as ``str(MPI.Exception(errorcode))``."""
+    return error_string(errorcode)
+
+
+def Get_error_class(errorcode: int) -> int:
+    return errorcode  # (every error here is a class)
 
 
 def Get_processor_name() -> str:

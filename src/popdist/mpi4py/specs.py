@@ -9,18 +9,35 @@ a one-dimensional view.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
 
 README_SECTION = "README \"Running Graphcore's programs\""
 
-#: mpi4py's error classes for what it raises as ``MPI.Exception`` here (Open MPI's values).
-ERR_TAG, ERR_COMM, ERR_RANK, ERR_OP, ERR_TOPOLOGY, ERR_DIMS, ERR_ARG, ERR_TRUNCATE, ERR_IN_STATUS = \
-    4, 5, 6, 10, 11, 12, 13, 15, 17
-_ERROR_NAMES = {ERR_TAG: "MPI_ERR_TAG", ERR_COMM: "MPI_ERR_COMM", ERR_RANK: "MPI_ERR_RANK", ERR_OP: "MPI_ERR_OP",
-                ERR_TOPOLOGY: "MPI_ERR_TOPOLOGY", ERR_DIMS: "MPI_ERR_DIMS", ERR_ARG: "MPI_ERR_ARG",
-                ERR_TRUNCATE: "MPI_ERR_TRUNCATE", ERR_IN_STATUS: "MPI_ERR_IN_STATUS"}
+#: MPI's error classes, as ``MPI.Exception`` carries them (Open MPI's values, which mpi4py gives there).
+SUCCESS, ERR_BUFFER, ERR_COUNT, ERR_TYPE, ERR_TAG, ERR_COMM, ERR_RANK, ERR_REQUEST, ERR_ROOT, ERR_GROUP = range(10)
+ERR_OP, ERR_TOPOLOGY, ERR_DIMS, ERR_ARG, ERR_UNKNOWN, ERR_TRUNCATE, ERR_OTHER, ERR_INTERN, ERR_IN_STATUS, \
+    ERR_PENDING = range(10, 20)
+#: Each class's name and what it means (``MPI.Get_error_string``).
+_ERRORS = {SUCCESS: ("MPI_SUCCESS", "no error"), ERR_BUFFER: ("MPI_ERR_BUFFER", "invalid buffer"),
+           ERR_COUNT: ("MPI_ERR_COUNT", "invalid count"), ERR_TYPE: ("MPI_ERR_TYPE", "invalid datatype"),
+           ERR_TAG: ("MPI_ERR_TAG", "invalid tag"), ERR_COMM: ("MPI_ERR_COMM", "invalid communicator"),
+           ERR_RANK: ("MPI_ERR_RANK", "invalid rank"), ERR_REQUEST: ("MPI_ERR_REQUEST", "invalid request"),
+           ERR_ROOT: ("MPI_ERR_ROOT", "invalid root"), ERR_GROUP: ("MPI_ERR_GROUP", "invalid group"),
+           ERR_OP: ("MPI_ERR_OP", "invalid reduction operation"),
+           ERR_TOPOLOGY: ("MPI_ERR_TOPOLOGY", "invalid topology"), ERR_DIMS: ("MPI_ERR_DIMS", "invalid dimensions"),
+           ERR_ARG: ("MPI_ERR_ARG", "invalid argument"), ERR_UNKNOWN: ("MPI_ERR_UNKNOWN", "unknown error"),
+           ERR_TRUNCATE: ("MPI_ERR_TRUNCATE", "message truncated"), ERR_OTHER: ("MPI_ERR_OTHER", "other error"),
+           ERR_INTERN: ("MPI_ERR_INTERN", "internal error"), ERR_IN_STATUS: ("MPI_ERR_IN_STATUS", "error in a status"),
+           ERR_PENDING: ("MPI_ERR_PENDING", "request pending")}
+
+
+def error_string(code: int) -> str:
+    """What an error class means, named as MPI names it (``MPI.Get_error_string``)."""
+    name, meaning = _ERRORS.get(code, (f"MPI error {code}", "not an error class MPI defines"))
+    return f"{name}: {meaning}"
 
 
 def is_int(value: Any) -> bool:
@@ -29,19 +46,66 @@ def is_int(value: Any) -> bool:
 
 
 class MPIException(RuntimeError):
-    """``MPI.Exception``: an error of an MPI call, with its error class (``error_code``), as mpi4py raises."""
+    """``MPI.Exception``: an error of an MPI call, as mpi4py raises it: it is its error class where an int is
+    (``exc == MPI.ERR_RANK``, ``int(exc)``, a dict key), false for ``MPI.SUCCESS``, and ``MPI.Exception(code)``
+    makes one. poprun-py's own add a ``message`` saying what went wrong: ``"<message> (MPI_ERR_RANK)"``."""
 
-    def __init__(self, error_code: int, message: str) -> None:
-        super().__init__(f"{message} ({_ERROR_NAMES.get(error_code, error_code)})")
-        self.error_code = error_code
+    def __init__(self, ierr: int = SUCCESS, message: str | None = None) -> None:
+        if not is_int(ierr):
+            raise TypeError(f"MPI.Exception: an error class is an int (MPI.ERR_ARG...), not {ierr!r}")
+        self._code, self._message = int(ierr), message
+        name = _ERRORS.get(self._code, (f"MPI error {self._code}",))[0]
+        super().__init__(error_string(self._code) if message is None else f"{message} ({name})")
 
     def Get_error_code(self) -> int:
-        return self.error_code
+        return self._code
 
-    Get_error_class = Get_error_code
+    def Get_error_class(self) -> int:
+        return self._code  # (every code here is a class)
 
     def Get_error_string(self) -> str:
-        return str(self)
+        return error_string(self._code)
+
+    error_code = property(Get_error_code)
+    error_class = property(Get_error_class)
+    error_string = property(Get_error_string)
+
+    def __int__(self) -> int:
+        return self._code
+
+    def __bool__(self) -> bool:
+        return self._code != SUCCESS
+
+    def __hash__(self) -> int:
+        return hash(self._code)
+
+    def __eq__(self, other: object) -> bool:
+        return operator.eq(self._code, other)
+
+    def __ne__(self, other: object) -> bool:
+        return operator.ne(self._code, other)
+
+    def __lt__(self, other: Any) -> bool:
+        return operator.lt(self._code, other)
+
+    def __le__(self, other: Any) -> bool:
+        return operator.le(self._code, other)
+
+    def __gt__(self, other: Any) -> bool:
+        return operator.gt(self._code, other)
+
+    def __ge__(self, other: Any) -> bool:
+        return operator.ge(self._code, other)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by its class, code and message (its ``args`` are its text, which no constructor takes)."""
+        return _exception_of, (type(self), self._code, self._message)
+
+
+def _exception_of(kind: type[MPIException], code: int, message: str | None) -> MPIException:
+    made = kind.__new__(kind)
+    MPIException.__init__(made, code, message)
+    return made
 
 
 class RankError(MPIException, ValueError):
