@@ -317,6 +317,12 @@ def test_mpi4py_semantics_over_three_instances() -> None:
                                     "Recv: rank 99 is not in MPI_COMM_WORLD (0 to 2) (MPI_ERR_RANK)", True]
         assert out["made"] == ["MPI_ERR_ARG: invalid argument", 13, True, False, True, 18,
                                "MPI_ERR_OTHER: other error", True]
+        after = "called after MPI.Finalize(); MPI allows no call on a communicator once it is finalized (MPI_ERR_OTHER)"
+        assert out["finalized"] == [True, [[True, f"MPI_COMM_WORLD.allreduce: {after}"],
+                                           [True, f"MPI_COMM_WORLD.Get_rank: {after}"],
+                                           [True, f"MPI_COMM_SELF.rank: {after}"],
+                                           [True, "Finalize: called after MPI.Finalize(); MPI allows it once, and "
+                                                  "no initialisation after it (MPI_ERR_OTHER)"]]]
     assert by_rank[2]["recv"] == {"hello": "from 0"} and by_rank[0]["recv"] == [1, 2, 3]
     assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
 

@@ -59,5 +59,14 @@ except MPI.Exception as exc:  # (an int where one is compared, as mpi4py's: all 
 made = MPI.Exception(MPI.ERR_ARG)
 out["made"] = [str(made), int(made), bool(made), bool(MPI.Exception()), made < MPI.ERR_TRUNCATE,
                MPI.ERR_IN_STATUS, MPI.Get_error_string(MPI.ERR_OTHER), pickle.loads(pickle.dumps(made)) == made]
+copied = comm.Dup()
 comm.Barrier()
+MPI.Finalize()  # (then no call on a communicator, nor a second Finalize: all worked before)
+finalized: list = []
+for call in (lambda: comm.allreduce(1), lambda: copied.Get_rank(), lambda: MPI.COMM_SELF.rank, MPI.Finalize):
+    try:
+        finalized.append(call())
+    except MPI.Exception as exc:
+        finalized.append([exc.error_class == MPI.ERR_OTHER, str(exc)])
+out["finalized"] = [MPI.Is_finalized(), finalized]
 print(json.dumps(out), flush=True)

@@ -15,7 +15,15 @@ import numpy as np
 
 from popdist.backend import current_fabric, fabric_place
 from popdist.mpi4py import rc
-from popdist.mpi4py.comm import COMM_NULL, Cartcomm, Comm, Distgraphcomm, Graphcomm, Topocomm
+from popdist.mpi4py.comm import (
+    COMM_NULL,
+    Cartcomm,
+    Comm,
+    Distgraphcomm,
+    Graphcomm,
+    Topocomm,
+    finalize_communicators,
+)
 from popdist.mpi4py.graphs import DIST_GRAPH, GRAPH, UNWEIGHTED, WEIGHTS_EMPTY
 from popdist.mpi4py.reductions import (
     BAND,
@@ -213,7 +221,8 @@ def Init() -> None:
     """Connect this instance to the job's fabric now (PopDist's initialisation, if nothing did it first), as
     ``MPI_Init`` connects the ranks: so that a message sent before a rank's first call has come when that call
     (a ``test``, an ``iprobe``) looks. ``import mpi4py.MPI`` calls it unless ``mpi4py.rc.initialize`` is False,
-    as mpi4py's import does."""
+    as mpi4py's import does. After ``Finalize``: ``MPI.Exception``, as MPI allows no second initialisation."""
+    _refuse_after_finalize("Init")
     current_fabric()
     _initialized[0] = True
 
@@ -228,7 +237,17 @@ def Is_initialized() -> bool:
 
 
 def Finalize() -> None:
+    """From now on, any call on a communicator, and a second ``Finalize``, raises ``MPI.Exception`` with
+    ``ERR_OTHER``, as MPI forbids them (Open MPI aborts the job); the fabric stays up for PopDist's calls."""
+    _refuse_after_finalize("Finalize")
     _finalized[0] = True
+    finalize_communicators()
+
+
+def _refuse_after_finalize(what: str) -> None:
+    if _finalized[0]:
+        raise MPIException(ERR_OTHER, f"{what}: called after MPI.Finalize(); MPI allows it once, and no "
+                                      "initialisation after it")
 
 
 def Is_finalized() -> bool:

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import os
 import sys
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,6 +35,7 @@ from popdist.mpi4py.specs import (
     COMM_TYPE_SHARED,
     ERR_ARG,
     ERR_COMM,
+    ERR_OTHER,
     README_SECTION,
     UNDEFINED,
     Datatype,
@@ -51,6 +53,10 @@ from popdist.mpi4py.specs import (
 from popdist.mpi4py.topology import Cartesian, CartesianMethods, GridConstructor
 from popdist.mpi4py.vectors import VectorCollectives
 from popdist.ragged import allgather_objects, broadcast_object
+
+#: Every communicator made, so that ``finalize_communicators`` finds them all (weakly: a dropped one goes; by
+#: id, as a communicator's hash changes when it is freed).
+_LIVE: weakref.WeakValueDictionary[int, Comm] = weakref.WeakValueDictionary()
 
 
 class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceScatter, NonblockingCollectives,
@@ -75,6 +81,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         self._context = context
         self._dups = 0
         self._nonblocking_calls = 0  # (their place in its messages' tags: ``nonblocking``)
+        _LIVE[id(self)] = self
 
     # -- who ----------------------------------------------------------------------------------------------
     def _group(self) -> tuple[int, ...] | None:
@@ -348,6 +355,7 @@ class Topocomm(NeighbourCollectives, Comm):
         self._dups += 1
         made = copy.copy(self)  # (the topology is never changed in place: shared)
         made._context, made._dups, made._nonblocking_calls = self._derived_context(""), 0, 0
+        _LIVE[id(made)] = made
         return made
 
     Clone = Dup
@@ -429,3 +437,28 @@ class _NullComm(Comm):
 
 
 COMM_NULL = _NullComm((), "MPI_COMM_NULL", -1)
+
+
+
+
+class _FinalizedComm(Comm):
+    """A communicator after ``MPI.Finalize()``: any call on it raises ``MPI.Exception`` with ``MPI.ERR_OTHER``
+    naming the call, as MPI allows none (Open MPI aborts the job); swapped in by ``finalize_communicators``, so
+    the calls before Finalize check nothing."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("_"):
+            return super().__getattribute__(name)
+        called = f"{object.__getattribute__(self, '_name')}.{name}"
+        raise MPIException(ERR_OTHER, f"{called}: called after MPI.Finalize(); MPI allows no call on a "
+                                      "communicator once it is finalized")
+
+    def __repr__(self) -> str:
+        return f"<mpi4py.MPI.Comm {self._name} (poprun-py; finalized)>"
+
+
+def finalize_communicators() -> None:
+    """Make every communicator refuse its calls from now on (``MPI.Finalize``)."""
+    for comm in list(_LIVE.values()):
+        if not isinstance(comm, _NullComm):
+            comm.__class__ = _FinalizedComm
