@@ -327,6 +327,15 @@ def test_mpi4py_semantics_over_three_instances() -> None:
     assert by_rank[0]["Recv"] == [[4.5, 5.5], 1, 3]
 
 
+
+@pytest.mark.parametrize("errorcode,status", [(-1, 255), (256, 1)])
+def test_mpi4py_abort_exits_with_the_codes_low_byte_never_0(errorcode: int, status: int) -> None:
+    """Open MPI's status (``errorcode & 0xFF``), except that a low byte of 0 exits 1: the job failed."""
+    result = run_poprun(*job(3), *python_program("mpi_abort.py", str(errorcode)))
+    assert result.returncode == status
+    assert f"MPI.Abort(errorcode={errorcode}) called by rank 1 of MPI_COMM_WORLD".encode() in result.stderr
+    assert b"passed the barrier" not in result.stdout
+
 def test_mpi4py_buffers_are_read_and_written_in_memory_order() -> None:
     by_rank = records(run_poprun(*job(3), *python_program("mpi_buffers.py")))
     assert sorted(by_rank) == [0, 1, 2]

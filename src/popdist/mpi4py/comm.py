@@ -237,10 +237,14 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
 
     # -- the rest -----------------------------------------------------------------------------------------
     def Abort(self, errorcode: int = 0) -> None:
-        """Stop this instance at once; poprun then stops the others (a zero code becomes 1, so it does)."""
+        """Stop this instance at once, with ``errorcode``'s low byte as its exit status, as Open MPI's
+        (``Abort(-1)``: 255); poprun then stops the others. A low byte of 0 (``Abort(0)``, ``Abort(256)``) exits
+        1, so that a job that aborted never looks successful."""
+        if not is_int(errorcode):
+            raise TypeError(f"Abort: errorcode {errorcode!r} is not an int")
         print(f"MPI.Abort(errorcode={errorcode}) called by rank {self.Get_rank()} of {self._name}",
               file=sys.stderr, flush=True)
-        os._exit(errorcode if 0 < errorcode < 256 else 1)
+        os._exit(int(errorcode) & 0xFF or 1)
 
     def Dup(self) -> Comm:
         """The same ranks, with messages of their own (see ``_context``)."""
