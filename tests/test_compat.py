@@ -315,6 +315,12 @@ def test_mpi4py_semantics_over_three_instances() -> None:
         assert out["missing_on_the_class"].startswith("MPI.Comm.Compare is not provided by poprun-py's mpi4py; see")
         assert out["exception"] == [True, False, 6, 6, 6, 6, "rank", "MPI_ERR_RANK: invalid rank",
                                     "Recv: rank 99 is not in MPI_COMM_WORLD (0 to 2) (MPI_ERR_RANK)", True]
+        assert out["status"] == [2, 5, 15, 24, 3, False, False, 6]  # (15: MPI.ERR_TRUNCATE)
+        assert out["datatypes"] == ["MPI_DOUBLE", "MPI_DOUBLE", "MPI_2INT", "d", "c", "q", "V", True]
+        assert out["not_provided"] == ["MPI.Datatype.Create_vector is not provided by poprun-py's mpi4py (only the "
+                                       "predefined datatypes are)", "MPI.Datatype.Create_contiguous is not provided "
+                                       "by poprun-py's mpi4py", "MPI.Status.tomemory is not provided by poprun-py's "
+                                       "mpi4py"]
         assert out["made"] == ["MPI_ERR_ARG: invalid argument", 13, True, False, True, 18,
                                "MPI_ERR_OTHER: other error", True]
         after = "called after MPI.Finalize(); MPI allows no call on a communicator once it is finalized (MPI_ERR_OTHER)"
@@ -830,7 +836,7 @@ def test_mpi4py_reductions_beyond_the_arithmetic_four_give_what_open_mpi_gives()
         assert all(message.startswith(start) for (_, message), start in zip(out["refused"], refused))
         assert out["pairs"] == [[[1.0, 1], [2.0, 2], [1.0, 0]], [[0.0, 0], [0.0, 0], [1.0, 0]], [[1, 1], [2, 2]], 12, 16]
         assert out["nan_pairs"] == [[[3.0, 2]], [[3.0, 2]]]  # (Open MPI keeps the higher rank's unless beaten)
-        assert out["packed_pairs"] == "Allreduce: the buffer's 36 bytes are not a whole number of DOUBLE_INT items " \
+        assert out["packed_pairs"] == "Allreduce: the buffer's 36 bytes are not a whole number of MPI_DOUBLE_INT items " \
                                       "(16 bytes apart)"
         assert out["user"][0] == "((0.1).2)" and out["user"][1:3] == [["0", "(0.1)", "((0.1).2)"][r],
                                                                         [None, "0", "(0.1)"][r]]

@@ -56,6 +56,19 @@ except MPI.Exception as exc:  # (an int where one is compared, as mpi4py's: all 
     out["exception"] = [exc == MPI.ERR_RANK, exc != MPI.ERR_RANK, int(exc), exc.error_class, exc.error_code,
                         exc.Get_error_class(), {exc: "rank"}.get(MPI.ERR_RANK), exc.error_string, str(exc),
                         isinstance(pickle.loads(pickle.dumps(exc)), ValueError)]
+status = MPI.Status()  # (mpi4py's setters, and the rest of its API named as not provided: AttributeError before)
+status.Set_source(2), status.Set_tag(5), status.Set_error(MPI.ERR_TRUNCATE), status.Set_elements(MPI.DOUBLE, 3)
+out["status"] = [status.source, status.tag, status.error, status.Get_count(), status.Get_elements(MPI.DOUBLE),
+                 status.Is_cancelled(), status.cancelled, MPI.Status(status).Get_count(MPI.INT)]
+out["datatypes"] = [MPI.DOUBLE.name, MPI.DOUBLE.Get_name(), MPI.TWOINT.name, MPI.DOUBLE.typechar, MPI.CHAR.typechar,
+                    MPI.LONG_LONG.typechar, MPI.DOUBLE_INT.typechar, MPI.Query_thread() == MPI.THREAD_SERIALIZED]
+missing = []
+for owner, method in ((MPI.DOUBLE, "Create_vector"), (MPI.Datatype, "Create_contiguous"), (status, "tomemory")):
+    try:
+        getattr(owner, method)
+    except MPI.NotProvidedError as exc:
+        missing.append(str(exc).split(";")[0])
+out["not_provided"] = missing
 made = MPI.Exception(MPI.ERR_ARG)
 out["made"] = [str(made), int(made), bool(made), bool(MPI.Exception()), made < MPI.ERR_TRUNCATE,
                MPI.ERR_IN_STATUS, MPI.Get_error_string(MPI.ERR_OTHER), pickle.loads(pickle.dumps(made)) == made]

@@ -93,7 +93,8 @@ __all__ = [
     "Is_finalized", "Is_initialized", "LAND", "LONG", "LONG_DOUBLE", "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG",
     "LOR", "LXOR", "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "NotProvidedError", "OP_NULL", "Op", "PROC_NULL",
     "PROD", "Query_thread", "REPLACE", "REQUEST_NULL", "Request", "SHORT", "SHORT_INT", "SIGNED_CHAR", "SUCCESS", "SUM",
-    "Status", "THREAD_MULTIPLE", "THREAD_SINGLE", "TWOINT", "Topocomm", "UINT16_T", "UINT32_T", "UINT64_T",
+    "Status", "THREAD_FUNNELED", "THREAD_MULTIPLE", "THREAD_SERIALIZED",
+    "THREAD_SINGLE", "TWOINT", "Topocomm", "UINT16_T", "UINT32_T", "UINT64_T",
     "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "UNWEIGHTED",
     "WEIGHTS_EMPTY", "Wtick", "Wtime",
 ]
@@ -145,41 +146,41 @@ INFO_NULL = _NoInfo()
 
 # (``inferred``: what a buffer of that dtype that names no datatype is, as mpi4py infers it from the type code;
 # every name is a handle of its own, as in MPI: MPI.INT != MPI.INT32_T, and MPI.BOOL is MPI.C_BOOL, as in mpi4py)
-UNSIGNED_CHAR = Datatype("UNSIGNED_CHAR", "u1", inferred=True)
-BYTE = Datatype("BYTE", "u1")
-UINT8_T = Datatype("UINT8_T", "u1")
-CHAR = Datatype("CHAR", "i1")
-SIGNED_CHAR = Datatype("SIGNED_CHAR", "i1", inferred=True)
-INT8_T = Datatype("INT8_T", "i1")
-SHORT = Datatype("SHORT", "i2", inferred=True)
-INT16_T = Datatype("INT16_T", "i2")
-INT = Datatype("INT", "i4", inferred=True)
-INT32_T = Datatype("INT32_T", "i4")
-LONG = Datatype("LONG", "i8", inferred=True)
-LONG_LONG = Datatype("LONG_LONG", "i8")
-INT64_T = Datatype("INT64_T", "i8")
-UNSIGNED_SHORT = Datatype("UNSIGNED_SHORT", "u2", inferred=True)
-UINT16_T = Datatype("UINT16_T", "u2")
-UNSIGNED = Datatype("UNSIGNED", "u4", inferred=True)
-UINT32_T = Datatype("UINT32_T", "u4")
-UNSIGNED_LONG = Datatype("UNSIGNED_LONG", "u8", inferred=True)
-UINT64_T = Datatype("UINT64_T", "u8")
-FLOAT = Datatype("FLOAT", "f4", inferred=True)
-DOUBLE = Datatype("DOUBLE", "f8", inferred=True)
-LONG_DOUBLE = Datatype("LONG_DOUBLE", np.longdouble, inferred=True)
-C_FLOAT_COMPLEX = Datatype("C_FLOAT_COMPLEX", "c8", inferred=True)
-COMPLEX = Datatype("COMPLEX", "c8")
-C_DOUBLE_COMPLEX = Datatype("C_DOUBLE_COMPLEX", "c16", inferred=True)
-DOUBLE_COMPLEX = Datatype("DOUBLE_COMPLEX", "c16")
-BOOL = C_BOOL = Datatype("C_BOOL", "?", inferred=True)
+UNSIGNED_CHAR = Datatype("MPI_UNSIGNED_CHAR", "u1", inferred=True)
+BYTE = Datatype("MPI_BYTE", "u1")
+UINT8_T = Datatype("MPI_UINT8_T", "u1")
+CHAR = Datatype("MPI_CHAR", "i1", typechar="c")
+SIGNED_CHAR = Datatype("MPI_SIGNED_CHAR", "i1", inferred=True)
+INT8_T = Datatype("MPI_INT8_T", "i1")
+SHORT = Datatype("MPI_SHORT", "i2", inferred=True)
+INT16_T = Datatype("MPI_INT16_T", "i2")
+INT = Datatype("MPI_INT", "i4", inferred=True)
+INT32_T = Datatype("MPI_INT32_T", "i4")
+LONG = Datatype("MPI_LONG", "i8", inferred=True)
+LONG_LONG = Datatype("MPI_LONG_LONG_INT", "q")
+INT64_T = Datatype("MPI_INT64_T", "i8")
+UNSIGNED_SHORT = Datatype("MPI_UNSIGNED_SHORT", "u2", inferred=True)
+UINT16_T = Datatype("MPI_UINT16_T", "u2")
+UNSIGNED = Datatype("MPI_UNSIGNED", "u4", inferred=True)
+UINT32_T = Datatype("MPI_UINT32_T", "u4")
+UNSIGNED_LONG = Datatype("MPI_UNSIGNED_LONG", "u8", inferred=True)
+UINT64_T = Datatype("MPI_UINT64_T", "u8")
+FLOAT = Datatype("MPI_FLOAT", "f4", inferred=True)
+DOUBLE = Datatype("MPI_DOUBLE", "f8", inferred=True)
+LONG_DOUBLE = Datatype("MPI_LONG_DOUBLE", np.longdouble, inferred=True)
+C_FLOAT_COMPLEX = Datatype("MPI_C_COMPLEX", "c8", inferred=True)
+COMPLEX = Datatype("MPI_COMPLEX", "c8")
+C_DOUBLE_COMPLEX = Datatype("MPI_C_DOUBLE_COMPLEX", "c16", inferred=True)
+DOUBLE_COMPLEX = Datatype("MPI_DOUBLE_COMPLEX", "c16")
+BOOL = C_BOOL = Datatype("MPI_C_BOOL", "?", inferred=True)
 # MAXLOC's and MINLOC's (value, index) pairs, laid out as C's structs: a buffer of them is a structured array
 # of two fields (any names) or, for TWOINT, an int32 array of pairs
-FLOAT_INT = Datatype("FLOAT_INT", [("value", "f4"), ("index", "i4")], inferred=True)
-DOUBLE_INT = Datatype("DOUBLE_INT", np.dtype([("value", "f8"), ("index", "i4")], align=True), 12, inferred=True)
-LONG_INT = Datatype("LONG_INT", np.dtype([("value", "i8"), ("index", "i4")], align=True), 12, inferred=True)
-TWOINT = INT_INT = Datatype("TWOINT", [("value", "i4"), ("index", "i4")], inferred=True)
-SHORT_INT = Datatype("SHORT_INT", np.dtype([("value", "i2"), ("index", "i4")], align=True), 6, inferred=True)
-LONG_DOUBLE_INT = Datatype("LONG_DOUBLE_INT", np.dtype([("value", np.longdouble), ("index", "i4")], align=True),
+FLOAT_INT = Datatype("MPI_FLOAT_INT", [("value", "f4"), ("index", "i4")], inferred=True)
+DOUBLE_INT = Datatype("MPI_DOUBLE_INT", np.dtype([("value", "f8"), ("index", "i4")], align=True), 12, inferred=True)
+LONG_INT = Datatype("MPI_LONG_INT", np.dtype([("value", "i8"), ("index", "i4")], align=True), 12, inferred=True)
+TWOINT = INT_INT = Datatype("MPI_2INT", [("value", "i4"), ("index", "i4")], inferred=True)
+SHORT_INT = Datatype("MPI_SHORT_INT", np.dtype([("value", "i2"), ("index", "i4")], align=True), 6, inferred=True)
+LONG_DOUBLE_INT = Datatype("MPI_LONG_DOUBLE_INT", np.dtype([("value", np.longdouble), ("index", "i4")], align=True),
                            np.dtype(np.longdouble).itemsize + 4, inferred=True)
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3

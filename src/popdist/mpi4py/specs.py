@@ -132,16 +132,23 @@ class NamesWhatIsNotProvided(type):
                                f"{README_SECTION} for the methods that are")
 
 
-class Datatype:
+class Datatype(metaclass=NamesWhatIsNotProvided):
     """An MPI datatype, as the NumPy dtype of a buffer spec such as ``[array, MPI.FLOAT]``; the (value, index)
-    pair types are structured dtypes laid out as C lays out MPI's (``MPI.DOUBLE_INT``: 12 bytes in 16)."""
+    pair types are structured dtypes laid out as C lays out MPI's (``MPI.DOUBLE_INT``: 12 bytes in 16).
+    Derived datatypes (``Create_vector``, ``Commit``...) are not provided: they raise ``NotProvidedError``."""
 
-    def __init__(self, name: str, dtype: Any, size: int | None = None, *, inferred: bool = False) -> None:
-        """``inferred``: the one mpi4py gives a buffer of this dtype that names no datatype (``datatype_for``)."""
+    def __init__(self, name: str, dtype: Any, size: int | None = None, *, inferred: bool = False,
+                 typechar: str | None = None) -> None:
+        """``name``: MPI's (``"MPI_DOUBLE"``); ``inferred``: the one mpi4py gives a buffer of this dtype that
+        names no datatype (``datatype_for``); ``typechar``: mpi4py's where it is not the dtype's."""
         self.name, self.dtype = name, np.dtype(dtype)
         self._size = self.dtype.itemsize if size is None else size
+        self.typechar = self.dtype.char if typechar is None else typechar
         if inferred:
             _INFERRED.setdefault(self.dtype, self)
+
+    def Get_name(self) -> str:
+        return self.name
 
     def Get_size(self) -> int:
         return self._size
@@ -158,6 +165,12 @@ class Datatype:
 
     def __repr__(self) -> str:
         return f"<mpi4py.MPI.Datatype {self.name}>"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotProvidedError(f"MPI.Datatype.{name} is not provided by poprun-py's mpi4py (only the predefined "
+                               f"datatypes are); see {README_SECTION} for what is")
 
 
 _INFERRED: dict[np.dtype, Datatype] = {}
@@ -188,23 +201,33 @@ UNDEFINED = -32766  # (Open MPI's value)
 COMM_TYPE_SHARED = 0
 
 
-class Status:
+class Status(metaclass=NamesWhatIsNotProvided):
     """Filled by ``recv(status=...)``: the source, tag and size in bytes of the message received."""
 
     def __init__(self, status: Status | None = None) -> None:
         """An empty status, or a copy of ``status`` (as mpi4py's ``Status(status)``)."""
-        self.source, self.tag, self.error, self.nbytes = ANY_SOURCE, ANY_TAG, 0, 0
+        self.source, self.tag, self.error, self.nbytes, self.cancelled = ANY_SOURCE, ANY_TAG, 0, 0, False
         if status is not None:
             self.source, self.tag, self.error, self.nbytes = status.source, status.tag, status.error, status.nbytes
+            self.cancelled = status.cancelled
 
     def Get_source(self) -> int:
         return self.source
 
+    def Set_source(self, source: int) -> None:
+        self.source = source
+
     def Get_tag(self) -> int:
         return self.tag
 
+    def Set_tag(self, tag: int) -> None:
+        self.tag = tag
+
     def Get_error(self) -> int:
         return self.error
+
+    def Set_error(self, error: int) -> None:
+        self.error = error
 
     def Get_count(self, datatype: Datatype | None = None) -> int:
         """Items of ``datatype`` (bytes by default) in the message; ``UNDEFINED`` if they do not divide it."""
@@ -213,8 +236,24 @@ class Status:
 
     Get_elements = Get_count
 
+    def Set_elements(self, datatype: Datatype | None, count: int) -> None:
+        """Say the message held ``count`` items of ``datatype`` (bytes if None)."""
+        self.nbytes = count * (1 if datatype is None else datatype.Get_size())
+
+    def Is_cancelled(self) -> bool:
+        return self.cancelled  # (never, unless set: no request here can be cancelled)
+
+    def Set_cancelled(self, flag: bool) -> None:
+        self.cancelled = bool(flag)
+
     source_ = property(Get_source)
     count = property(Get_count)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotProvidedError(f"MPI.Status.{name} is not provided by poprun-py's mpi4py; see {README_SECTION} "
+                               "for what is")
 
 
 #: A status's source, tag and byte count when it says nothing (MPI's empty status).
