@@ -9,6 +9,7 @@ a one-dimensional view.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -45,6 +46,7 @@ def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+@functools.total_ordering
 class MPIException(RuntimeError):
     """``MPI.Exception``: an error of an MPI call, as mpi4py raises it: it is its error class where an int is
     (``exc == MPI.ERR_RANK``, ``int(exc)``, a dict key), false for ``MPI.SUCCESS``, and ``MPI.Exception(code)``
@@ -82,20 +84,8 @@ class MPIException(RuntimeError):
     def __eq__(self, other: object) -> bool:
         return operator.eq(self._code, other)
 
-    def __ne__(self, other: object) -> bool:
-        return operator.ne(self._code, other)
-
-    def __lt__(self, other: Any) -> bool:
+    def __lt__(self, other: Any) -> bool:  # (``functools.total_ordering`` derives <=, > and >=)
         return operator.lt(self._code, other)
-
-    def __le__(self, other: Any) -> bool:
-        return operator.le(self._code, other)
-
-    def __gt__(self, other: Any) -> bool:
-        return operator.gt(self._code, other)
-
-    def __ge__(self, other: Any) -> bool:
-        return operator.ge(self._code, other)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled by its class, code and message (its ``args`` are its text, which no constructor takes)."""
