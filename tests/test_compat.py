@@ -462,7 +462,8 @@ def test_comm_worlds_buffer_collectives_span_execute_on_instances_group() -> Non
 
 def test_pickle_based_reductions_naming_different_ops_or_roots_raise_a_mismatch() -> None:
     """allreduce with SUM on rank 0 and PROD on rank 1 gave 3 and 2 with exit 0; reduce with each rank its own
-    root gave each its own answer. Now they raise on every rank, as Allreduce and Reduce do."""
+    root gave each its own answer. Now they raise on every rank, as Allreduce does; so do gather, Gather and
+    Reduce, and a root that is no rank (these three and reduce returned as if it were fine)."""
     by_rank = records(run_poprun(*job(2), *python_program("mpi_mismatched_ops.py")))
     for out in by_rank.values():
         assert out["allreduce"] == ("allreduce: the ranks called it differently (rank 0 op=SUM, rank 1 op=PROD); "
@@ -470,6 +471,16 @@ def test_pickle_based_reductions_naming_different_ops_or_roots_raise_a_mismatch(
         assert out["reduce"].startswith("reduce: the ranks called it differently (rank 0 op=SUM root=0, "
                                         "rank 1 op=SUM root=1)"), out
         assert out["scan"].startswith("scan: the ranks called it differently (rank 0 op=MAX, rank 1 op=MIN)"), out
+        # the gathers and Reduce with each rank its own root gave two ranks the whole result, exit 0; a root that
+        # is no rank "succeeded" on every rank with the data dropped
+        assert out["gather"].startswith("gather: the ranks called it differently (rank 0 root=0, rank 1 root=1)")
+        for name in ("Gather", "Reduce"):
+            assert out[name] == (f"{name}: the ranks called it differently (rank 0 root=0, rank 1 root=1); every "
+                                 "rank must name the same root"), out
+        for name in ("gather", "reduce", "Reduce"):
+            for root in (2, -1):
+                message, error_class = out[f"{name}_root_{root}"]
+                assert message.startswith(f"{name}: rank {root} is not in MPI_COMM_WORLD (0 to 1)") and error_class == 6
         assert out["after"] == 3
 
 

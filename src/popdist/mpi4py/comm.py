@@ -53,6 +53,7 @@ from popdist.mpi4py.specs import (
 from popdist.mpi4py.topology import Cartesian, CartesianMethods, GridConstructor
 from popdist.mpi4py.vectors import VectorCollectives
 from popdist.ragged import allgather_objects, broadcast_object
+from simipu.fabric.errors import CollectiveMismatchError
 
 #: Every communicator made, so that ``finalize_communicators`` finds them all (weakly: a dropped one goes; by
 #: id, as a communicator's hash changes when it is freed).
@@ -133,7 +134,8 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return self._in_rank_order(allgather_objects(sendobj, self._group(), copied=True))
 
     def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
-        gathered = self.allgather(sendobj)
+        root = self._rank_checked(root, "gather")
+        gathered = alike(self.allgather, "gather", sendobj, root=root)
         return gathered if self.Get_rank() == root else None
 
     def scatter(self, sendobj: Sequence[Any] | None = None, root: int = 0) -> Any:
@@ -145,6 +147,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return functools.reduce(combiner(op, "allreduce"), alike(self.allgather, "allreduce", sendobj, op=op_name(op)))
 
     def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
+        root = self._rank_checked(root, "reduce")
         gathered = alike(self.allgather, "reduce", sendobj, op=op_name(op), root=root)
         result = functools.reduce(combiner(op, "reduce"), gathered)
         return result if self.Get_rank() == root else None
@@ -161,7 +164,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         fill(recv, self._reduced(send, op, "Allreduce", spec_datatype(recvbuf)), "Allreduce")
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> None:
-        is_root = self.Get_rank() == root
+        is_root = self._is_agreed_root(root, "Reduce")
         recv = buffer_of(recvbuf, "Reduce", receives=True) if is_root else None
         if in_place(sendbuf):
             if recv is None:
@@ -192,7 +195,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         fill(recv, self._in_rank_order(current_fabric().allgather(send, self._group())), "Allgather")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        is_root = self.Get_rank() == self._rank_checked(root, "Gather")
+        is_root = self._is_agreed_root(root, "Gather")
         recv = buffer_of(recvbuf, "Gather", receives=True, blocks=self.Get_size()) if is_root else None
         if in_place(sendbuf):
             if recv is None:
@@ -234,6 +237,18 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
     def _rank_checked(self, root: int, what: str) -> int:
         self._instance(root, what)
         return int(root)
+
+    def _is_agreed_root(self, root: int, what: str) -> bool:
+        """Whether this rank is the root of a rooted call that runs as its all-to-all form, once every rank named
+        the same root (else ``CollectiveMismatchError`` on every rank, as ``reduce``'s ``alike``): the all-to-all
+        form carries no root, so the roots travel in a small allgather of their own."""
+        root = self._rank_checked(root, what)
+        roots = self._in_rank_order(current_fabric().allgather(np.array([root], np.int64), self._group()))[:, 0]
+        if (roots != root).any():
+            named = ", ".join(f"rank {k} root={int(k_root)}" for k, k_root in enumerate(roots))
+            raise CollectiveMismatchError(f"{what}: the ranks called it differently ({named}); every rank must "
+                                          "name the same root")
+        return self.Get_rank() == root
 
     # -- the rest -----------------------------------------------------------------------------------------
     def Abort(self, errorcode: int = 0) -> None:
