@@ -349,6 +349,7 @@ def test_mpi4py_buffers_are_read_and_written_in_memory_order() -> None:
         assert out["fortran_allreduce"] == [[6.0, 6.0]] * 3  # (into the Fortran-ordered array itself, not a copy)
         assert out["fortran_bcast"] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
         assert out["count_spec"] == [0.0, 0.0] + [float(r)] * 2
+        assert out["read_only_root"] == [[0.0, 1.0, 2.0], "abcd"]  # (the root raised NumPy's ValueError before)
         assert out["allgather_in_place"] == [0.0, 10.0, 20.0] and out["torch"] == [6.0] * 3
         assert out["not_contiguous"].startswith("Allreduce: the array is not contiguous in memory")
         assert out["alltoallw"][0] == "NotProvidedError" and "MPI.Comm.Alltoallw is not provided" in out["alltoallw"][1]

@@ -1,7 +1,7 @@
 """mpi4py's buffers as MPI reads and writes them, in memory order, each result printed as JSON for the test
 to check (3 instances): Fortran-ordered arrays, ``[buffer, count, datatype]``, a receive buffer larger or
-shaped otherwise than the message, ``IN_PLACE`` in Allgather and Gather, a torch tensor, and the errors for
-what MPI refuses."""
+shaped otherwise than the message, a read-only buffer at a broadcast's root, ``IN_PLACE`` in Allgather and
+Gather, a torch tensor, and the errors for what MPI refuses."""
 
 import json
 
@@ -23,6 +23,13 @@ out["fortran_bcast"] = ordered.tolist()
 counted = np.full(4, float(r))
 comm.Bcast([counted, 2, MPI.DOUBLE], root=0)  # the first two items only
 out["count_spec"] = counted.tolist()
+
+read_only = np.arange(3.0) if r == 2 else np.zeros(3)
+read_only.flags.writeable = r != 2  # (the root only reads its buffer: read-only there is fine)
+comm.Bcast(read_only, root=2)
+message = bytearray(4) if r else b"abcd"
+comm.Bcast(message, root=0)
+out["read_only_root"] = [read_only.tolist(), bytes(message).decode()]
 
 if r == 0:
     comm.Send(np.arange(3.0), dest=1, tag=1)

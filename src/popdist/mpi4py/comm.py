@@ -154,8 +154,13 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
 
     # -- buffers ------------------------------------------------------------------------------------------
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        array = buffer_of(buf, "Bcast", receives=self.Get_rank() != root)
-        fill(array, current_fabric().broadcast(array, self._instance(root, "Bcast"), self._group()), "Bcast")
+        """The root's ``buf`` into every other rank's; the root only reads it (a read-only buffer there is fine,
+        as in MPI)."""
+        is_root = self.Get_rank() == root
+        array = buffer_of(buf, "Bcast", receives=not is_root)
+        received = current_fabric().broadcast(array, self._instance(root, "Bcast"), self._group())
+        if not is_root:
+            fill(array, received, "Bcast")
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None) -> None:
         recv = buffer_of(recvbuf, "Allreduce", receives=True)
