@@ -310,6 +310,12 @@ def test_mpi4py_semantics_over_three_instances() -> None:
         assert out["allreduce_max"] == 2 and out["Allreduce"] == [6.0, 60.0]
         assert out["Reduce"] == ([1.0, 10.0] if r == 1 else [0.0, 0.0]) and out["Scatter"] == [2 * r, 2 * r + 1]
         assert out["self"] == [1, r + 5] and out["hasattr_Win"] is False
+        # (before: "bcast: rank 3...", and the root's own error at the root alone, CollectiveMismatchError naming
+        # broadcast and barrier on the others)
+        assert out["scatter_refused"] == [
+            "scatter: rank 3 is not in MPI_COMM_WORLD (0 to 2) (MPI_ERR_RANK)",
+            "scatter: the root (rank 0) gave 2 objects; it must give a sequence of 3, one for each rank",
+            "Scatter: the root's buffer holds 6 elements, 3 ranks x 3 are needed (at the root, rank 0)"]
         assert out["missing"].startswith("MPI.Comm.Create_intercomm is not provided by poprun-py's mpi4py")
         assert "Running Graphcore's programs" in out["missing"]
         assert out["missing_on_the_class"].startswith("MPI.Comm.Compare is not provided by poprun-py's mpi4py; see")

@@ -33,6 +33,14 @@ out["Reduce"] = smallest.tolist()
 part = np.empty(2, dtype=np.int64)
 comm.Scatter(np.arange(2 * n, dtype=np.int64) if r == 2 else None, part, root=2)
 out["Scatter"] = part.tolist()
+refused = []  # (a root that is no rank, or that gives the wrong number of parts: every rank says scatter's why)
+for scatter in (lambda: comm.scatter([0] * n, root=n), lambda: comm.scatter([0] * (n - 1), root=0),
+                lambda: comm.Scatter([np.arange(2 * n, dtype=np.int64), 2], np.zeros(3, np.int64), root=0)):
+    try:
+        scatter()
+    except ValueError as exc:
+        refused.append(str(exc))
+out["scatter_refused"] = refused
 if r == 1:
     comm.Send(np.array([4.5, 5.5]), dest=0, tag=3)
 elif r == 0:

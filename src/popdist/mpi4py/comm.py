@@ -139,9 +139,23 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return gathered if self.Get_rank() == root else None
 
     def scatter(self, sendobj: Sequence[Any] | None = None, root: int = 0) -> Any:
-        if self.Get_rank() == root and (sendobj is None or len(sendobj) != self.Get_size()):
-            raise ValueError(f"scatter: the root must give a sequence of {self.Get_size()} objects")
-        return self.bcast(list(sendobj) if self.Get_rank() == root else None, root)[self.Get_rank()]  # type: ignore[arg-type]
+        """Object k of the root's sequence to rank k. The root broadcasts them all, or why it cannot, so that a
+        sequence of the wrong length raises on every rank, naming scatter."""
+        root, size = self._rank_checked(root, "scatter"), self.Get_size()
+        problem, parts = None, None
+        if self.Get_rank() == root:
+            if not hasattr(sendobj, "__len__") or len(sendobj) != size:  # type: ignore[arg-type]
+                given = "None" if sendobj is None else f"{len(sendobj)} objects" if hasattr(sendobj, "__len__") \
+                    else f"a {type(sendobj).__name__}"
+                problem = f"scatter: the root (rank {root}) gave {given}; it must give a sequence of {size}, one " \
+                          "for each rank"
+            else:
+                parts = list(sendobj)  # type: ignore[arg-type]
+        problem, parts = broadcast_object((problem, parts), self._instance(root, "scatter"), self._group(),
+                                          copied=True)
+        if problem is not None:
+            raise ValueError(problem)
+        return parts[self.Get_rank()]
 
     def allreduce(self, sendobj: Any, op: Op | None = None) -> Any:
         return functools.reduce(combiner(op, "allreduce"), alike(self.allgather, "allreduce", sendobj, op=op_name(op)))
@@ -222,22 +236,49 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Block k of the root's ``sendbuf`` into rank k's ``recvbuf`` (the root's ``MPI.IN_PLACE``: its own
-        block stays where it is)."""
+        block stays where it is). The root broadcasts every block and one row more, which says whether it refused
+        its buffer, so that every rank then raises why (``_scatter_rows``), not only the root."""
         size, is_root = self.Get_size(), self.Get_rank() == self._rank_checked(root, "Scatter")
         recv = None if is_root and in_place(recvbuf) else buffer_of(recvbuf, "Scatter", receives=True)
+        problem = None
         if is_root:
-            send = buffer_of(sendbuf, "Scatter", blocks=size)
-            block = send.size // size if recv is None else recv.size
-            if send.size != block * size:
-                raise ValueError(f"Scatter: the root's buffer holds {send.size} elements, {size} ranks x {block} "
-                                 "are needed")
-            send = np.ascontiguousarray(send, dtype=send.dtype if recv is None else recv.dtype).reshape(size, block)
+            rows, problem = self._scatter_rows(sendbuf, recv)
         else:
             assert recv is not None
-            send = np.empty((size, recv.size), recv.dtype)
-        everything = current_fabric().broadcast(send, self._instance(root, "Scatter"), self._group())
+            rows = np.empty((size + 1, max(recv.size, 1)), recv.dtype)
+        root_instance = self._instance(root, "Scatter")
+        everything = current_fabric().broadcast(rows, root_instance, self._group())
+        if everything[size].view(np.uint8).any():  # (the root refused its buffer: everyone learns why)
+            raise ValueError(f"{broadcast_object(str(problem), root_instance, self._group())} (at the root, "
+                             f"rank {root})")
         if recv is not None:
-            fill(recv, everything[self.Get_rank()], "Scatter")
+            fill(recv, everything[self.Get_rank(), :recv.size], "Scatter")
+
+    def _scatter_rows(self, sendbuf: Any, recv: np.ndarray | None) -> tuple[np.ndarray, Exception | None]:
+        """What ``Scatter``'s root broadcasts: a row for each rank's block (of ``recv``'s width, or, in place, the
+        send buffer's share; at least one item wide), then a row that is zero; or, if the send buffer does not
+        hold the blocks, rows whose last is not, and the error that says why."""
+        size = self.Get_size()
+        try:
+            send = buffer_of(sendbuf, "Scatter", blocks=size)
+        except ValueError as exc:
+            if recv is None:
+                raise  # (in place, the root cannot tell the others the shape they wait for)
+            return self._refusal(recv.dtype, recv.size), exc
+        block = send.size // size if recv is None else recv.size
+        dtype = send.dtype if recv is None else recv.dtype
+        if send.size != block * size:
+            return self._refusal(dtype, block), ValueError(
+                f"Scatter: the root's buffer holds {send.size} elements, {size} ranks x {block} are needed")
+        rows = np.zeros((size + 1, max(block, 1)), dtype)
+        rows[:size, :block] = send.reshape(size, block)
+        return rows, None
+
+    def _refusal(self, dtype: np.dtype, block: int) -> np.ndarray:
+        """``_scatter_rows`` of a send buffer the root refuses: the shape the others wait for, the last row set."""
+        rows = np.zeros((self.Get_size() + 1, max(block, 1)), dtype)
+        rows[-1].view(np.uint8)[:] = 1
+        return rows
 
     def _rank_checked(self, root: int, what: str) -> int:
         self._instance(root, what)
