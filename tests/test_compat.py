@@ -313,7 +313,7 @@ def test_mpi4py_semantics_over_three_instances() -> None:
         # (before: "bcast: rank 3...", and the root's own error at the root alone, CollectiveMismatchError naming
         # broadcast and barrier on the others)
         assert out["scatter_refused"] == [
-            "scatter: rank 3 is not in MPI_COMM_WORLD (0 to 2) (MPI_ERR_RANK)",
+            "scatter: root 3 is not a rank of MPI_COMM_WORLD (0 to 2) (MPI_ERR_ROOT)",
             "scatter: the root (rank 0) gave 2 objects; it must give a sequence of 3, one for each rank",
             "Scatter: the root's buffer holds 6 elements, 3 ranks x 3 are needed (at the root, rank 0)"]
         assert out["missing"].startswith("MPI.Comm.Create_intercomm is not provided by poprun-py's mpi4py")
@@ -487,7 +487,10 @@ def test_pickle_based_reductions_naming_different_ops_or_roots_raise_a_mismatch(
         for name in ("gather", "reduce", "Reduce"):
             for root in (2, -1):
                 message, error_class = out[f"{name}_root_{root}"]
-                assert message.startswith(f"{name}: rank {root} is not in MPI_COMM_WORLD (0 to 1)") and error_class == 6
+                assert message == f"{name}: root {root} is not a rank of MPI_COMM_WORLD (0 to 1) (MPI_ERR_ROOT)"
+                assert error_class == 8  # (Open MPI's MPI_ERR_ROOT; ERR_RANK, 6, before)
+        assert out["error_classes"] == [[0, "MPI_SUCCESS"], [1, "MPI_ERR_BUFFER"], [8, "MPI_ERR_ROOT"],
+                                        [16, "MPI_ERR_OTHER"]]
         assert out["after"] == 3
 
 

@@ -1,7 +1,7 @@
 """mpi4py's pickle-based reductions where the ranks name different ops or roots (2 ranks): each raises
 CollectiveMismatchError on every rank, as the buffer methods do; so do the gathers and ``Reduce`` with each rank
-its own root; a root that is no rank raises ``MPI.Exception`` on every rank; the communicator works on. Prints
-one JSON record per rank."""
+its own root; a root that is no rank raises ``MPI.Exception`` with ``MPI.ERR_ROOT`` on every rank; the
+communicator works on. Prints one JSON record per rank."""
 
 import json
 
@@ -37,5 +37,7 @@ for name, call in no_root.items():
             record[f"{name}_root_{root}"] = call(root)
         except MPI.Exception as exc:
             record[f"{name}_root_{root}"] = [str(exc), exc.Get_error_class()]
+record["error_classes"] = [[code, MPI.Get_error_string(code).split(":")[0]]
+                           for code in (MPI.SUCCESS, MPI.ERR_BUFFER, MPI.ERR_ROOT, MPI.ERR_OTHER)]
 record["after"] = comm.allreduce(r + 1, op=MPI.SUM)
 print(json.dumps(record), flush=True)

@@ -43,6 +43,7 @@ from popdist.mpi4py.specs import (
     NamesWhatIsNotProvided,
     NotProvidedError,
     RankError,
+    RootError,
     buffer_of,
     fill,
     in_place,
@@ -128,20 +129,20 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
 
     # -- Python objects -----------------------------------------------------------------------------------
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
-        return broadcast_object(obj, self._instance(root, "bcast"), self._group(), copied=True)
+        return broadcast_object(obj, self._root_instance(root, "bcast"), self._group(), copied=True)
 
     def allgather(self, sendobj: Any) -> list[Any]:
         return self._in_rank_order(allgather_objects(sendobj, self._group(), copied=True))
 
     def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
-        root = self._rank_checked(root, "gather")
+        root = self._root_checked(root, "gather")
         gathered = alike(self.allgather, "gather", sendobj, root=root)
         return gathered if self.Get_rank() == root else None
 
     def scatter(self, sendobj: Sequence[Any] | None = None, root: int = 0) -> Any:
         """Object k of the root's sequence to rank k. The root broadcasts them all, or why it cannot, so that a
         sequence of the wrong length raises on every rank, naming scatter."""
-        root, size = self._rank_checked(root, "scatter"), self.Get_size()
+        root, size = self._root_checked(root, "scatter"), self.Get_size()
         problem, parts = None, None
         if self.Get_rank() == root:
             if not hasattr(sendobj, "__len__") or len(sendobj) != size:  # type: ignore[arg-type]
@@ -151,7 +152,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
                           "for each rank"
             else:
                 parts = list(sendobj)  # type: ignore[arg-type]
-        problem, parts = broadcast_object((problem, parts), self._instance(root, "scatter"), self._group(),
+        problem, parts = broadcast_object((problem, parts), self._root_instance(root, "scatter"), self._group(),
                                           copied=True)
         if problem is not None:
             raise ValueError(problem)
@@ -161,7 +162,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         return functools.reduce(combiner(op, "allreduce"), alike(self.allgather, "allreduce", sendobj, op=op_name(op)))
 
     def reduce(self, sendobj: Any, op: Op | None = None, root: int = 0) -> Any:
-        root = self._rank_checked(root, "reduce")
+        root = self._root_checked(root, "reduce")
         gathered = alike(self.allgather, "reduce", sendobj, op=op_name(op), root=root)
         result = functools.reduce(combiner(op, "reduce"), gathered)
         return result if self.Get_rank() == root else None
@@ -172,7 +173,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         as in MPI)."""
         is_root = self.Get_rank() == root
         array = buffer_of(buf, "Bcast", receives=not is_root)
-        received = current_fabric().broadcast(array, self._instance(root, "Bcast"), self._group())
+        received = current_fabric().broadcast(array, self._root_instance(root, "Bcast"), self._group())
         if not is_root:
             fill(array, received, "Bcast")
 
@@ -238,7 +239,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         """Block k of the root's ``sendbuf`` into rank k's ``recvbuf`` (the root's ``MPI.IN_PLACE``: its own
         block stays where it is). The root broadcasts every block and one row more, which says whether it refused
         its buffer, so that every rank then raises why (``_scatter_rows``), not only the root."""
-        size, is_root = self.Get_size(), self.Get_rank() == self._rank_checked(root, "Scatter")
+        size, is_root = self.Get_size(), self.Get_rank() == self._root_checked(root, "Scatter")
         recv = None if is_root and in_place(recvbuf) else buffer_of(recvbuf, "Scatter", receives=True)
         problem = None
         if is_root:
@@ -246,7 +247,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         else:
             assert recv is not None
             rows = np.empty((size + 1, max(recv.size, 1)), recv.dtype)
-        root_instance = self._instance(root, "Scatter")
+        root_instance = self._root_instance(root, "Scatter")
         everything = current_fabric().broadcast(rows, root_instance, self._group())
         if everything[size].view(np.uint8).any():  # (the root refused its buffer: everyone learns why)
             raise ValueError(f"{broadcast_object(str(problem), root_instance, self._group())} (at the root, "
@@ -284,11 +285,21 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         self._instance(root, what)
         return int(root)
 
+    def _root_instance(self, root: int, what: str) -> int:
+        """The instance of a collective's root; one that is no rank raises ``ERR_ROOT``, as Open MPI's do."""
+        if not is_int(root) or not 0 <= root < self.Get_size():
+            raise RootError(f"{what}: root {root!r} is not a rank of {self._name} (0 to {self.Get_size() - 1})")
+        return self._instance(root, what)
+
+    def _root_checked(self, root: int, what: str) -> int:
+        self._root_instance(root, what)
+        return int(root)
+
     def _is_agreed_root(self, root: int, what: str) -> bool:
         """Whether this rank is the root of a rooted call that runs as its all-to-all form, once every rank named
         the same root (else ``CollectiveMismatchError`` on every rank, as ``reduce``'s ``alike``): the all-to-all
         form carries no root, so the roots travel in a small allgather of their own."""
-        root = self._rank_checked(root, what)
+        root = self._root_checked(root, what)
         roots = self._in_rank_order(current_fabric().allgather(np.array([root], np.int64), self._group()))[:, 0]
         if (roots != root).any():
             named = ", ".join(f"rank {k} root={int(k_root)}" for k, k_root in enumerate(roots))

@@ -122,7 +122,7 @@ class NonblockingCollectives:
         def Get_size(self) -> int: ...
         def Get_rank(self) -> int: ...
         def _instance(self, rank: int, what: str) -> int: ...
-        def _rank_checked(self, root: int, what: str) -> int: ...
+        def _root_checked(self, root: int, what: str) -> int: ...
 
     def Ibarrier(self) -> Request:
         size, me = self.Get_size(), self.Get_rank()
@@ -132,7 +132,7 @@ class NonblockingCollectives:
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
         size, me = self.Get_size(), self.Get_rank()
-        root = self._rank_checked(root, "Ibcast")
+        root = self._root_checked(root, "Ibcast")
         array = buffer_of(buf, "Ibcast", receives=me != root)
         mine = array.view(np.uint8)
         sends = [mine if me == root and k != me else None for k in range(size)]
@@ -157,7 +157,7 @@ class NonblockingCollectives:
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op | None = None, root: int = 0) -> Request:
         size, me = self.Get_size(), self.Get_rank()
-        root = self._rank_checked(root, "Ireduce")
+        root = self._root_checked(root, "Ireduce")
         recv = buffer_of(recvbuf, "Ireduce", receives=True) if me == root else None
         if in_place(sendbuf):
             if recv is None:
@@ -184,7 +184,7 @@ class NonblockingCollectives:
         return self._gathered("Iallgather", None, equal_blocks(recv, size, "Iallgather"), sendbuf)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        size, root = self.Get_size(), self._rank_checked(root, "Igather")
+        size, root = self.Get_size(), self._root_checked(root, "Igather")
         blocks = equal_blocks(buffer_of(recvbuf, "Igather", receives=True, blocks=size), size, "Igather") \
             if self.Get_rank() == root else []
         return self._gathered("Igather", root, blocks, sendbuf)
@@ -205,7 +205,7 @@ class NonblockingCollectives:
                              lambda parts: place_parts(blocks, parts, send, me, what) if blocks else None)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        size, root = self.Get_size(), self._rank_checked(root, "Iscatter")
+        size, root = self.Get_size(), self._root_checked(root, "Iscatter")
         blocks = equal_blocks(buffer_of(sendbuf, "Iscatter", blocks=size), size, "Iscatter") \
             if self.Get_rank() == root else []
         return self._scattered("Iscatter", root, blocks, recvbuf)

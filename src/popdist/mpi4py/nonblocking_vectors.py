@@ -21,7 +21,7 @@ class NonblockingVectorCollectives:
     if TYPE_CHECKING:  # (what they use of ``Comm``)
         def Get_size(self) -> int: ...
         def Get_rank(self) -> int: ...
-        def _rank_checked(self, root: int, what: str) -> int: ...
+        def _root_checked(self, root: int, what: str) -> int: ...
         def _started(self, what: str, root: int, sends: Sequence[np.ndarray | None], needs: Sequence[bool],
                      finish: Callable[[list[matching.Message]], None]) -> Request: ...
         def _gathered(self, what: str, root: int | None, blocks: list[np.ndarray], sendbuf: Any) -> Request: ...
@@ -32,7 +32,7 @@ class NonblockingVectorCollectives:
         return self._gathered("Iallgatherv", None, [recv[place] for place in places], sendbuf)
 
     def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        root = self._rank_checked(root, "Igatherv")
+        root = self._root_checked(root, "Igatherv")
         blocks: list[np.ndarray] = []
         if self.Get_rank() == root:
             recv, places = vector_of(recvbuf, self.Get_size(), "Igatherv", receives=True)
@@ -40,7 +40,7 @@ class NonblockingVectorCollectives:
         return self._gathered("Igatherv", root, blocks, sendbuf)
 
     def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:
-        root = self._rank_checked(root, "Iscatterv")
+        root = self._root_checked(root, "Iscatterv")
         blocks: list[np.ndarray] = []
         if self.Get_rank() == root:
             send, places = vector_of(sendbuf, self.Get_size(), "Iscatterv")

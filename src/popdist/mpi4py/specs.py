@@ -106,6 +106,14 @@ class RankError(MPIException, ValueError):
         super().__init__(ERR_RANK, message)
 
 
+class RootError(RankError):
+    """A collective's root that is not a rank of the communicator: ``MPI.Exception`` with ``ERR_ROOT``, as Open
+    MPI raises (a ``RankError``, as poprun-py raised before)."""
+
+    def __init__(self, message: str) -> None:
+        MPIException.__init__(self, ERR_ROOT, message)
+
+
 class NotProvidedError(AttributeError, NotImplementedError):
     """A part of mpi4py's API that poprun-py does not provide (an AttributeError, so ``hasattr`` is False)."""
 

@@ -56,7 +56,7 @@ class VectorCollectives:
         def Get_rank(self) -> int: ...
         def _group(self) -> tuple[int, ...] | None: ...
         def _in_rank_order(self, gathered: Any) -> Any: ...
-        def _rank_checked(self, root: int, what: str) -> int: ...
+        def _root_checked(self, root: int, what: str) -> int: ...
         def _all_to_all(self, blocks: Sequence[np.ndarray], rooms: Sequence[np.ndarray | None],
                         what: str, root: int = -1) -> list[matching.Message]: ...
 
@@ -66,7 +66,7 @@ class VectorCollectives:
         _put(recv, places, self._in_rank_order(allgather_rows(send, self._group())), "Allgatherv")
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        is_root = self.Get_rank() == self._rank_checked(root, "Gatherv")
+        is_root = self.Get_rank() == self._root_checked(root, "Gatherv")
         recv, places = vector_of(recvbuf, self.Get_size(), "Gatherv", receives=True) if is_root else (None, [])
         if in_place(sendbuf):
             if recv is None:
@@ -80,7 +80,7 @@ class VectorCollectives:
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         size, me = self.Get_size(), self.Get_rank()
-        is_root = me == self._rank_checked(root, "Scatterv")
+        is_root = me == self._root_checked(root, "Scatterv")
         if in_place(recvbuf) and not is_root:
             raise ValueError("Scatterv: only the root may pass MPI.IN_PLACE")
         recv = buffer_of(recvbuf, "Scatterv", receives=True) if not in_place(recvbuf) else None
