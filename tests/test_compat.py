@@ -511,6 +511,10 @@ def test_split_communicators_hold_their_ranks_collectives_and_messages() -> None
     assert [by_rank[r]["joined"] for r in range(4)] == [True, True, True, False]  # (was True for COMM_NULL)
     for out in by_rank.values():  # a freed communicator is COMM_NULL; the world and COMM_NULL cannot be freed
         assert out["freed"] == [True, False] and out["free_errors"] == [True] * 4 and out["with_info"] == 4
+        # (before: Dup's name was MPI_COMM_WORLD, Split's "MPI_COMM_WORLD Split"; no Set_name)
+        assert out["names"] == ["MPI_COMM_WORLD", "MPI_COMM_SELF", "", "", "", "bcast: root 5 is not a rank of a "
+                                "communicator that Split made from MPI_COMM_WORLD (0 to 1) (MPI_ERR_ROOT)", "mine", "",
+                                "renamed"]
     # keys that reverse the ranks (ERR_ARG, not provided, before): gathers in the new ranks' order, the scan
     # over the new ranks before, the broadcast from the new rank 0 (world rank 3)
     assert [by_rank[r]["reversed"] for r in range(4)] == [

@@ -1,8 +1,8 @@
 """Communicators made by splitting COMM_WORLD, as MPI programs find their local rank and their groups
 (4 instances on one host): ``Split_type(COMM_TYPE_SHARED)``, ``Split`` by parity, one rank left out
 (``MPI.UNDEFINED``: ``COMM_NULL``), and collectives and messages inside each; a freed communicator, and
-what may not be freed; a ``Split`` whose keys reverse the ranks' order. Each rank prints its results as
-JSON."""
+what may not be freed; a ``Split`` whose keys reverse the ranks' order; communicators' names. Each rank prints
+its results as JSON."""
 
 import json
 
@@ -60,5 +60,17 @@ for call in (comm.Free, MPI.COMM_NULL.Free, MPI.COMM_NULL.Dup, copy.Barrier):
         errors.append(exc.Get_error_class() == MPI.ERR_COMM)
 out["free_errors"] = errors
 out["with_info"] = comm.Split_type(MPI.COMM_TYPE_SHARED, key=r, info=MPI.INFO_NULL).Get_size()
+# names as Open MPI's: the predefined ones', "" for one made from them until Set_name; errors still say which
+named = comm.Dup()
+names = [comm.Get_name(), MPI.COMM_SELF.name, named.Get_name(), parity.Get_name(), comm.Create_cart([n]).name]
+try:
+    parity.bcast(None, root=5)
+except MPI.Exception as exc:
+    names.append(str(exc))
+named.Set_name("mine")
+names += [named.Get_name(), named.Dup().Get_name()]
+named.name = "renamed"
+names.append(named.name)
+out["names"] = names
 comm.Barrier()
 print(json.dumps(out), flush=True)

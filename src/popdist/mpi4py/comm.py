@@ -70,6 +70,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
     order (``_in_rank_order``)."""
 
     def __init__(self, members: Sequence[int] | None = None, name: str = "MPI_COMM_WORLD", context: int = 0) -> None:
+        """``name``: what messages call it (``Get_name`` gives it for a predefined one, else "", as Open MPI)."""
         self._members = None if members is None else tuple(members)
         self._fabric_group = None if members is None else tuple(sorted(members))
         #: For each rank, where its instance is in ``_fabric_group`` (None: the same place).
@@ -77,6 +78,8 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         if self._members is not None and self._fabric_group is not None and self._members != self._fabric_group:
             self._places = [self._fabric_group.index(member) for member in self._members]
         self._name = name
+        #: ``Get_name``'s answer: the predefined communicators' names (contexts 0, 1, -1), else "" until ``Set_name``.
+        self._given_name = name if context in (0, 1, -1) else ""
         #: Whose messages a ``recv`` here takes: 0 COMM_WORLD, 1 COMM_SELF, a ``Dup``'s derived from its parent's
         #: and the parent's count of ``Dup`` calls (collective in MPI: its ranks call it alike, whatever a rank
         #: does with other communicators, such as COMM_SELF, alone).
@@ -111,7 +114,16 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
     rank = property(Get_rank)
 
     def Get_name(self) -> str:
-        return self._name
+        return self._given_name
+
+    def Set_name(self, name: str) -> None:
+        """Name this communicator (this rank's handle), for ``Get_name`` and for the messages of errors on it."""
+        if not isinstance(name, str):
+            raise TypeError(f"Set_name: a communicator's name is a str, not {type(name).__name__}")
+        self._given_name = name
+        self._name = name or self._name
+
+    name = property(Get_name, Set_name)
 
     def _rank_of(self, instance: int) -> int:
         return instance if self._members is None else self._members.index(instance)
@@ -321,9 +333,13 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
     def Dup(self) -> Comm:
         """The same ranks, with messages of their own (see ``_context``)."""
         self._dups += 1
-        return type(self)(self._members, self._name, self._derived_context(""))  # (COMM_SELF's: one rank)
+        return type(self)(self._members, self._made_by("Dup"), self._derived_context(""))  # (COMM_SELF's: one rank)
 
     Clone = Dup
+
+    def _made_by(self, what: str) -> str:
+        """What messages call a communicator that ``what`` made from this one (its ``Get_name`` is "")."""
+        return f"a communicator that {what} made from {self._name}"
 
     def Split(self, color: int = 0, key: int = 0) -> Comm:
         """The ranks that gave the same ``color``, ordered by ``key`` and then by their rank here, as a
@@ -356,12 +372,12 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
                   for c, _ in everyone if c is not None}
         if color is None:
             return COMM_NULL
-        return Comm([self._instance(rank, what) for rank in orders[color]], f"{self._name} {what}",
+        return Comm([self._instance(rank, what) for rank in orders[color]], self._made_by(what),
                     self._derived_context(repr(color)))
 
     def _cartesian(self, members: list[int], grid: Cartesian | None, context: int, what: str) -> Comm:
         """A grid's communicator (``topology``); ``MPI.COMM_NULL`` for a rank left out of it (no ``grid``)."""
-        return COMM_NULL if grid is None else Cartcomm(members, f"{self._name} {what}", context, grid)
+        return COMM_NULL if grid is None else Cartcomm(members, self._made_by(what), context, grid)
 
     def _graph_comm(self, members: list[int], context: int, adjacency: Adjacency | None,
                     whole: WholeGraph | None) -> Comm:
@@ -370,8 +386,8 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         if adjacency is None:
             return COMM_NULL
         if whole is None:
-            return Distgraphcomm(members, f"{self._name} Create_dist_graph", context, adjacency)
-        return Graphcomm(members, f"{self._name} Create_graph", context, adjacency, whole)
+            return Distgraphcomm(members, self._made_by("Create_dist_graph"), context, adjacency)
+        return Graphcomm(members, self._made_by("Create_graph"), context, adjacency, whole)
 
     def Get_topology(self) -> int:
         return UNDEFINED
@@ -397,7 +413,7 @@ class Comm(PointToPoint, AllToAll, VectorCollectives, PrefixReductions, ReduceSc
         if self._context in (0, 1):
             raise MPIException(ERR_COMM, f"Free: {self._name} is predefined and cannot be freed")
         self.__class__ = _NullComm
-        self._name, self._members = "MPI_COMM_NULL", ()
+        self._name, self._given_name, self._members = "MPI_COMM_NULL", "MPI_COMM_NULL", ()
 
     def __bool__(self) -> bool:
         return True
@@ -431,6 +447,7 @@ class Topocomm(NeighbourCollectives, Comm):
         self._dups += 1
         made = copy.copy(self)  # (the topology is never changed in place: shared)
         made._context, made._dups, made._nonblocking_calls = self._derived_context(""), 0, 0
+        made._name, made._given_name = self._made_by("Dup"), ""
         _LIVE[id(made)] = made
         return made
 
