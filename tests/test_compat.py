@@ -316,6 +316,7 @@ def test_mpi4py_semantics_over_three_instances() -> None:
             "scatter: root 3 is not a rank of MPI_COMM_WORLD (0 to 2) (MPI_ERR_ROOT)",
             "scatter: the root (rank 0) gave 2 objects; it must give a sequence of 3, one for each rank",
             "Scatter: the root's buffer holds 6 elements, 3 ranks x 3 are needed (at the root, rank 0)"]
+        assert out["threads"] == [True, True, False]  # (no Is_thread_main before)
         assert out["missing"].startswith("MPI.Comm.Create_intercomm is not provided by poprun-py's mpi4py")
         assert "Running Graphcore's programs" in out["missing"]
         assert out["missing_on_the_class"].startswith("MPI.Comm.Compare is not provided by poprun-py's mpi4py; see")

@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -41,6 +42,11 @@ for scatter in (lambda: comm.scatter([0] * n, root=n), lambda: comm.scatter([0] 
     except ValueError as exc:
         refused.append(str(exc))
 out["scatter_refused"] = refused
+elsewhere: list = []  # (THREAD_SERIALIZED, honestly: the fabric takes one call at a time)
+other = threading.Thread(target=lambda: elsewhere.append(MPI.Is_thread_main()))
+other.start()
+other.join()
+out["threads"] = [MPI.Query_thread() == MPI.THREAD_SERIALIZED, MPI.Is_thread_main(), *elsewhere]
 if r == 1:
     comm.Send(np.array([4.5, 5.5]), dest=0, tag=3)
 elif r == 0:

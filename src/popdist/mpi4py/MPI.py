@@ -8,6 +8,7 @@ Anything else of mpi4py's ``MPI`` module raises ``NotProvidedError`` naming it (
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from typing import Any
 
@@ -98,6 +99,7 @@ __all__ = [
     "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "UNWEIGHTED",
     "WEIGHTS_EMPTY", "Wtick", "Wtime",
 ]
+__all__ += ["Is_thread_main"]
 
 Intracomm = Comm
 Compute_dims = compute_dims
@@ -257,6 +259,18 @@ def Is_finalized() -> bool:
 
 def Query_thread() -> int:
     return THREAD_SERIALIZED  # one thread at a time may call the collectives
+
+
+# -- threads ---------------------------------------------------------------------------------------------
+#: The thread that imported this module, and so initialised MPI (``Init`` at import, unless ``rc.initialize``).
+_MAIN_THREAD = threading.get_ident()
+
+
+def Is_thread_main() -> bool:
+    """Whether this is MPI's main thread: the one that imported ``mpi4py.MPI``. (``Query_thread`` says
+    ``THREAD_SERIALIZED``: the fabric takes one call at a time, so two threads in collectives at once, even on
+    two communicators, break it.)"""
+    return threading.get_ident() == _MAIN_THREAD
 
 
 def __getattr__(name: str) -> Any:
