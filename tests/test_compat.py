@@ -332,7 +332,7 @@ def test_mpi4py_semantics_over_three_instances() -> None:
                                "MPI_ERR_OTHER: other error", True]
         after = "called after MPI.Finalize(); MPI allows no call on a communicator once it is finalized (MPI_ERR_OTHER)"
         assert out["finalized"] == [True, [[True, f"MPI_COMM_WORLD.allreduce: {after}"],
-                                           [True, f"MPI_COMM_WORLD.Get_rank: {after}"],
+                                           [True, f"a communicator that Dup made from MPI_COMM_WORLD.Get_rank: {after}"],
                                            [True, f"MPI_COMM_SELF.rank: {after}"],
                                            [True, "Finalize: called after MPI.Finalize(); MPI allows it once, and "
                                                   "no initialisation after it (MPI_ERR_OTHER)"]]]
