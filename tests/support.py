@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -168,7 +169,10 @@ class Launch:
     def __init__(self, *args: str, env: dict | None = None, argv: Sequence[str] | None = None) -> None:
         """poprun with ``args``, or ``argv`` as given (poprun wrapped in salloc, say)."""
         command = list(argv) if argv is not None else poprun_command(*args)
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        # (SIGINT at its default, as a terminal's foreground job has it, for the tests that press Ctrl-C: a
+        # background job of a non-interactive shell, as CI may run the suite, inherits it ignored)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.stderr = b""
         self._stderr_thread = threading.Thread(target=self._read_stderr, daemon=True)
         self._stderr_thread.start()
