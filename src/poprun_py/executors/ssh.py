@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -451,11 +452,19 @@ def _close_if_passed(future: Future[RemoteHost]) -> None:
         future.result().close()
 
 
+def _leave_ctrl_c_to_the_main_thread() -> None:
+    """In a check's thread (and Paramiko's, which inherit its mask): SIGINT blocked, so that the kernel delivers a
+    Ctrl-C to the main thread, whose wait for the verdicts it interrupts (delivered to a thread blocked in a
+    connect, it only set Python's flag, and the main thread slept on until every check had ended)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def check_hosts(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: float) -> dict[str, RemoteHost]:
     """Every host checked at once; all pass (their connections returned) or ``PreflightFailed`` lists each verdict."""
     config = load_ssh_config()
     targets = [ssh_target(h, config) for h in hosts]
-    pool = ThreadPoolExecutor(max_workers=min(64, len(targets)), thread_name_prefix="poprun-preflight")
+    pool = ThreadPoolExecutor(max_workers=min(64, len(targets)), thread_name_prefix="poprun-preflight",
+                              initializer=_leave_ctrl_c_to_the_main_thread)
     futures: list[Future[RemoteHost]] = []
     try:
         for target in targets:
