@@ -89,7 +89,7 @@ __all__ = [
     "ERR_BUFFER", "ERR_COMM", "ERR_COUNT", "ERR_DIMS", "ERR_GROUP", "ERR_INTERN", "ERR_IN_STATUS", "ERR_OP",
     "ERR_OTHER", "ERR_PENDING", "ERR_RANK", "ERR_REQUEST", "ERR_ROOT", "ERR_TAG", "ERR_TOPOLOGY", "ERR_TRUNCATE",
     "ERR_TYPE", "ERR_UNKNOWN", "Exception", "FLOAT", "FLOAT_INT", "Finalize", "GRAPH", "Get_error_class",
-    "Get_error_string", "Get_processor_name", "Get_version", "Graphcomm",
+    "Get_error_string", "Get_processor_name", "Get_version", "Graphcomm", "Is_thread_main",
     "INFO_NULL", "INT", "INT16_T", "INT32_T", "INT64_T", "INT8_T", "INT_INT", "IN_PLACE", "Init", "Intracomm",
     "Is_finalized", "Is_initialized", "LAND", "LONG", "LONG_DOUBLE", "LONG_DOUBLE_INT", "LONG_INT", "LONG_LONG",
     "LOR", "LXOR", "MAX", "MAXLOC", "MIN", "MINLOC", "NO_OP", "NotProvidedError", "OP_NULL", "Op", "PROC_NULL",
@@ -99,7 +99,6 @@ __all__ = [
     "UINT8_T", "UNDEFINED", "UNSIGNED", "UNSIGNED_CHAR", "UNSIGNED_LONG", "UNSIGNED_SHORT", "UNWEIGHTED",
     "WEIGHTS_EMPTY", "Wtick", "Wtime",
 ]
-__all__ += ["Is_thread_main"]
 
 Intracomm = Comm
 Compute_dims = compute_dims
