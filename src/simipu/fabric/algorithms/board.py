@@ -52,7 +52,10 @@ made a 256 KiB allreduce and broadcast at N=4 take 1.14x and 1.18x as long.
 With a CPU for each instance, a wait for a peer only reads for its first
 ``ALONE_SECONDS``, then yields between reads: the kernel may still put two
 instances on one CPU (another process holds the other), and then the peer
-runs only when we let it.
+runs only when we let it. So a wait first says which CPU it is on, and if the
+peer it waits for last said the same, the later of the two by position moves
+to the CPU with fewest of the host's instances (``Spreader.beside``), and the
+other yields at once until it has.
 """
 
 from __future__ import annotations
@@ -122,23 +125,32 @@ ALONE_SECONDS = 20e-6
 WHOLE = slice(None)
 
 
-def await_alone(words: memoryview, at: int, wanted: int, spin: float) -> bool:
-    """Whether ``words[at]`` (a peer's publication) becomes ``wanted`` within ``spin`` s, with a CPU for each
-    instance: it reads, and after ``ALONE_SECONDS`` it yields between reads. Called only when it is not there yet."""
-    start = time.perf_counter()
-    alone_until, deadline = start + min(ALONE_SECONDS, spin), start + spin
-    while words[at] != wanted:
-        now = time.perf_counter()
-        if now > alone_until:
-            if now > deadline:
-                return False
-            os.sched_yield()
-    return True
+#: ``(words, at, wanted, spin, peer) -> bool``: whether ``words[at]`` (a peer's publication) becomes ``wanted``
+#: within ``spin`` s; ``peer``: that peer's header words (where it says which CPU it is on).
+Await = Callable[[memoryview, int, int, float, memoryview], bool]
 
 
-def await_crowded(words: memoryview, at: int, wanted: int, spin: float) -> bool:
-    """``await_alone`` with more instances than CPUs: it yields between all reads (the peer we wait for may need
-    our CPU)."""
+def alone_waiter(beside: Callable[[memoryview], bool]) -> Await:
+    """The wait with a CPU for each instance: it reads, and after ``ALONE_SECONDS`` yields between reads; from
+    the start if the peer is on our CPU and we did not move away (``beside``: ``Spreader.beside``). Called only
+    when the publication is not there yet."""
+
+    def await_alone(words: memoryview, at: int, wanted: int, spin: float, peer: memoryview) -> bool:
+        start = time.perf_counter()
+        alone_until, deadline = start if beside(peer) else start + min(ALONE_SECONDS, spin), start + spin
+        while words[at] != wanted:
+            now = time.perf_counter()
+            if now > alone_until:
+                if now > deadline:
+                    return False
+                os.sched_yield()
+        return True
+    return await_alone
+
+
+def await_crowded(words: memoryview, at: int, wanted: int, spin: float, peer: memoryview | None = None) -> bool:
+    """The wait with more instances than CPUs: it yields between all reads (the peer we wait for may need our
+    CPU)."""
     deadline = time.perf_counter() + spin
     while words[at] != wanted:
         if time.perf_counter() > deadline:
@@ -229,8 +241,10 @@ class BoardAllreduce:
         #: Every how many calls the spreader may move us (``SPREAD_EVERY``, or ``SPREAD_SHARED``).
         self._spread_every = spread_every
         self._crowded = spreader.oversubscribed
-        #: How this plan waits for a peer's publication (see ``await_crowded`` and ``await_alone``).
-        self._awaited = await_crowded if self._crowded else await_alone
+        #: How this plan waits for a peer's publication (see ``await_crowded`` and ``alone_waiter``).
+        self._awaited: Await = await_crowded if self._crowded else alone_waiter(spreader.beside)
+        #: ``Spreader.beside``, for a wait of its own (``board_copies.reader_call``).
+        self._beside = spreader.beside
         self._rank = group.rank
         self._links = group.other_links
         local = len(segment.local)
@@ -289,14 +303,15 @@ class BoardAllreduce:
         """For a call with three members or more (``many_peers_call``, ``board_copies.many_peers_copy_call``), per
         peer in ``group.others`` order: its link, mailbox and board's words, and per parity where its
         publication and index for us are, its header, and its payload to read (an array, or its bytes if
-        ``as_bytes``; None where the arrays travel elsewhere); and per peer its link and mailbox."""
+        ``as_bytes``; None where the arrays travel elsewhere), and its header's words (for the wait); and per peer
+        its link and mailbox."""
         me = self._me + INDICES
         waits = tuple((link, box, peer_words,
                        [(first + PUBLICATION, first + me, header_bytes,
                          array.data.cast("B") if as_bytes and array is not None else array)
-                        for first, _, header_bytes, array in slots])
-                      for link, box, peer_words, slots in self._waits)
-        return waits, tuple((link, box) for link, box, _, _ in waits)
+                        for first, _, header_bytes, array in slots], peer)
+                      for (link, box, peer_words, slots), peer in zip(self._waits, self._flags))
+        return waits, tuple((link, box) for link, box, _, _, _ in waits)
 
     def _pair_slots(self) -> tuple[list[tuple], list[tuple]]:
         """For ``one_peer_call``, per parity, our slot: where its length, offset, index for the peer and
@@ -364,12 +379,12 @@ def many_peers_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
         try:
             publish(seq, x, payload)
             arrays, result, waited = [], None, False  # (gathered as ``slots_to_take`` says)
-            for link, box, peer_words, slots in waits:  # (as the general path checks a frame: see the class)
+            for link, box, peer_words, slots, peer in waits:  # (as the general path checks a frame: see the class)
                 wanted = box.board_taken + 1
                 publication_at, index_at, header_bytes, array = slots[wanted & 1]
                 if peer_words[publication_at] != wanted:
                     waited = True
-                    if not awaited(peer_words, publication_at, wanted, spin):
+                    if not awaited(peer_words, publication_at, wanted, spin, peer):
                         break
                 if peer_words[index_at] != link.received or header_bytes.tobytes() != header:
                     break  # (tobytes and a memcmp: a third of a memoryview comparison's cost)
@@ -429,7 +444,7 @@ def one_peer_call(plan: BoardAllreduce) -> Callable[..., np.ndarray | None]:
             wanted = box.board_taken + 1
             publication_at, index_at, header_bytes, array, array_bytes = theirs[wanted & 1]
             if ((not (there := peer_words[publication_at] == wanted) and not awaited(peer_words, publication_at,
-                                                                                     wanted, spin))
+                                                                                     wanted, spin, flag))
                     or peer_words[index_at] != link.received or header_bytes.tobytes() != header):
                 result = None
             else:

@@ -216,12 +216,12 @@ def many_peers_copy_call(plan: BoardAllgather) -> Callable[..., np.ndarray | Non
             if out is not plan._rows_for:
                 plan._rows_of(out)
             result, waited = None, False
-            for (link, box, peer_words, slots), row in zip(waits, plan._peer_rows):  # (``many_peers_call``'s checks)
+            for (link, box, peer_words, slots, peer), row in zip(waits, plan._peer_rows):  # (``many_peers_call``'s)
                 wanted = box.board_taken + 1
                 publication_at, index_at, header_bytes, theirs = slots[wanted & 1]
                 if peer_words[publication_at] != wanted:
                     waited = True
-                    if not awaited(peer_words, publication_at, wanted, spin):
+                    if not awaited(peer_words, publication_at, wanted, spin, peer):
                         break
                 if peer_words[index_at] != link.received or header_bytes.tobytes() != header:
                     break
@@ -298,6 +298,7 @@ def reader_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
     link = plan.root_link
     assert link is not None and link.mailbox is not None, "a reader of a root on this host"
     take = link.mailbox.fixed_receiver(len(header), plan._total)
+    beside, root_header = plan._beside, link.mailbox.reader_views()[0]
 
     def call(seq: int, x: np.ndarray, out: np.ndarray | None = None, payload: memoryview | None = None,
              sources: tuple[np.ndarray, ...] = ()) -> np.ndarray:
@@ -312,9 +313,10 @@ def reader_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
             done = take(link.received, header, dest)
             if not done:
                 start = time.perf_counter()
-                alone_until, deadline = start + (0.0 if crowded else min(ALONE_SECONDS, spin)), start + spin
+                alone_until = start if crowded or beside(root_header) else start + min(ALONE_SECONDS, spin)
+                deadline = start + spin
                 while not done and (now := time.perf_counter()) < deadline:
-                    if now > alone_until:  # (board's ``await_alone`` and ``await_crowded``)
+                    if now > alone_until:  # (board's ``alone_waiter`` and ``await_crowded``)
                         os.sched_yield()
                     done = take(link.received, header, dest)
             if done:
