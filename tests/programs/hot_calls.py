@@ -60,6 +60,10 @@ for step in range(6):
 hot = dict(entered)
 
 
+#: The frames of a wait for a peer, or of waking one (``Spreader.beside`` and what it calls: a wait's too).
+WAITS = {"await_alone", "await_crowded", "nudge", "beside", "spread", "crowded_move"}
+
+
 def frames_of(call):
     """The Python frames a call enters (C functions not counted), but those that wait for a peer or wake one:
     the fewest over ten calls. A peer late past the spin sends a call the general way: such a call's frames are
@@ -69,7 +73,7 @@ def frames_of(call):
         names = []
 
         def profile(frame, event, arg, names=names):
-            if event == "call" and frame.f_code.co_name not in {"await_alone", "await_crowded", "nudge"}:
+            if event == "call" and frame.f_code.co_name not in WAITS:
                 names.append(frame.f_code.co_name)
         sys.setprofile(profile)
         try:

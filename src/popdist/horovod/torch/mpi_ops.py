@@ -44,6 +44,7 @@ from popdist.horovod.common import (  # (Horovod's mpi_ops has these names too: 
     shutdown,
     size,
 )
+from popdist.horovod.common import _state as _hvd_state  # (``is_initialized()`` without a call, in the hot paths)
 from popdist.horovod.common.exceptions import HorovodInternalError
 from popdist.horovod.torch.compression import Compression, NoneCompressor
 from popdist.ragged import allgather_rows
@@ -122,7 +123,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """A new tensor: ``tensor`` reduced over every instance (default: the average). ``name`` is accepted
     and unused: collectives match by the order instances call them."""
     fabric = _backend.fabric
-    if (fabric is not None and is_initialized() and average is None and compression is NoneCompressor
+    if (fabric is not None and _hvd_state.initialised and average is None and compression is NoneCompressor
             and process_set is None and prescale_factor == 1.0 and postscale_factor == 1.0
             and (op is None or type(op) is ReduceOp)):
         fabric_op = _FAST_OPS.get(op)  # (None for Adasum: that raises on the general path)
@@ -133,6 +134,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         except (AttributeError, RuntimeError, TypeError):  # (AttributeError: a NumPy array)
             array = None
         if fabric_op is not None and array is not None and array.dtype.char in _FAST_DTYPES:
+            if not _backend.grouped and array.flags.c_contiguous:  # (``popdist.collectives.allreduce``'s hot path)
+                plan = _backend.hot_allreduces.get((array.dtype, array.shape, fabric_op))
+                if plan is not None:
+                    return torch.from_numpy(plan.allreduce(0, array))
             return torch.from_numpy(fabric.allreduce(array, fabric_op, _backend.groups.members))
     _no_process_set(process_set)
     resolved = resolve_op(op, average)
@@ -149,7 +154,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                process_set: object = None) -> torch.Tensor:
     """``allreduce`` into ``tensor`` itself; returns ``tensor``."""
     fabric = _backend.fabric
-    if (fabric is not None and is_initialized() and average is None and process_set is None
+    if (fabric is not None and _hvd_state.initialised and average is None and process_set is None
             and prescale_factor == 1.0 and postscale_factor == 1.0 and (op is None or type(op) is ReduceOp)):
         fabric_op = _FAST_OPS.get(op)
         array = _own_array(tensor) if fabric_op is not None else None
