@@ -241,12 +241,10 @@ class BoardAllreduce:
         #: Every how many calls the spreader may move us (``SPREAD_EVERY``, or ``SPREAD_SHARED``).
         self._spread_every = spread_every
         self._crowded = spreader.oversubscribed
-        #: How this plan waits for a peer's publication (see ``await_crowded`` and ``alone_waiter``).
-        self._awaited: Await = await_crowded if self._crowded else alone_waiter(spreader.beside)
+        #: How this plan waits for a peer's publication (see ``await_crowded`` and ``alone_waiter``); and
         #: ``Spreader.beside``, for a wait of its own (``board_copies.reader_call``).
-        self._beside = spreader.beside
-        self._rank = group.rank
-        self._links = group.other_links
+        self._awaited: Await = await_crowded if self._crowded else alone_waiter(spreader.beside)
+        self._beside, self._rank, self._links = spreader.beside, group.rank, group.other_links
         local = len(segment.local)
         self._segment = segment
         board, self._words = segment.board_views()
