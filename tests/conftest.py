@@ -29,7 +29,7 @@ def live_descendants() -> list[psutil.Process]:
         try:
             if proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError):
             continue
     return found
 
@@ -44,7 +44,9 @@ def marked_processes(marker: str) -> list[psutil.Process]:
                 continue
             if proc.environ().get(MARKER) == marker:
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError):
+            # (FileNotFoundError: psutil raises it when /proc/PID/stat goes while /proc/PID is still there,
+            # a process exiting as we read it)
             continue
     return found
 
