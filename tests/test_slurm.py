@@ -40,6 +40,13 @@ def test_allocation_nodes_become_hosts_with_their_slots() -> None:
                      HostSpec("gw7", slots=1))
 
 
+def test_inside_a_step_the_slots_are_the_allocations_cpus_not_the_steps_tasks() -> None:
+    """``srun -n1 poprun ...`` in a ``-n2`` allocation: Slurm sets the step's SLURM_TASKS_PER_NODE=1 there."""
+    step = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "pod[01-02]", "SLURM_STEP_ID": "0",
+            "SLURM_TASKS_PER_NODE": "1,0", "SLURM_JOB_CPUS_PER_NODE": "2(x2)"}
+    assert allocation_hosts(step) == (HostSpec("pod01", slots=2), HostSpec("pod02", slots=2))
+
+
 # -- a real allocation ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
@@ -75,6 +82,17 @@ def test_instances_run_in_srun_steps_on_the_allocation_nodes(slurm: SlurmCluster
         assert (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"]) == (str(index), str(index), "0")
         assert (env["SLURM_NTASKS"], env["SLURM_NPROCS"], env["SLURM_TASKS_PER_NODE"]) == ("2", "2", "2")
     assert seen[0]["env"]["SLURM_STEP_ID"] == seen[1]["env"]["SLURM_STEP_ID"]  # one agent per node
+
+
+def test_poprun_in_a_one_task_step_of_a_two_task_allocation_is_not_oversubscribed(slurm: SlurmCluster) -> None:
+    """``srun -n1 poprun`` (as a batch script's step): before, poprun read the step's one task as the node's
+    slots and warned that its 2 instances oversubscribed the node."""
+    argv = salloc(slurm, OFFLINE, "--num-instances", "2", "--num-replicas", "2", *python_program("collectives_check.py"))
+    at = argv.index("--time=5") + 1
+    result = subprocess.run([*argv[:at], "srun", "-n1", "--quiet", *argv[at:]], capture_output=True,
+                            env=slurm.command_env(), timeout=RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert b"oversubscribed" not in result.stderr, result.stderr
 
 
 def test_collectives_inside_an_allocation(slurm: SlurmCluster) -> None:

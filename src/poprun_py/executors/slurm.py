@@ -41,14 +41,17 @@ def tasks_per_node(text: str) -> list[int]:
 
 
 def allocation_hosts(environ: Mapping[str, str]) -> tuple[HostSpec, ...]:
-    """The allocation's nodes, with their task counts as slots."""
+    """The allocation's nodes, with their task counts as slots; inside a step (``srun -n1 poprun ...``), where
+    Slurm's task counts are the step's (1 for ``srun -n1``, which made 2 instances in a ``-n2`` allocation look
+    oversubscribed), the allocation's CPUs per node."""
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
     try:
         nodes = parse_host_list(nodelist)
     except HostListError as exc:
         raise UsageError(f"cannot read the Slurm node list SLURM_JOB_NODELIST={nodelist!r}: {exc}") from None
+    counts = "SLURM_JOB_CPUS_PER_NODE" if environ.get("SLURM_STEP_ID") else "SLURM_TASKS_PER_NODE"
     try:
-        slots = tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", ""))
+        slots = tasks_per_node(environ.get(counts, ""))
     except ValueError:
         slots = []
     if len(slots) != len(nodes):
