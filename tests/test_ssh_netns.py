@@ -10,6 +10,7 @@ namespaces per module, removed after it even when a test fails.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Iterator
 
@@ -132,3 +133,28 @@ def test_proxycommand_through_a_bastion(home: Path, network: Network) -> None:
     client, _, server, _ = line["env"]["SSH_CONNECTION"].split()
     assert (client, server) == (network.inner(1), hidden.address)
 
+
+
+
+def test_ctrl_c_while_a_hosts_link_is_cut_names_the_host(home: Path, network: Network) -> None:
+    """Ctrl-C with nodeB cut off: poprun stops nodeA's instance and names nodeB as lost. Before, the summary
+    counted nodeB's instance among those poprun stopped, which nobody saw (its agent stops it itself)."""
+    with open(home / ".ssh" / "config", "a") as config:  # poprun: lost within (4 + 1) x 2 s
+        config.write("Host *\n  ServerAliveInterval 2\n  ServerAliveCountMax 4\n")
+    launch = Launch("-H", "nodeA,nodeB", OFFLINE, "--mpi-global-args", FORWARD_MARKER,
+                    "--num-instances", "2", "--num-replicas", "2", "--stop-grace", "3",
+                    *python_program("behave.py", "--ready", "--others", "sleep"))
+    pids = pids_of(launch.wait_for_lines(b"ready", 2))
+    cut_off = network.hosts["nodeB"]
+    network.cut(cut_off)
+    try:
+        launch.process.send_signal(signal.SIGINT)
+        assert launch.finish(timeout=60) == 128 + signal.SIGINT
+        stderr = launch.stderr.decode()
+        assert "poprun received SIGINT and stopped the instances" in stderr, stderr
+        assert "instances stopped by poprun as a consequence: 0\n" in stderr, stderr
+        assert ("also failed: instance 1 on nodeB was lost: no answer to SSH keepalives for 8s "
+                "(ServerAliveInterval 2 x ServerAliveCountMax 4)") in stderr, stderr
+        assert_all_gone(pids)  # nodeB's instance too, its agent having heard nothing from poprun
+    finally:
+        network.mend(cut_off)

@@ -67,8 +67,9 @@ def summary_lines(report: JobReport) -> list[str]:
     elif report.console_closed is not None:
         lines.append(f"poprun's {report.console_closed} was closed, so poprun stopped the instances "
                      f"(exit {EXIT_BROKEN_PIPE}, 128+SIGPIPE, as a pipeline expects)")
-    stopped = sorted(f.instance for f in report.knock_ons if f.instance in report.signalled)
-    independent = [f for f in report.knock_ons if f.instance not in report.signalled]
+    # (an instance whose host was lost is not known to have stopped, signalled or not: it is named with its host)
+    stopped = sorted(f.instance for f in report.knock_ons if f.instance in report.signalled and f.lost_reason is None)
+    independent = [f for f in report.knock_ons if f.instance not in stopped]
     if stopped:
         lines.append(f"instances stopped by poprun as a consequence: {format_indices(stopped)}")
     for failure in independent:
