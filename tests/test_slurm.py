@@ -20,6 +20,7 @@ import pytest
 from infra.slurm_cluster import SlurmCluster, unavailable_reason
 from poprun_py.executors.slurm import allocation_hosts, tasks_per_node
 from poprun_py.hosts import HostSpec
+from poprun_py.reach import rendezvous_address
 from support import RUN_TIMEOUT, Launch, assert_all_gone, pids_of, poprun_command, python_program
 
 OFFLINE = "--offline-mode=1"
@@ -45,6 +46,20 @@ def test_inside_a_step_the_slots_are_the_allocations_cpus_not_the_steps_tasks() 
     step = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "pod[01-02]", "SLURM_STEP_ID": "0",
             "SLURM_TASKS_PER_NODE": "1,0", "SLURM_JOB_CPUS_PER_NODE": "2(x2)"}
     assert allocation_hosts(step) == (HostSpec("pod01", slots=2), HostSpec("pod02", slots=2))
+
+
+@pytest.mark.parametrize("towards, expected", [
+    # inside Slurm the node poprun runs on has an agent too, reached over loopback: the other node's address wins
+    ({"127.0.0.1", "192.168.1.5"}, ("192.168.1.5", "192.168.1.5")),
+    ({"127.0.0.1"}, ("127.0.0.1", "127.0.0.1")),  # one node: loopback is all there is
+    ({"127.0.0.1", "10.0.0.1", "192.168.0.1"}, ("10.0.0.1", "")),  # two networks: listen on all, answer with one
+    ({"::1", "fd00::1"}, ("fd00::1", "fd00::1")),
+])
+def test_the_rendezvous_is_not_on_loopback_while_another_host_needs_it(towards: set[str],
+                                                                        expected: tuple[str, str]) -> None:
+    """Before, the lowest address won: 127.0.0.1 against 192.168.1.5, so the other node's instances were told
+    to reach the rendezvous at their own loopback."""
+    assert rendezvous_address(towards) == expected
 
 
 # -- a real allocation ------------------------------------------------------------------------------

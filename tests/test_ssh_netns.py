@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -18,6 +19,7 @@ import pytest
 
 from infra.netns import Network, assert_nothing_left_on, ip, unavailable_reason, write_ssh_home
 from infra.sshd import MARKER
+from poprun_py.executors.slurm import address_towards
 from support import Launch, assert_all_gone, pids_of, python_program, read_line, run_poprun
 
 OFFLINE = "--offline-mode=1"
@@ -158,3 +160,11 @@ def test_ctrl_c_while_a_hosts_link_is_cut_names_the_host(home: Path, network: Ne
         assert_all_gone(pids)  # nodeB's instance too, its agent having heard nothing from poprun
     finally:
         network.mend(cut_off)
+
+
+def test_the_address_a_node_reaches_us_by_is_the_one_on_the_route_to_it(network: Network) -> None:
+    """Inside Slurm, poprun tells each node's instances where its rendezvous is: its address on the route to that
+    node. Before, it was this host's name, which /etc/hosts may map to loopback (Debian's 127.0.1.1)."""
+    assert address_towards(network.hosts["nodeA"].address) == network.outer(1)  # the switch's side of us
+    assert address_towards("localhost") in {"127.0.0.1", "::1"}
+    assert address_towards("no-such-node.invalid") == socket.gethostname()  # no route known: the name, as before

@@ -11,6 +11,7 @@ the address the remote hosts see the launcher at.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import sys
@@ -98,11 +99,26 @@ def reach_hosts(hosts: tuple[HostSpec, ...], settings: ReachSettings, cwd: str, 
         from .executors.ssh import check_hosts
 
         agents = check_hosts(remote, python=python, cwd=cwd, timeout=settings.ssh_timeout)
-    local_addresses = {host.local_address for host in agents.values()}
-    here = sorted(local_addresses)[0]
+    here, bind = rendezvous_address({host.local_address for host in agents.values()})
     addresses = {str(h): agents[str(h)].address if str(h) in agents else here for h in hosts}
-    bind = here if len(local_addresses) == 1 else ""  # several networks: listen on all, answer with one
     return Reach(agents, addresses, bind, here, via_srun)
+
+
+def rendezvous_address(local_addresses: set[str]) -> tuple[str, str]:
+    """The address the instances reach the rendezvous by, and the one it listens on ("": all), from this host's
+    address towards each agent's host: not a loopback one while there is another (the node poprun runs on has
+    an agent too inside Slurm, reached over loopback), which no other host could reach; several networks:
+    listen on all, answer with one."""
+    reachable = {address for address in local_addresses if not _is_loopback(address)} or local_addresses
+    here = sorted(reachable)[0]
+    return here, here if len(reachable) == 1 else ""
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:  # (a name)
+        return False
 
 
 def forwarded_environment(environ: Mapping[str, str], defaults: Mapping[str, str]) -> dict[str, str]:

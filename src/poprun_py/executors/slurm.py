@@ -120,6 +120,20 @@ def srun_command(node: str, python: str, cwd: str) -> list[str]:
             "sh", "-c", agent_script(python, cwd)]
 
 
+def address_towards(node: str) -> str:
+    """This host's address on its route to ``node``: the one ``node`` reaches us by, for the rendezvous. (A UDP
+    socket's connect picks the route and sends nothing.) This host's name, where the kernel has no route. Not
+    the name alone: a name Debian maps to 127.0.1.1 in /etc/hosts would have the rendezvous listen on loopback
+    only, where no other node can reach it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(node, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
+
+
 def start_agents(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: float) -> dict[str, SrunHost]:
     """One srun step per node, all started at once, each greeted within ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -128,7 +142,6 @@ def start_agents(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: f
         process = subprocess.Popen(srun_command(host.name, python, cwd), stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         started.append((host, PipeChannel(process, str(host))))
-    here = socket.gethostname()
     reached: dict[str, SrunHost] = {}
     failed: list[tuple[str, HostCheckFailed]] = []
     for host, channel in started:
@@ -138,7 +151,7 @@ def start_agents(hosts: Sequence[HostSpec], *, python: str, cwd: str, timeout: f
             failed.append((str(host), exc))
             channel.close()
             continue
-        reached[str(host)] = SrunHost(str(host), channel, hello, host.name, here)
+        reached[str(host)] = SrunHost(str(host), channel, hello, host.name, address_towards(host.name))
     if failed:
         for started_host in reached.values():
             started_host.close()
