@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import venv
@@ -571,6 +572,79 @@ def test_an_alltoall_against_another_call_stops_the_job_naming_both_calls(argume
     result = run_poprun(*job(3), *python_program("mpi_alltoall.py", argument))
     assert result.returncode != 0
     assert re.search("CollectiveMismatchError: " + named, result.stderr.decode())
+
+
+#: Long past the few seconds these runs take on a loaded machine; a job still running then hangs.
+HANG_BOUND = 30
+
+
+@pytest.mark.parametrize(("exchange", "broadcast", "who", "blocks"), [
+    ("Alltoall", "Bcast", "root", "small"), ("alltoall", "bcast", "root", "small"),
+    ("Alltoall", "scatter", "root", "small"), ("Alltoall", "Bcast", "root", "large"),
+    ("Alltoall", "Bcast", "others", "small"), ("alltoall", "bcast", "others", "small"),
+    ("alltoall", "Scatter", "others", "small"), ("Alltoall", "Bcast", "others", "large"),
+])
+def test_an_exchange_against_a_small_broadcast_from_its_root_stops_every_rank_naming_both(
+        exchange: str, broadcast: str, who: str, blocks: str) -> None:
+    """Three ranks on one host: rank 0 in an all-to-all while the others are in a small broadcast from it
+    (``who`` "root"), or the other way round. Before, the first order waited for ever on every rank (the
+    broadcast's readers send their root nothing, and took its block for a message to keep); in the second the
+    root returned and ended with 0, and the others raised PeerLostError once it had gone. Now every rank raises
+    CollectiveMismatchError naming both calls (the root of the second order as its fabric closes at exit,
+    once the others have said why they cannot take its broadcast: past their blocks, large ones too)."""
+    try:
+        result = run_poprun(*job(3), "--tag-output=yes",
+                            *python_program("mpi_exchange_vs_broadcast.py", exchange, broadcast, who, blocks),
+                            timeout=HANG_BOUND)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{exchange} against {broadcast}: the job was still running after {HANG_BOUND} s")
+    assert result.returncode != 0
+    stderr = result.stderr.decode()
+    errors: dict[int, str] = {}
+    for rank, message in re.findall(r"^\[1,(\d)\]<stderr>:(?:simipu\.fabric\.errors\.)?CollectiveMismatchError: "
+                                    r"(.*)$", stderr, re.MULTILINE):
+        errors.setdefault(int(rank), message)
+    assert sorted(errors) == [0, 1, 2], stderr
+    array = r"\w+\[[\d, ]+\]"  # (the fabric's call: its dtype and shape)
+    named = (rf"instance ([12]) called broadcast\(root=0\) on {array} but instance 0 called {exchange} first \(a "
+             rf"collective whose blocks travel as messages: instance 0 waits there for instance \1's block, and "
+             rf"instance \1 here for instance 0's frame\)" if who == "root" else
+             rf"instance ([12]) waits for a message from instance\(s\) 0 but instance 0 called broadcast\(root=0\) "
+             rf"on {array} first: no message can come before this instance joins it \(instance \1 called {exchange}, "
+             rf"whose blocks travel as messages\)")
+    for rank, message in errors.items():  # (rank 0 learns it from the others, which tell every peer)
+        told = rf"( \(reported by instance [{''.join(str(k) for k in range(3) if k != rank)}]\))" + "?" * (rank > 0)
+        assert re.fullmatch(named + told, message), (rank, message)
+    returned = re.findall(r"^\[1,(\d)\]<stdout>:rank \d returned", result.stdout.decode(), re.MULTILINE)
+    assert returned == ([] if who == "root" else ["0"]), result.stdout.decode()
+
+
+def test_an_exchange_s_block_not_received_yet_names_the_exchange(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a small broadcast's reader asks of its root's messages not received yet (the fabric's, in the order
+    they came, and those mpi4py took from it while it waited for others): whether one is a block of an
+    exchange, and of which call. A user's message is not, nor the bytes of a large one however they begin, nor
+    a neighbour collective's or a nonblocking one's part."""
+    import numpy as np
+
+    from popdist.mpi4py import matching
+    from popdist.mpi4py.alltoall import exchange_of, exchange_tag
+    from popdist.mpi4py.neighbours import CONTEXT_BASE as NEIGHBOURS
+    from simipu.fabric.frames.header import collective_of
+
+    def envelope(tag: int, nbytes: int, context: int, inline: bool = True) -> bytes:
+        return struct.pack("=3q", tag, nbytes, context) + (bytes(nbytes) if inline else b"")
+
+    alltoall = envelope(exchange_tag("Alltoall"), 8, -2)
+    assert exchange_of(0, [envelope(5, 3, 0), alltoall]) == collective_of(0, [alltoall]) == "Alltoall"
+    assert exchange_of(0, [envelope(exchange_tag("Scatterv", 2), 0, -2 - 12345)]) == "Scatterv(root=2)"
+    large = envelope(5, matching.INLINE_BYTES + 24, 0, inline=False)  # (its bytes next, here like an envelope)
+    assert exchange_of(0, [large, alltoall + bytes(matching.INLINE_BYTES - 8)]) is None
+    assert exchange_of(0, [large, bytes(matching.INLINE_BYTES + 24), alltoall]) == "Alltoall"
+    assert exchange_of(0, [envelope(1, 0, NEIGHBOURS), envelope(1, 0, NEIGHBOURS - 7), envelope(1, 0, -1)]) is None
+    assert exchange_of(0, [b"\0" * 8]) is None
+    kept = matching.Message(-3, 1, exchange_tag("alltoall"), np.zeros(1, np.uint8))
+    monkeypatch.setattr(matching._state, "arrived", [matching.Message(0, 1, 5, np.zeros(1, np.uint8)), kept])
+    assert exchange_of(1, []) == "alltoall" and exchange_of(2, []) is None
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])

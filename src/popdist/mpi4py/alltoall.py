@@ -4,7 +4,10 @@ user's never match these.
 
 Each exchange's messages carry a tag that names the call (and its root), so a rank that made another
 exchange (``Scatterv`` against ``Alltoall``, or another root) is named with both calls, on every rank,
-rather than taken for a block of this one.
+rather than taken for a block of this one. A rank in a collective of the fabric meanwhile is named too: its
+frame ends our wait for its block (``Fabric.message_waiting``), and where that collective sends us nothing (a
+small broadcast's reader among three ranks or more, whose root we are), our block tells it which call we made
+(``exchange_of``, registered with the fabric) where it waits for our frame.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from popdist.mpi4py import matching
+from popdist.mpi4py.neighbours import CONTEXT_BASE as NEIGHBOUR_CONTEXTS
 from popdist.mpi4py.specs import buffer_of, in_place
 from popdist.mpi4py.vectors import vector_of
 from simipu.fabric.errors import CollectiveMismatchError
+from simipu.fabric.frames.header import name_collective_messages
 
 #: The calls that exchange blocks as messages; a call's tag is its index here, plus as many for each root.
 EXCHANGES = ("alltoall", "Alltoall", "Scatterv", "Alltoallv")
@@ -31,6 +36,33 @@ def exchange_named(tag: int) -> str:
     """The call that sent messages with ``tag`` (``exchange_tag``'s inverse), as a user would write it."""
     what, root = EXCHANGES[tag % len(EXCHANGES)], tag // len(EXCHANGES) - 1
     return what if root < 0 else f"{what}(root={root})"
+
+
+def exchange_of(peer: int, payloads: Sequence[bytes | bytearray]) -> str | None:
+    """The exchange that instance ``peer`` is in, as ``exchange_named`` names it, if one of its messages that no
+    receive has taken is a part of one (those we took from the fabric, and those the fabric holds: ``payloads``,
+    in the order they came), else None. An exchange's context is -2 minus its communicator's (from 0 up: far
+    above the neighbour collectives' and the others' below them); a message's first fabric message is its
+    envelope, whose bytes are with it or in the next one (``matching.send``). Such a message is a block of an
+    exchange that this rank has not joined (joining takes the peer's block), so the peer waits in it for ours."""
+    for message in matching.arrived_from(peer):
+        if NEIGHBOUR_CONTEXTS < message.context <= -2:
+            return exchange_named(message.tag)
+    bytes_next = False
+    for payload in payloads:
+        envelope = None if bytes_next else matching.envelope_of(payload)
+        bytes_next = False
+        if envelope is not None:
+            tag, nbytes, context = envelope
+            if NEIGHBOUR_CONTEXTS < context <= -2:
+                return exchange_named(tag)
+            bytes_next = matching.bytes_follow(payload, nbytes)
+    return None
+
+
+#: A collective of the fabric that waits for a peer's frame and meets its exchange's block is told which call
+#: that is: ``Bcast`` against ``Alltoall`` is a mismatch, not a message to keep for a later ``recv``.
+name_collective_messages(exchange_of)
 
 
 class AllToAll:
@@ -83,7 +115,7 @@ class AllToAll:
         tag of call ``what`` (and ``root``); a rank whose messages say it made another call is named."""
         instances = [self._instance(k, what) for k in range(self.Get_size())]
         tag, me = exchange_tag(what, root), self.Get_rank()
-        received = matching.all_to_all(instances, me, -2 - self._context, blocks, rooms, tag, what)
+        received = matching.all_to_all(instances, me, -2 - self._context, blocks, rooms, tag, exchange_named(tag))
         for k, message in enumerate(received):
             if message.tag != tag:
                 raise CollectiveMismatchError(f"{what}: rank {k} called {exchange_named(message.tag)} where rank "

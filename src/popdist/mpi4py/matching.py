@@ -179,14 +179,14 @@ def _count(receive: Receive, change: int) -> None:
             del watching[source]
 
 
-def progress(receives: Iterable[Receive], block: bool, what: str) -> bool:
+def progress(receives: Iterable[Receive], block: bool, what: str, collective: bool = False) -> bool:
     """Whether any of ``receives`` has its message, after taking the messages that have come from their sources
     (with ``block``, waiting until one of them has). A wait for a message that no instance can send (only we
     could, and we wait) raises ValueError; one that every source's collective blocks, the fabric's
-    ``CollectiveMismatchError``."""
+    ``CollectiveMismatchError`` (naming ``what`` if the wait is a part of that ``collective``)."""
     receives = list(receives)
     return _taking_until(lambda: any(r.message is not None for r in receives),
-                         set().union(*(r.sources for r in receives)), block, what)
+                         set().union(*(r.sources for r in receives)), block, what, collective)
 
 
 def probe(context: int, sources: Iterable[int], tag: int, block: bool, what: str) -> Message | None:
@@ -199,11 +199,12 @@ def probe(context: int, sources: Iterable[int], tag: int, block: bool, what: str
     return first() if _taking_until(lambda: first() is not None, wanted.sources, block, what) else None
 
 
-def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], block: bool, what: str) -> bool:
+def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], block: bool, what: str,
+                  collective: bool = False) -> bool:
     """Take the messages that come from ``sources`` until ``done()`` (True), or none has come (False; with
     ``block``, wait). Meanwhile the messages of the other ranks that posted receives are waiting for are
     taken and matched too (MPI's progress: a synchronous send to a receive posted here completes while this
-    rank waits for something else)."""
+    rank waits for something else). ``collective``: the wait is a part of collective ``what``."""
     me = fabric_place()[0]
     peers = sorted(sources - {me})
     while not done():
@@ -212,7 +213,8 @@ def _taking_until(done: Callable[[], bool], sources: set[int] | frozenset[int], 
                 raise ValueError(f"{what}: no message this rank sent itself matches, and no other rank can send one")
             return False
         after = bisect.bisect_right(peers, _state.turn)  # (in turn: see ``_Matching.turn``)
-        source = current_fabric().message_waiting(peers[after:] + peers[:after], block, _watched(peers, me))
+        source = current_fabric().message_waiting(peers[after:] + peers[:after], block, _watched(peers, me),
+                                                  what if collective else None)
         if source is None:
             return False
         _take(source)
@@ -229,12 +231,32 @@ def _watched(peers: list[int], me: int) -> list[int]:
     return sorted(source for source in watching if source != me and source not in peers)
 
 
+def arrived_from(source: int) -> list[Message]:
+    """The messages from instance ``source`` that have come and that no receive has taken yet, in order."""
+    return [message for message in _state.arrived if message.source == source]
+
+
+def envelope_of(first: bytes | bytearray) -> tuple[int, int, int] | None:
+    """A message's envelope (tag, byte count, context) from its first fabric message (``send``); None if ``first``
+    is too short to be one."""
+    if len(first) < ENVELOPE_BYTES:
+        return None
+    tag, nbytes, context = _ENVELOPE.unpack_from(first)
+    return tag, nbytes, context
+
+
+def bytes_follow(first: bytes | bytearray, nbytes: int) -> bool:
+    """Whether the bytes of the message whose first fabric message is ``first`` (its envelope saying ``nbytes``)
+    come in a fabric message of their own (``send``: above ``INLINE_BYTES``)."""
+    return len(first) == ENVELOPE_BYTES and nbytes > 0
+
+
 def _take(source: int) -> None:
     """Instance ``source``'s next message (its first fabric message has come), then the matching."""
     fabric = current_fabric()
     first = fabric.take_waiting(source)
     tag, nbytes, context = _ENVELOPE.unpack_from(first)
-    if len(first) > ENVELOPE_BYTES or not nbytes:
+    if not bytes_follow(first, nbytes):
         _arrive(Message.of(context, source, tag, np.frombuffer(first, np.uint8, offset=ENVELOPE_BYTES)))
         return
     room = _room_for(context, source, tag & _TAG_MASK, nbytes)
@@ -261,13 +283,13 @@ def all_to_all(instances: Sequence[int], me: int, context: int, blocks: Sequence
     ``context`` with ``tag``: receives posted first (of any tag, so that a peer in another exchange is seen:
     the caller compares the tags), sends in turn from the one after us (``me``) on, so that no instance is
     everyone's first, then every receive taken. A peer that called a collective meanwhile is the fabric's
-    ``CollectiveMismatchError``, as in a collective."""
+    ``CollectiveMismatchError`` (naming ``what``), as in a collective."""
     receives = [post(context, [instance], ANY_TAG, room) for instance, room in zip(instances, rooms)]
     for k in [*range(me + 1, len(instances)), *range(me + 1)]:
         send(blocks[k], context, tag, instances[k])
     try:
         while any(receive.message is None for receive in receives):
-            progress([receive for receive in receives if receive.message is None], True, what)
+            progress([receive for receive in receives if receive.message is None], True, what, collective=True)
     except BaseException:
         for receive in receives:
             withdraw(receive)

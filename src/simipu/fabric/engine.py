@@ -38,7 +38,10 @@ headers connect every member (all pairs when flat; each host's members with
 its leader, and the leaders, when hierarchical). So if the members' calls
 differ at all, some member sees a header unlike its own; it raises
 ``CollectiveMismatchError`` and sends a mismatch notice on each of its links,
-and each member that receives one raises too and passes it on.
+and each member that receives one raises too and passes it on. (The small
+broadcast among three members or more on one host is the exception: its root
+writes and returns, and learns of a mismatch at its next collective or when
+its fabric closes, which waits for that: ``algorithms/board_copies.py``.)
 
 ``timeout`` bounds only the clean-up after a mismatch (sending our remaining
 headers so the peers see it too). Waiting for a live peer has no deadline: a
@@ -76,6 +79,8 @@ from .frames.header import (
     NBYTES,
     REDUCE_SCATTER,
     Signature,
+    collective_of,
+    met_collective_message,
     mismatch_message,
 )
 from .frames.link import Link, LinkClosed, post
@@ -325,7 +330,8 @@ class Fabric(PlannedPaths):
         self._exchange(call, Phase.FIRST, [], [(link, to_bytes(result))])
         return result
 
-    def message_waiting(self, sources: Sequence[int], block: bool = False, watched: Sequence[int] = ()) -> int | None:
+    def message_waiting(self, sources: Sequence[int], block: bool = False, watched: Sequence[int] = (),
+                        called: str | None = None) -> int | None:
         """The first of ``sources`` (then of ``watched``) whose next message to us has come (so that ``recv``
         from it returns without waiting for that message's first frame), or None if none has; with ``block``,
         waits for one (as long as it takes, as ``recv``, taking meanwhile every other peer's messages into its
@@ -333,7 +339,8 @@ class Fabric(PlannedPaths):
         peers' messages end the wait too, for a caller that has receives of theirs to match (MPI's progress),
         but it is not for them: when every one of ``sources`` has called a collective first, none can send
         before we join it: ``CollectiveMismatchError``, here and (by notice) on them, rather than a wait that
-        never ends."""
+        never ends. ``called``: the collective this wait is a part of, if its parts travel as messages (mpi4py's
+        all-to-all), for that error to name."""
         self._check_usable()
         if self.instance in sources or self.instance in watched:
             raise ValueError(f"a message needs two instances; instance {self.instance} waits for one from itself")
@@ -350,11 +357,13 @@ class Fabric(PlannedPaths):
                 else:  # (one more of the others' messages taken into its kept queue at each look: a program
                     look(others, NOTHING_WAITS, 0)  # polling for one rank lets another's large send go on)
         except NoMessageCanCome as stuck:
-            called = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
-                                  for k, theirs in sorted(stuck.calls.items()))
+            them = " and ".join(f"instance {sources[k]} called {theirs.describe()}"
+                                for k, theirs in sorted(stuck.calls.items()))
+            ours = "" if called is None else f" (instance {self.instance} called {called}, whose blocks travel as " \
+                                             "messages)"
             raise self._broken_by_message(CollectiveMismatchError(
                 f"instance {self.instance} waits for a message from instance(s) {', '.join(map(str, sources))} "
-                f"but {called} first: no message can come before this instance joins it"), scope) from None
+                f"but {them} first: no message can come before this instance joins it{ours}"), scope) from None
         except BaseException as exc:
             raise self._broken_by_message(exc, scope) from None
         return None if found is None else waited[found]
@@ -374,6 +383,23 @@ class Fabric(PlannedPaths):
         comes before its receive; the collective then takes the frame after it."""
         _, ours, kept = self._source(link.peer)
         return take_message(link, ours, kept, NOTHING_WAITS) is None
+
+    def _set_aside_unanswered(self, call: Call, link: Link) -> bool:
+        """``_set_aside``, for ``call``, which waits for the frame of ``link``'s peer and sends it nothing (a small
+        broadcast's reader: ``algorithms/board_copies.py``'s ``RootBroadcast``); then ``_unanswered``."""
+        if not self._set_aside(link):
+            return False
+        self._unanswered(call, link.peer)
+        return True
+
+    def _unanswered(self, call: Call, peer: int) -> None:
+        """Raise ``CollectiveMismatchError`` if ``peer``'s messages to us not received yet are a part of its own
+        collective (``header.collective_of``: mpi4py's all-to-all): while ``call`` waits for the peer's frame and
+        sends it nothing, the peer waits in that collective for us, and cannot see that we are in another."""
+        called = collective_of(peer, [payload for _, payload in self._source(peer)[2]])
+        if called is not None:
+            raise CollectiveMismatchError(met_collective_message(self.instance, call.signature(Phase.FIRST), peer,
+                                                                 called))
 
     def _source(self, peer: int) -> Source:
         """``peer``'s link as a wait for its messages sees it (``frames.messages.Source``): the link, whether a

@@ -14,6 +14,7 @@ the bits are those of the general path.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, NamedTuple
 
@@ -27,7 +28,7 @@ from .algorithms.shared import ANNOUNCEMENT_BYTES, SharedArena, ring_bytes, slot
 from .algorithms.shared_copies import allgather_shared, broadcast_shared, current_views, refresh_views, steady_views
 from .algorithms.shared_copies_board import SharedCopyPlan
 from .algorithms.steady_calls import SteadyCall
-from .errors import FabricError
+from .errors import CollectiveMismatchError, FabricError
 from .frames.header import ALLGATHER, ALLREDUCE, BROADCAST
 from .frames.link import Link
 from .frames.mailbox import MailboxSegment
@@ -303,7 +304,16 @@ class PlannedPaths(PhaseRunner):
         if plan.is_root:
             payload = x.data.cast("B")
             self._exchange(call, Phase.FIRST, [(link, payload, ()) for link in plan.unsent], [], spin=0.0)
-        else:
-            self._exchange(call, Phase.FIRST, [], [(plan.root_link, out.data.cast("B"))],  # type: ignore[list-item]
-                           spin=0.0)
+        else:  # (we send the root nothing, so a root in a collective of messages cannot see us: we must)
+            link: Link = plan.root_link  # type: ignore[assignment]  # (a non-root's)
+            try:
+                self._unanswered(call, link.peer)  # (its messages that came before this call)
+            except CollectiveMismatchError as exc:
+                self._broken_by(exc)
+                raise
+            link.divert = functools.partial(self._set_aside_unanswered, call)  # (and those that come now)
+            try:
+                self._exchange(call, Phase.FIRST, [], [(link, out.data.cast("B"))], spin=0.0)
+            finally:
+                link.divert = self._set_aside
         return out

@@ -11,6 +11,8 @@ algorithm each call takes, and the boards' fast paths.
 
 from __future__ import annotations
 
+import select
+from collections import deque
 from typing import Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
@@ -21,11 +23,20 @@ from .algorithms.scratch import ScratchBuffers
 from .algorithms.shared import SharedArena
 from .errors import CollectiveMismatchError, FabricError, PeerLostError
 from .frames.exchange import exchange, exchange_all
-from .frames.header import OP_CODES, abort_notice, mismatch_notice, unread_at_close
-from .frames.link import Link
+from .frames.header import (
+    BROADCAST,
+    MESSAGE,
+    OP_CODES,
+    Signature,
+    abort_notice,
+    decode_prefix,
+    mismatch_notice,
+    unread_at_close,
+)
+from .frames.link import Link, LinkClosed
 from .frames.mailbox import MailboxSegment, full_fence
-from .frames.messages import Kept, Source
-from .frames.watch import Control, LossWatch
+from .frames.messages import NOTHING_WAITS, Kept, Source, raise_notice_ahead, take_message
+from .frames.watch import READ_EVENTS, Control, LossWatch
 from .join.membership import Membership
 
 T = TypeVar("T")
@@ -33,6 +44,13 @@ R = TypeVar("R", bound="PhaseRunner")
 
 #: How long a wait retries (yielding the CPU) before it sleeps in poll: see ``exchange._spin``.
 SPIN_SECONDS = 200e-6
+#: A clean close that waits for peers to take a small broadcast of ours looks again after this long at first,
+#: then twice as long each time, up to the second (seconds): see ``PhaseRunner._unread_collective``.
+CLOSE_LOOKS = (0.001, 0.05)
+
+
+def _is_message(theirs: Signature) -> bool:
+    return theirs.kind == MESSAGE
 
 
 class PhaseRunner:
@@ -82,6 +100,16 @@ class PhaseRunner:
         for a later ``recv``; here there are no messages."""
         return False
 
+    def _set_aside_unanswered(self, call: Call, link: Link) -> bool:
+        """``Link.divert`` while ``call`` waits for the frame of ``link``'s peer and sends that peer nothing: as
+        ``_set_aside``; a subclass's (``engine.Fabric``) also raises the mismatch if the message is a part of the
+        peer's own collective (``_unanswered``)."""
+        return self._set_aside(link)
+
+    def _unanswered(self, call: Call, peer: int) -> None:
+        """Before ``call`` waits for ``peer``'s frame, sending it nothing: a subclass's (``engine.Fabric``) raises
+        the mismatch if the peer's messages to us not received yet are a part of its own collective."""
+
     def transports(self) -> dict[int, str]:
         """How each peer is reached: "tcp", "unix", or "unix+mailbox" (shared-memory mailboxes beside it)."""
         return {peer: ("unix" if link.local else "tcp") + ("+mailbox" if link.mailbox is not None else "")
@@ -92,7 +120,10 @@ class PhaseRunner:
         then release the links: a peer that sees them close hears why first. Idempotent."""
         if self._closed:
             return
-        unread = self._unread_collective()
+        try:
+            unread: BaseException | None = self._unread_collective()
+        except BaseException as exc:  # (interrupted while it waited for readers: close all the same)
+            unread = exc
         self._closed = True
         if self._on_close is not None:
             self._on_close(why)
@@ -114,17 +145,79 @@ class PhaseRunner:
         """Before a clean close: the error for a collective's frame (or a mismatch notice) a peer left unread in
         our mailbox, for a call we made too: the calls differed where nobody compared them (a small broadcast's
         root writes and returns: ``algorithms/board_copies.py``), and a program must not end as if they had
-        not. A full fence first: of two roots that wrote to each other and then close, one sees the other's."""
+        not. A full fence first: of two roots that wrote to each other and then close, one sees the other's.
+        While a peer has not taken from our mailbox a broadcast's frame of ours (its root: the small broadcast
+        among three or more, which nobody answers), we wait until it takes it, ends, or says why it cannot (its
+        mismatch notice: our frame met another collective there, such as mpi4py's all-to-all, whose blocks it
+        sent us as messages; those are dropped meanwhile, to reach what follows them), looking again
+        ``CLOSE_LOOKS`` apart: a reader that takes our frame wakes nobody (the broadcast's hot path pays for
+        nothing more). Two instances do not wait so for each other: the one that made as many calls or more
+        finds the other's frame, of a call it made too, unread (the error above)."""
         if self._broken is not None or self._mailboxes is None:
             return None
-        full_fence()
         made = {g.key: self._seq[members][0] for members, g in self._groups.items()}
-        for peer, link in sorted(self._links.items()):
-            frame = link.mailbox.peek(link.received) if link.mailbox is not None else None
-            error = unread_at_close(self.instance, peer, frame, made) if frame else None
-            if error is not None:
-                return error
-        return None
+        waiting = [link for _, link in sorted(self._links.items()) if self._broadcast_untaken(link)]
+        pause = CLOSE_LOOKS[0]
+        while True:
+            full_fence()
+            for peer, link in sorted(self._links.items()):
+                frame = link.mailbox.peek(link.received) if link.mailbox is not None else None
+                error = unread_at_close(self.instance, peer, frame, made) if frame else None
+                if error is not None:
+                    return error
+            if not waiting:
+                return None
+            try:
+                waiting = self._still_untaken(waiting)
+            except CollectiveMismatchError as notice:
+                return notice
+            if waiting:
+                self._pause_at_close(waiting, pause)
+                pause = min(2 * pause, CLOSE_LOOKS[1])
+
+    def _broadcast_untaken(self, link: Link) -> bool:
+        """Whether ``link``'s peer has not taken from our mailbox a broadcast's frame of ours as its root."""
+        for frame in link.mailbox.untaken() if link.mailbox is not None else ():
+            theirs, _ = decode_prefix(frame)
+            if theirs.kind == BROADCAST and theirs.root == self.instance:
+                return True
+        return False
+
+    def _still_untaken(self, links: list[Link]) -> list[Link]:
+        """Those of ``links`` whose peer has not taken our broadcast, and may still: not ended, lost, or unable to
+        tell us more (``_drop_messages``); raises what its mismatch notice says."""
+        try:
+            self._watch.check([link.peer for link in links])
+        except PeerLostError as lost:
+            links = [] if lost.instance < 0 else [link for link in links if link.peer != lost.instance]
+        still = []
+        for link in links:
+            try:
+                if self._drop_messages(link) and self._broadcast_untaken(link):
+                    still.append(link)
+            except (LinkClosed, PeerLostError):  # (ended; or an abort notice: a loss told late is not ours)
+                continue
+        return still
+
+    def _drop_messages(self, link: Link) -> bool:
+        """Take the messages ``link``'s peer has sent us, and drop them: the program has ended, nobody will receive
+        them, and the peer may wait for room for more, or have its mismatch notice behind them (raised here).
+        Whether the link may still tell us more (False: a frame that is not a message fills its stage)."""
+        dropped: Kept = deque()
+        while (other := take_message(link, _is_message, dropped, NOTHING_WAITS)) is None:
+            dropped.clear()
+        if other:  # (a collective's frame first: a notice may follow it)
+            raise_notice_ahead(link)
+        return bool(link.start or link.end < len(link.stage))
+
+    def _pause_at_close(self, links: list[Link], seconds: float) -> None:
+        """Sleep until one of ``links`` brings bytes (a notice, its end), a loss is told, or ``seconds`` pass."""
+        poller = select.poll()  # not select(): an fd may be above FD_SETSIZE (1024)
+        for link in links:
+            poller.register(link.fd, READ_EVENTS)
+        if self._watch.fd is not None:
+            poller.register(self._watch.fd, select.POLLIN)
+        poller.poll(seconds * 1000)
 
     def _release_plans(self) -> None:
         """Drop what a subclass made over the boards and arenas: when the fabric closes (``close`` closes those

@@ -37,10 +37,17 @@ unusual (the root's frame not there within the spin, another header, a
 socket in between) the engine hands the call to ``exchange``, which finishes
 it or raises exactly as the general path would: nothing has been taken yet.
 A member that called something else sees the root's header and raises, and
-its notice reaches the others in this call or their next one. Members that
+its notice reaches the others in this call or their next one. A root that
+called something else sends its readers nothing they can take; where that is
+a collective whose parts travel as point-to-point messages (mpi4py's
+all-to-all), the root's part for a reader comes where the root's frame was
+due, and the reader's fallback raises on it (``Fabric._set_aside_unanswered``:
+the root, waiting for the reader's part, could not see it). Members that
 name different roots all return (each root writes, each reader finds its
 root's frame); the frames nobody took show at the next collective, or at the
-close of the fabric (``runner.PhaseRunner.close``), which raises then.
+close of the fabric (``runner.PhaseRunner.close``), which raises then: a root
+closing before a peer has taken its frame waits for it to, or to say why it
+cannot.
 """
 
 from __future__ import annotations

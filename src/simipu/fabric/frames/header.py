@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -59,6 +59,30 @@ def name_call(kind: int, dtype: np.dtype, shape: tuple[int, ...], text: str) -> 
     """Have mismatch messages add ``text`` to every call of this kind, dtype and shape (``Signature.describe``),
     so that a user who met one reads which of their own calls begins with it."""
     _ALSO_KNOWN_AS[(kind, np.dtype(dtype).str, tuple(shape))] = text
+
+
+#: How a layer above the fabric whose collectives send their parts as point-to-point messages (mpi4py's
+#: all-to-all) tells those from a user's messages: ``name_collective_messages``.
+_COLLECTIVE_MESSAGES: list[Callable[[int, Sequence[bytes | bytearray]], str | None]] = []
+
+
+def name_collective_messages(named: Callable[[int, Sequence[bytes | bytearray]], str | None]) -> None:
+    """Have ``collective_of`` ask ``named``: given an instance and the payloads of its messages to us that the
+    fabric took and nobody has received, in the order they came, the collective (as its user writes it) that
+    one of them is a part of, or one of those the layer took from it itself and keeps unreceived; None if
+    none is (a user's message, or another layer's)."""
+    _COLLECTIVE_MESSAGES.append(named)
+
+
+def collective_of(peer: int, payloads: Sequence[bytes | bytearray]) -> str | None:
+    """The collective that instance ``peer``'s messages not received yet (the fabric's: ``payloads``, in the order
+    they came; and the layers' above) are a part of, as the layer that sent them names it
+    (``name_collective_messages``); None if none says so."""
+    for named in _COLLECTIVE_MESSAGES:
+        called = named(peer, payloads)
+        if called is not None:
+            return called
+    return None
 
 
 @dataclass(frozen=True)
@@ -209,6 +233,15 @@ def mismatch_message(me: int, mine: Signature, peer: int, theirs: Signature, mem
     if theirs.group_key == mine.group_key and theirs.seq < mine.seq:
         message += f"; {left_unread(me, peer, theirs)}"
     return message
+
+
+def met_collective_message(me: int, mine: Signature, peer: int, called: str) -> str:
+    """The mismatch of a collective that waits for ``peer``'s frame and sends it nothing, where ``peer``'s message
+    of its own collective ``called`` has come (``collective_of``): each waits for the other, and only this one
+    can see it."""
+    return (f"instance {me} called {mine.describe()} but instance {peer} called {called} first (a collective whose "
+            f"blocks travel as messages: instance {peer} waits there for instance {me}'s block, and instance {me} "
+            f"here for instance {peer}'s frame)")
 
 
 def left_unread(me: int, peer: int, theirs: Signature) -> str:

@@ -297,6 +297,12 @@ class Mailbox:
             return True
         return take
 
+    def untaken(self) -> list[memoryview]:
+        """Our frames in this mailbox that the peer has not taken yet (up to two), oldest first."""
+        words = self._out_words
+        return [self._out[at + 16:at + 16 + words[at // 8 + 1]]
+                for at in (_SLOTS + (k & 1) * SLOT_BYTES for k in range(self._in_words[_CONSUMED], words[_SENT]))]
+
     def peer_sleeping(self) -> bool:
         """After a ``try_send``: does the peer need a WAKE byte? (Fenced: see the module docstring.)"""
         full_fence()

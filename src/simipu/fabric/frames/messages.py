@@ -41,7 +41,8 @@ Source = tuple[Link, Callable[[Signature], bool], Kept]
 class Look:
     """One look at every source's link (``look``): the position of one with a message (kept, or taken now), or
     None; the links to poll for reading; by position, the header of a frame first that is not a message (its
-    peer waits in a collective with us) and how a closed link closed (nothing more can come on it)."""
+    peer waits in a collective with us, or made that call and has ended since: a small broadcast's root writes
+    and returns) and how a closed link closed (nothing more can come on it)."""
 
     found: int | None = None
     reading: list[Link] = field(default_factory=list)
@@ -60,6 +61,7 @@ def look(sources: Sequence[Source], mine: OurFrame, counted: int | None = None) 
         if kept and position < counted:
             seen.found = position
             return seen
+        other: Signature | bool | None = False
         try:
             other = take_message(link, ours, kept, mine)
             if other is None:
@@ -68,7 +70,10 @@ def look(sources: Sequence[Source], mine: OurFrame, counted: int | None = None) 
             if other:  # a frame not ours comes first: a notice may follow it (the peer saw a mismatch)
                 raise_notice_ahead(link)
         except LinkClosed as closed:
-            seen.closed[position] = closed
+            if isinstance(other, Signature):  # (its peer called that collective, and has ended since)
+                seen.calls[position] = other
+            else:
+                seen.closed[position] = closed
             continue
         if isinstance(other, Signature):
             seen.calls[position] = other
