@@ -373,9 +373,24 @@ class Fabric(PlannedPaths):
         as a collective's would; the error to raise: a closed link's as the loss of the instance the rendezvous
         names. (An ``except`` at the call, not a context manager: a send is a few microseconds.)"""
         if isinstance(exc, LinkClosed):
-            exc = self._watch.explain(exc.peer, exc.reason, set(scope) - {self.instance})
+            exc = (self._told_before_closing(exc.peer)
+                   or self._watch.explain(exc.peer, exc.reason, set(scope) - {self.instance}))
         self._broken_by(exc)
         return exc
+
+    def _told_before_closing(self, peer: int) -> CollectiveMismatchError | None:
+        """The mismatch ``peer`` told us of before its link closed, if its notice is there behind its messages: a
+        peer that found our exchange's block where it waited for a collective's frame says so and ends, while
+        our send may still wait for room (``runner.PhaseRunner._drop_messages``)."""
+        link = self._links.get(peer)
+        try:
+            if link is not None:
+                self._drop_messages(link)
+        except CollectiveMismatchError as notice:
+            return notice
+        except (LinkClosed, FabricError, OSError):  # (nothing more to read: the loss is the error)
+            pass
+        return None
 
     def _set_aside(self, link: Link) -> bool:
         """A collective's receive met a frame it did not expect on ``link``: if it is the peer's next message to
