@@ -9,7 +9,9 @@ the CPU it is on into its mailbox header, reads where its peers said they
 were, and if its CPU holds at least two more of the host's instances than the
 least busy CPU it may use, and it is the last of them by position (so that
 only one moves), it moves there: its affinity becomes that CPU alone, then
-at once the mask it had. That is a move, not a pin: the kernel may place it
+at once the mask it had. With a CPU for each instance the kernel may still
+put two on one CPU while another process holds the other: a wait that finds
+the peer it waits for on its own CPU applies the same rule (``beside``). That is a move, not a pin: the kernel may place it
 anywhere in its mask afterwards, as before. ``sched_setaffinity(0, ...)``
 applies to the calling thread only, the one that calls the collectives.
 """
@@ -74,7 +76,6 @@ class Spreader:
             return
         self._mine[CPU] = target + 1
 
-
     def beside(self, peer: memoryview) -> bool:
         """Whether the peer whose header words are ``peer`` last said it was on our CPU, once we have said where
         we are and moved if ours is crowded and we are its last (``spread``). A wait calls it when a peer is late
@@ -86,7 +87,7 @@ class Spreader:
         cpu = _current_cpu() + 1
         if self._mine[CPU] != cpu:  # (stored only when it changed: a store takes the line from the peers that read it)
             self._mine[CPU] = cpu
-        if peer[CPU] != cpu:
+        if peer[CPU] != cpu or not cpu:  # (0: sched_getcpu failed, and 0 is also a peer's "unknown")
             return False
         self.spread()
         return self._mine[CPU] == cpu
