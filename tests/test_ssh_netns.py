@@ -140,7 +140,8 @@ def test_proxycommand_through_a_bastion(home: Path, network: Network) -> None:
 
 def test_ctrl_c_while_a_hosts_link_is_cut_names_the_host(home: Path, network: Network) -> None:
     """Ctrl-C with nodeB cut off: poprun stops nodeA's instance and names nodeB as lost. Before, the summary
-    counted nodeB's instance among those poprun stopped, which nobody saw (its agent stops it itself)."""
+    counted nodeB's instance among those poprun stopped, which nobody saw (its agent stops it itself), and the
+    warning at the grace period's end named the instance but not its host."""
     with open(home / ".ssh" / "config", "a") as config:  # poprun: lost within (4 + 1) x 2 s
         config.write("Host *\n  ServerAliveInterval 2\n  ServerAliveCountMax 4\n")
     launch = Launch("-H", "nodeA,nodeB", OFFLINE, "--mpi-global-args", FORWARD_MARKER,
@@ -153,6 +154,7 @@ def test_ctrl_c_while_a_hosts_link_is_cut_names_the_host(home: Path, network: Ne
         launch.process.send_signal(signal.SIGINT)
         assert launch.finish(timeout=60) == 128 + signal.SIGINT
         stderr = launch.stderr.decode()
+        assert "instance 1 (on nodeB) did not stop within 3s: sending SIGKILL" in stderr, stderr  # (the host named)
         assert "poprun received SIGINT and stopped the instances" in stderr, stderr
         assert "instances stopped by poprun as a consequence: 0\n" in stderr, stderr
         assert ("also failed: instance 1 on nodeB was lost: no answer to SSH keepalives for 8s "

@@ -31,6 +31,7 @@ from .events import (
     StartupTimedOut,
     Stream,
 )
+from .hosts import HostSpec
 from .output import OutputLoss, OutputRouter
 from .plan import InstancePlan
 from .ranges import counted, named_instances
@@ -164,6 +165,8 @@ class Job:
         self._grace = grace
         self._remaining = set(range(num_instances))
         self._pids: dict[int, int] = {}
+        #: Each instance's host, as the plan gives it (named in a stop's warnings when it is another host).
+        self._hosts: dict[int, HostSpec] = {}
         self._first_failure: Failure | None = None
         self._knock_ons: list[Failure] = []
         #: Instances that left the fabric dying or exiting, in that order (``PeerGone``): on their way out,
@@ -214,6 +217,7 @@ class Job:
         )
 
     def _start(self, instances: Sequence[InstancePlan]) -> None:
+        self._hosts = {instance.index: instance.host for instance in instances}
         try:
             self._executor.start(instances)
         except StartInterrupted as interrupted:
@@ -298,11 +302,18 @@ class Job:
             self._begin_stop(self._time_limit.signum)
             return True
         if self._reap_deadline is None:
-            log.warning("%s did not stop within %gs: sending SIGKILL", named_instances(self._remaining), self._grace)
+            log.warning("%s did not stop within %gs: sending SIGKILL", self._named_with_hosts(self._remaining),
+                        self._grace)
             self._kill_now()
             return True
         log.error("%s did not exit even after SIGKILL; giving up on them", named_instances(self._remaining))
         return False
+
+    def _named_with_hosts(self, indices: set[int]) -> str:
+        """'instances 0, 1', with the other hosts they run on: 'instance 1 (on nodeB)' (a host whose link is cut
+        cannot pass our signals on, which the keepalives tell only later)."""
+        remote = sorted({str(host) for i in indices if (host := self._hosts.get(i)) is not None and not host.is_local})
+        return named_instances(indices) + (f" (on {', '.join(remote)})" if remote else "")
 
     def _on_exited(self, event: Exited) -> None:
         self._remaining.discard(event.instance)
