@@ -93,6 +93,20 @@ def test_steady_shared_copies_take_the_boards_when_segments_differ_in_size() -> 
         assert all(count < r["steps"] - 1 for count in r["fallbacks"].values()), r
 
 
+@pytest.mark.parametrize("instances", [2, 3])
+def test_steady_copies_keep_their_plans_only_while_the_arena_keeps_its_layout(instances: int) -> None:
+    """A steady allgather's and broadcast's plans are kept from call to call (the views, slots and checks made
+    once), but each first call after another layout, or after every segment grew, goes the general way (the drain
+    and the announcement), and every result is right: per round of 5 allgathers and 3 broadcasts, 4 and 2 steady."""
+    result = run_poprun(OFFLINE, "--num-instances", str(instances), "--num-replicas", str(instances),
+                        *python_program("steady_switches.py"))
+    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith(b"{")]
+    assert sorted(r["instance"] for r in records) == list(range(instances))
+    for r in records:
+        assert r["wrong"] == [] and r["calls"] == 32 and r["steady"] == 24, r
+
+
 def test_results_are_bit_identical_across_runs() -> None:
     assert run_checks(3, 6, "auto") == run_checks(3, 6, "auto")
 

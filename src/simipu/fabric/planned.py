@@ -48,6 +48,20 @@ class _WholePlan(NamedTuple):
     peers: tuple[tuple[np.ndarray, ...], ...]  # per slot, each peer's copy
 
 
+class _CopyPlan(NamedTuple):
+    """``PlannedPaths._copy_steady``'s plan for one signature, valid while its arena keeps this epoch and layout:
+    what each call would otherwise look up and check again (with ``SharedCopyPlan.reduce``'s byte views, a sixth of
+    a 256 KiB allgather at N=2)."""
+
+    arena: SharedArena
+    epoch: int
+    layout: tuple[str, int, int]
+    tail: bytes  # the steady announcement its frames carry
+    plan: SharedCopyPlan
+    mine: tuple[memoryview, ...]  # my slots' bytes; none where I copy nothing in (a broadcast's reader)
+    sources: tuple[tuple[np.ndarray, ...], ...]  # per slot, each peer's copy in ``group.others`` order (root: none)
+
+
 class PlannedPaths(PhaseRunner):
     """The plans an instance keeps for calls like earlier ones, and the paths that use them (see the module
     docstring); ``Fabric`` decides when."""
@@ -72,8 +86,8 @@ class PlannedPaths(PhaseRunner):
         self.hot_copies: dict = {} if self._copies is None else self._copies.plans
         #: ``_whole_on_board``'s plans by signature (see ``_WholePlan``).
         self._whole_plans: dict[tuple[np.dtype, tuple[int, ...], str], _WholePlan] = {}
-        #: ``_copy_steady``'s plans by (root rank or -1, dtype, shape): (the announcement they carry, the plan).
-        self._copy_plans: dict[tuple[int, np.dtype, tuple[int, ...]], tuple[bytes, SharedCopyPlan]] = {}
+        #: ``_copy_steady``'s plans by (root rank or -1, dtype, shape) (see ``_CopyPlan``).
+        self._copy_plans: dict[tuple[int, np.dtype, tuple[int, ...]], _CopyPlan] = {}
 
     def _release_plans(self) -> None:
         self._whole_plans.clear()
@@ -186,38 +200,53 @@ class PlannedPaths(PhaseRunner):
         """The world group's shared-memory broadcast from ``root_rank`` (-1: allgather) when it is like the last
         one, its SHARED_READY on the boards (algorithms/shared_copies_board.py); False, having done nothing,
         unless the last call set the arena up for just this one (then the general path runs)."""
-        g = self._group(None)
-        if self._boards is None or len(g.members) < 2 or not g.one_host:
-            return False
-        arena, n = self.arena_for(g, "copy"), x.nbytes
-        root = root_rank >= 0 and g.rank == root_rank
-        layout = ("allgather", n, 0) if root_rank < 0 else ("broadcast", n, root_rank)
-        steady = steady_views(arena, layout, ring_bytes(n) if root_rank < 0 or root else 0)
-        if steady is None:
-            return False
-        views, slot = steady
-        key = (root_rank, x.dtype, x.shape)
-        tail = views.payload
-        assert tail is not None  # (``steady_views`` says so)
-        cached = self._copy_plans.get(key)
-        if cached is None or cached[0] != tail:
-            if len(self._copy_plans) >= MAX_PLANS:
-                self._copy_plans.clear()
-            cached = self._copy_plans[key] = (tail, SharedCopyPlan(self._boards, x, root_rank, tail))
-        plan = cached[1]
-        if root_rank < 0 or root:
-            views.mine[slot][:] = x.reshape(-1).view(np.uint8)
+        cached = self._copy_plans.get((root_rank, x.dtype, x.shape))
+        if cached is None or cached.arena.layout != cached.layout or cached.arena.epoch != cached.epoch:
+            cached = self._copy_plan(x, root_rank)  # (a first call, a remapped segment, or another layout between)
+            if cached is None:
+                return False
+        arena = cached.arena
+        slot = arena.uses % len(cached.sources)
+        arena.uses += 1
+        if cached.mine:
+            cached.mine[slot][:] = to_bytes(x)
         counter = self._world_seq
         seq = counter[0] = counter[0] + 1
-        sources = () if root else tuple(views.peers[slot][k] for k in g.others)
+        plan = cached.plan
         try:
-            done = plan.allreduce(seq, x, result, EMPTY, sources)
+            done = plan.allreduce(seq, x, result, EMPTY, cached.sources[slot])
         except BaseException as exc:
             self._broken_by(exc)
             raise
         if done is None:
             self._copy_fallback(plan, x, result, root_rank, seq, slot)
         return True
+
+    def _copy_plan(self, x: np.ndarray, root_rank: int) -> _CopyPlan | None:
+        """``_copy_steady``'s plan for ``x``'s signature, made for the arena as it is now; None unless the last
+        call left the arena in this layout with every segment mapped both ways (``steady_views``)."""
+        g = self._group(None)
+        if self._boards is None or len(g.members) < 2 or not g.one_host:
+            return None
+        arena, n = self.arena_for(g, "copy"), x.nbytes
+        root = root_rank >= 0 and g.rank == root_rank
+        layout = ("allgather", n, 0) if root_rank < 0 else ("broadcast", n, root_rank)
+        writes = root_rank < 0 or root
+        views = steady_views(arena, layout, ring_bytes(n) if writes else 0)
+        if views is None:
+            return None
+        tail = views.payload
+        assert tail is not None  # (``steady_views`` says so)
+        key = (root_rank, x.dtype, x.shape)
+        before = self._copy_plans.get(key)
+        plan = before.plan if before is not None and before.tail == tail else SharedCopyPlan(self._boards, x,
+                                                                                              root_rank, tail)
+        mine = tuple(to_bytes(slot) for slot in views.mine) if writes else ()
+        sources = tuple(() if root else tuple(peers[k] for k in g.others) for peers in views.peers)
+        if len(self._copy_plans) >= MAX_PLANS:
+            self._copy_plans.clear()
+        cached = self._copy_plans[key] = _CopyPlan(arena, arena.epoch, layout, tail, plan, mine, sources)
+        return cached
 
     def _steady_whole(self, x: np.ndarray, op: str,
                       general: Callable[[np.ndarray, str, None, np.ndarray | None], np.ndarray]) -> None:

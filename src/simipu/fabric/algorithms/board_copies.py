@@ -62,7 +62,7 @@ from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_se
 from ..frames.link import Link, send_boxed
 from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
 from .board import ALONE_SECONDS, MAX_PLANS, WHOLE, BoardAllreduce, BoardAllreduces, HotCalls, publisher
-from .calls import Group
+from .calls import Group, byte_rows
 from .phases import Phase
 from .placement import Spreader
 from .steady_calls import SteadyCall, hot_pair
@@ -135,10 +135,7 @@ class BoardAllgather(BoardAllreduce):
         """``out``'s bytes, a view per member's row (a broadcast's: one); a loop that fills one ``out`` reuses them
         (a view's copy is a third of an ndarray assignment's cost at a few KiB)."""
         if out is not self._rows_for:
-            whole = out.data.cast("B")
-            rows = 1 if self.root >= 0 else out.shape[0]
-            n = len(whole) // rows
-            self._rows_for, self._rows = out, [whole[k * n:(k + 1) * n] for k in range(rows)]
+            self._rows_for, self._rows = out, byte_rows(out, 1 if self.root >= 0 else out.shape[0])
             self._peer_rows = self._rows[:self._rank] + self._rows[self._rank + 1:]
         return self._rows
 

@@ -105,6 +105,14 @@ def to_bytes(array: np.ndarray) -> memoryview:
     return array.data.cast("B") if array.size else EMPTY  # (.data: the array's buffer as a memoryview)
 
 
+def byte_rows(out: np.ndarray, rows: int) -> list[memoryview]:
+    """A C-contiguous ``out``'s bytes as ``rows`` equal views, one per row (a copy into such a view is cheaper
+    than an ndarray assignment: no conversion of either side)."""
+    whole = out.data.cast("B")
+    n = len(whole) // rows
+    return [whole[k * n:(k + 1) * n] for k in range(rows)]
+
+
 def chunks(count: int, parts: int) -> list[tuple[int, int]]:
     """Split ``count`` elements into ``parts`` ranges, sizes differing by at most one."""
     return [(count * k // parts, count * (k + 1) // parts) for k in range(parts)]

@@ -148,16 +148,14 @@ def _remake(views: _Views, arena: SharedArena, call: Call, segments: dict[int, n
         peers.update({k: seg[s * n:(s + 1) * n] for k, seg in segments.items()} if peer_bytes else {})
 
 
-def steady_views(arena: SharedArena, layout: tuple[str, int, int], mine_bytes: int) -> tuple[_Views, int] | None:
+def steady_views(arena: SharedArena, layout: tuple[str, int, int], mine_bytes: int) -> _Views | None:
     """For a call like the last one on ``arena`` (same layout, nothing remapped, the announcement steady): its
-    views and the slot it writes, the use counted; None, having done nothing, otherwise."""
+    views (valid while the arena keeps this layout and epoch); None otherwise."""
     views = _views.get(arena)
     if (arena.layout != layout or views is None or views.payload is None or views.layout != layout
             or views.epoch != arena.epoch or views.mine_bytes != mine_bytes):
         return None
-    slot = arena.uses % len(views.mine)
-    arena.uses += 1
-    return views, slot
+    return views
 
 
 def current_views(arena: SharedArena) -> _Views:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..frames.header import ALLGATHER, BROADCAST, HeaderTemplate
 from .board import SPREAD_SHARED, BoardAllreduce, BoardAllreduces
+from .calls import byte_rows, to_bytes
 from .phases import Phase
 
 
@@ -29,6 +30,9 @@ class SharedCopyPlan(BoardAllreduce):
         group = boards._group
         root = -1 if root_rank < 0 else group.members[root_rank]
         self._root_rank = root_rank
+        #: The last ``out`` and its byte views, a row per member (a broadcast's: one): see ``_rows_of``.
+        self._rows_for: np.ndarray | None = None
+        self._rows: list[memoryview] = []
         template = HeaderTemplate(ALLGATHER if root_rank < 0 else BROADCAST, 0, Phase.SHARED_READY, like.dtype.str,
                                   tuple(like.shape), root, group.key, like.nbytes, tail)
         # (a template: ``reduce`` copies in place of the reduction, also in ``board.one_peer_call``)
@@ -36,14 +40,25 @@ class SharedCopyPlan(BoardAllreduce):
                          template=template, hot=boards.hot, spread_every=SPREAD_SHARED)
 
     def reduce(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        """Every member's array into its row of ``out`` (an allgather), or the root's into ``out``."""
+        """Every member's array into its row of ``out`` (an allgather), or the root's into ``out``: byte views'
+        copies, ``out``'s and our array's kept from the last call."""
         assert out is not None
+        rows = self._rows if out is self._rows_for else self._rows_of(out)
+        rank = self._rank
         if self._root_rank >= 0:
             root = arrays[self._root_rank]
             if root is not out:
-                out.reshape(-1).view(np.uint8)[:] = root.reshape(-1).view(np.uint8)
+                rows[0][:] = self._own_bytes(root) if self._root_rank == rank else to_bytes(root)
             return out
-        rows = out.reshape(len(arrays), -1).view(np.uint8)
-        for k, array in enumerate(arrays):
-            rows[k] = array.reshape(-1).view(np.uint8)
+        for k, (row, array) in enumerate(zip(rows, arrays)):
+            row[:] = self._own_bytes(array) if k == rank else to_bytes(array)
         return out
+
+    def _rows_of(self, out: np.ndarray) -> list[memoryview]:
+        """``out``'s bytes, a view per member's row (a broadcast's: one), kept for the next call's ``out``."""
+        self._rows_for, self._rows = out, byte_rows(out, 1 if self._root_rank >= 0 else out.shape[0])
+        return self._rows
+
+    def _own_bytes(self, x: np.ndarray) -> memoryview:
+        """Our array's bytes, the view kept from the last call if it is the same array (``bytes_of``)."""
+        return self._x_bytes if x is self._x else self.bytes_of(x)
