@@ -71,6 +71,14 @@ from .steady_calls import SteadyCall, hot_pair
 #: (``placement``): more often than the allreduce's ``board.SPREAD_EVERY``, as the shared-memory allreduce's
 #: (probes at N=4, 4 KiB: 16 beat 256 in 7 of 10 paired runs; 4 was slower).
 SPREAD_BROADCASTS = 16
+#: With more instances than CPUs, how long the root of a broadcast among three or more waits (yielding) for a
+#: reader two calls behind to free a mailbox slot before its frame takes the socket. The spin (200 us) was too
+#: short there: beside one busy process, four instances on two CPUs, the reader that needs our CPU often runs
+#: only after the busy process's time slice (milliseconds); each frame then took the socket, the reader waited
+#: its whole spin for a frame that was not coming to its mailbox, and every later call did the same. A 4 KiB
+#: broadcast took 218-239 us a call at the median where mpi4py's took 25-30 us; with this wait, 11-21 us.
+#: A reader gone or busy elsewhere costs the root this long once before the engine's fallback sends the frame.
+CROWDED_ROOT_PATIENCE = 2e-3
 
 
 class BoardCopies:
@@ -249,11 +257,12 @@ def many_peers_copy_call(plan: BoardAllgather) -> Callable[..., np.ndarray | Non
 def root_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
     """The root's call ``seq`` (0: the next, numbered here): ``x`` into each peer's mailbox, and into ``out``
     (made by the caller); a peer whose both slots are still unread (it is two calls behind) is retried for the
-    spin, then its frame is the engine's fallback's to send (``unsent``), by the socket."""
+    spin (with more instances than CPUs, ``CROWDED_ROOT_PATIENCE``), then its frame is the engine's fallback's to
+    send (``unsent``), by the socket."""
     hooks, spreader, crowded, header = plan._hot, plan._spreader, plan._crowded, plan._header
     counter, spin, failed, fallback = hooks.counter, hooks.spin, hooks.failed, hooks.fallback
     total, hlen = plan._total, len(plan._header)
-    links = plan._links
+    links, patience = plan._links, CROWDED_ROOT_PATIENCE if crowded else spin
     senders = tuple((link, link.mailbox.fixed_sender(hlen, total))  # type: ignore[union-attr]  # (same host)
                     for link in links)
     sleepers = tuple(zip(plan._flags, [link.nudge for link in links]))
@@ -275,7 +284,7 @@ def root_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
                 else:
                     left.append(link)  # (numbered later: here, or by ``exchange``)
             if left:  # a reader two calls behind: wait for a slot a while (a socket frame costs both ends calls)
-                left = plan.resent(left, header, payload, spin)
+                left = plan.resent(left, header, payload, patience)
             plan.unsent = left
             FENCE_ACQUIRE()  # (``full_fence``: the frames, then the sleeping flags: see mailbox)
             FENCE_RELEASE()
