@@ -248,3 +248,17 @@ def test_a_directory_as_the_program_is_126_and_said(tmp_path, typed: str) -> Non
     assert result.returncode == EXIT_NOT_EXECUTABLE, result.stderr
     assert result.stderr.decode().splitlines() == [
         f"poprun: error: program {typed!r}{'' if '/' in typed else ' in the current directory'} is a directory"]
+
+
+@pytest.mark.parametrize("typed, code, said", [
+    ("/" + "x" * 300, EXIT_NOT_EXECUTABLE, ": cannot execute: File name too long"),
+    ("./" + "x" * 300 + "/prog", EXIT_NOT_EXECUTABLE, ": cannot execute: File name too long"),
+    ("x" * 300, EXIT_NOT_FOUND, " not found in PATH or the current directory"),
+], ids=["absolute", "a directory's name", "bare name"])
+def test_a_program_name_too_long_is_said_as_bash_says_it(tmp_path, typed: str, code: int, said: str) -> None:
+    """ENAMETOOLONG while looking the program up: 126 and why (named with a '/'), 127 (looked for in PATH), as
+    bash; not exit 70 and "internal error: OSError" (before)."""
+    result = run_poprun("--offline-mode=1", typed, cwd=tmp_path)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == code, lines
+    assert len(lines) == 1 and lines[0] == f"poprun: error: program {typed!r}{said}", lines

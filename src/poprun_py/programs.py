@@ -23,7 +23,7 @@ def resolve_program(name: str, environ: Mapping[str, str], cwd: str, searched: s
     """
     if os.sep in name:
         path = Path(cwd, name)
-        if not path.exists():
+        if not _exists(path, f"program {name!r}"):
             raise ProgramNotFound(f"program {name!r} not found")
         _check_runnable(path, f"program {name!r}")
         return name
@@ -31,10 +31,23 @@ def resolve_program(name: str, environ: Mapping[str, str], cwd: str, searched: s
     if found:
         return found
     local = Path(cwd, name)
-    if local.exists():
+    if _exists(local, None):
         _check_runnable(local, f"program {name!r} in the current directory")
         return str(local)
     raise ProgramNotFound(f"program {name!r} not found in {searched} or the current directory")
+
+
+def _exists(path: Path, what: str | None) -> bool:
+    """Whether ``path`` is there, never an ``OSError`` that would surface as an internal error. A path the OS
+    will not look up (a name too long, a directory not searchable) is, as bash says it, a program that cannot
+    be executed (126) when the user named it (``what``), and not there when only looked for (``what`` None)."""
+    try:
+        path.stat()
+    except OSError as exc:
+        if what is None or exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF):
+            return False  # (ELOOP, EBADF: as Path.exists)
+        raise ProgramNotExecutable(f"{what}: cannot execute: {exc.strerror or exc}") from None
+    return True
 
 
 def _check_runnable(path: Path, what: str) -> None:
