@@ -168,6 +168,8 @@ BAD_INPUT = [
     ("--vipu-partition blank", ["--vipu-partition", " ", "true"], b"the value is empty"),
     ("--remote-python empty", [O, "--remote-python", "", "true"], b"the value is empty"),
     ("--export-config in a missing directory", [O, "--export-config", "{d}/nowhere/x.json", "true"], b"cannot write"),
+    ("--export-config name too long (was exit 70)", [O, "--export-config", "x" * 300, "true"],
+     b"--export-config: cannot write 'xxx"),
     ("--import-config a directory", ["--import-config", "{d}"], b"cannot read"),
     ("--import-config empty", [O, "--import-config", "", "true"], b"--import-config: the value is empty"),
     ("--export-config empty", [O, "--export-config", "", "true"], b"--export-config: the value is empty"),

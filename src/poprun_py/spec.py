@@ -153,12 +153,13 @@ def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
 
 def save_config(path: str, options: Mapping[str, Any], program: list[str], overwrite: bool) -> None:
     target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"--export-config: {path!r} is a directory; name a file, e.g. {os.path.join(path, 'launch.json')}")
-    if target.exists() and not overwrite:
-        raise UsageError(f"--export-config: {path!r} exists; add --overwrite-config=yes to replace it")
     body = {"format": CONFIG_FORMAT, "options": dict(options), "program": program}
-    try:
+    try:  # (the checks too: a name too long for the file system is an OSError of the first stat)
+        if target.is_dir():
+            raise UsageError(f"--export-config: {path!r} is a directory; name a file, e.g. "
+                             f"{os.path.join(path, 'launch.json')}")
+        if target.exists() and not overwrite:
+            raise UsageError(f"--export-config: {path!r} exists; add --overwrite-config=yes to replace it")
         target.write_text(json.dumps(body, indent=2) + "\n")
     except OSError as exc:
         raise UsageError(f"--export-config: cannot write {path!r}: {exc.strerror}") from None
