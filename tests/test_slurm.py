@@ -10,6 +10,7 @@ instances too.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from typing import Iterator
@@ -21,7 +22,7 @@ from infra.slurm_cluster import SlurmCluster, unavailable_reason
 from poprun_py.executors.slurm import allocation_hosts, tasks_per_node
 from poprun_py.hosts import HostSpec
 from poprun_py.reach import rendezvous_address
-from support import RUN_TIMEOUT, Launch, assert_all_gone, pids_of, poprun_command, python_program
+from support import RUN_TIMEOUT, Launch, assert_all_gone, pids_of, poprun_command, python_program, run_poprun
 
 OFFLINE = "--offline-mode=1"
 
@@ -46,6 +47,18 @@ def test_inside_a_step_the_slots_are_the_allocations_cpus_not_the_steps_tasks() 
     step = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "pod[01-02]", "SLURM_STEP_ID": "0",
             "SLURM_TASKS_PER_NODE": "1,0", "SLURM_JOB_CPUS_PER_NODE": "2(x2)"}
     assert allocation_hosts(step) == (HostSpec("pod01", slots=2), HostSpec("pod02", slots=2))
+
+
+def test_a_task_count_for_more_nodes_than_a_host_list_may_name_is_not_read_into_memory() -> None:
+    """``2(x1000000000000)`` was a list of 10**12 counts: a MemoryError, poprun's exit 70 "internal error"."""
+    with pytest.raises(ValueError, match="more than 65536 nodes"):
+        tasks_per_node("1,2(x1000000000000)")
+    environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "pod[01-02]",
+               "SLURM_TASKS_PER_NODE": "2(x1000000000000)"}
+    environ.pop("SLURM_STEP_ID", None)
+    result = run_poprun(OFFLINE, "--dry-run=yes", "true", env=environ)
+    assert result.returncode == 0, result.stderr  # unreadable counts: one slot per node, as for any other
+    assert b"hosts: pod01 (reached by srun in this Slurm allocation)" in result.stdout
 
 
 @pytest.mark.parametrize("towards, expected", [

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
-from ..hosts import HostListError, HostSpec, parse_host_list
+from ..hosts import MAX_HOSTS, HostListError, HostSpec, parse_host_list
 from ..plan import Plan
 from .channels import PipeChannel
 from .greeting import HostCheckFailed, agent_script, greet, verdict_error
@@ -36,7 +36,10 @@ def tasks_per_node(text: str) -> list[int]:
         match = _TASKS.match(part.strip())
         if not match:
             raise ValueError(f"cannot read SLURM_TASKS_PER_NODE={text!r}")
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+        repeat = int(match.group(2) or 1)
+        if len(counts) + repeat > MAX_HOSTS:  # (not read into memory: "2(x1000000000000)" was a MemoryError)
+            raise ValueError(f"SLURM_TASKS_PER_NODE={text!r} counts more than {MAX_HOSTS} nodes")
+        counts.extend([int(match.group(1))] * repeat)
     return counts
 
 
