@@ -191,6 +191,9 @@ def resolve_launch(line: CommandLine) -> LaunchSpec | None:
     except UsageError as exc:
         _name_the_config(exc, line, file_options)
         raise
+    if program and not program[0]:  # ("$PROGRAM" unset): not the current directory, "a directory" as before
+        raise UsageError("the program's name is empty (an unset variable?); usage: poprun [options] program "
+                         "[program args]")
     if line.export_config is not None:
         save_config(line.export_config, options, program, parse_bool("overwrite_config", line.overwrite_config or "no"))
         if not program:
