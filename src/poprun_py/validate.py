@@ -176,6 +176,16 @@ def check_config_types(path: str, options: Any, program: Any, defaults: Mapping[
             bad = not all(isinstance(item, str) for item in value)
         if bad:
             raise UsageError(f"{where}: option {name!r} must be {wanted}, not {_short(json.dumps(value))}")
+    _refuse_nul(where, options, program)
+
+
+def _refuse_nul(where: str, options: Mapping[str, Any], program: list[str]) -> None:
+    """A NUL (JSON's \\u0000) cannot be in an argument, a path or a variable, and no command line can give one:
+    said here, not as an internal error from the first system call that meets it."""
+    for label, value in (('"program"', program), *((f"option {name!r}", v) for name, v in options.items())):
+        if any(isinstance(word, str) and "\0" in word for word in (value if isinstance(value, list) else [value])):
+            raise UsageError(f"{where}: {label} contains a NUL character (\\u0000), which no argument, path or "
+                             "environment variable can hold")
 
 
 # -- the launch as a whole -----------------------------------------------------------------------------
