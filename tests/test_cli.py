@@ -262,3 +262,15 @@ def test_a_program_name_too_long_is_said_as_bash_says_it(tmp_path, typed: str, c
     lines = result.stderr.decode().splitlines()
     assert result.returncode == code, lines
     assert len(lines) == 1 and lines[0] == f"poprun: error: program {typed!r}{said}", lines
+
+
+def test_a_saved_argument_of_undecodable_bytes_replays(tmp_path) -> None:
+    """Bytes that are not UTF-8 are saved as Python's surrogate escapes (\\udcff) and replay as the same bytes:
+    not refused as the lone surrogates no argument can hold (\\ud800, only a hand-written file has those)."""
+    import os
+
+    saved = tmp_path / "saved.json"
+    first = run_poprun("--offline-mode=1", "--export-config", str(saved), "echo", os.fsdecode(b"a\xffb"))
+    replay = run_poprun("--import-config", str(saved))
+    assert first.returncode == replay.returncode == 0, replay.stderr
+    assert first.stdout == replay.stdout == b"a\xffb\n"

@@ -176,16 +176,30 @@ def check_config_types(path: str, options: Any, program: Any, defaults: Mapping[
             bad = not all(isinstance(item, str) for item in value)
         if bad:
             raise UsageError(f"{where}: option {name!r} must be {wanted}, not {_short(json.dumps(value))}")
-    _refuse_nul(where, options, program)
+    _refuse_unencodable(where, options, program)
 
 
-def _refuse_nul(where: str, options: Mapping[str, Any], program: list[str]) -> None:
-    """A NUL (JSON's \\u0000) cannot be in an argument, a path or a variable, and no command line can give one:
-    said here, not as an internal error from the first system call that meets it."""
+def _refuse_unencodable(where: str, options: Mapping[str, Any], program: list[str]) -> None:
+    """A string no argument, path or variable can hold, which no command line can give but a file can: a NUL
+    (JSON's \\u0000), or a character the system's encoding cannot encode (a lone surrogate such as \\ud800;
+    not those Python makes of undecodable bytes, which round-trip). Said here, not as an internal error from
+    the first system call that meets it."""
     for label, value in (('"program"', program), *((f"option {name!r}", v) for name, v in options.items())):
-        if any(isinstance(word, str) and "\0" in word for word in (value if isinstance(value, list) else [value])):
-            raise UsageError(f"{where}: {label} contains a NUL character (\\u0000), which no argument, path or "
-                             "environment variable can hold")
+        for word in value if isinstance(value, list) else [value]:
+            problem = _unencodable(word) if isinstance(word, str) else None
+            if problem:
+                raise UsageError(f"{where}: {label} contains {problem}, which no argument, path or environment "
+                                 "variable can hold")
+
+
+def _unencodable(word: str) -> str | None:
+    if "\0" in word:
+        return "a NUL character (\\u0000)"
+    try:
+        os.fsencode(word)
+    except UnicodeEncodeError as exc:
+        return f"{word[exc.start]!r}, a character {exc.encoding} cannot encode"
+    return None
 
 
 # -- the launch as a whole -----------------------------------------------------------------------------
