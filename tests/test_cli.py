@@ -274,3 +274,20 @@ def test_a_saved_argument_of_undecodable_bytes_replays(tmp_path) -> None:
     replay = run_poprun("--import-config", str(saved))
     assert first.returncode == replay.returncode == 0, replay.stderr
     assert first.stdout == replay.stdout == b"a\xffb\n"
+
+
+@pytest.mark.parametrize("name, value", [
+    ("COLUMNS", "99999999999"), ("COLUMNS", "1000000"), ("COLUMNS", "0"), ("TERMINAL_WIDTH", "abc"),
+    ("TERMINAL_WIDTH", "0"),
+])
+def test_help_is_drawn_whatever_width_the_environment_says(name: str, value: str) -> None:
+    """rich and typer read these unchecked: before, exit 70 (MemoryError, ValueError), 117 MB of spaces, or
+    exit 0 with no help at all. Instances still get the variable as poprun was given it."""
+    import os
+
+    environ = {**os.environ, name: value}
+    shown = run_poprun("--help", env=environ)
+    assert shown.returncode == 0 and shown.stderr == b"", shown.stderr
+    assert b"Usage: poprun" in shown.stdout and len(shown.stdout) < 100_000
+    launched = run_poprun("--offline-mode=1", "sh", "-c", f"echo ${name}", env=environ)
+    assert launched.returncode == 0 and launched.stdout == f"{value}\n".encode(), launched.stderr

@@ -8,12 +8,14 @@ No ``from __future__ import annotations`` here: Typer reads the options from
 every start (~1 ms).
 """
 
+import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -292,7 +294,8 @@ def _parse(args: list[str]) -> CommandLine | int:
     /dev/full) is one line and exit 80 rather than an internal error, or nothing at all.
     """
     try:
-        line = parse_command_line(args)
+        with _help_width_within_bounds():
+            line = parse_command_line(args)
         if not isinstance(line, CommandLine):
             sys.stdout.flush()
             return int(line or 0)
@@ -305,6 +308,26 @@ def _parse(args: list[str]) -> CommandLine | int:
         if exc.errno in READER_GONE:
             return EXIT_BROKEN_PIPE
         raise own_output_lost(1, exc) from None
+
+
+#: What rich (COLUMNS) and typer (TERMINAL_WIDTH) read, unchecked, as the width to draw --help at.
+_HELP_WIDTHS = ("COLUMNS", "TERMINAL_WIDTH")
+_MAX_HELP_WIDTH = 1000
+
+
+@contextlib.contextmanager
+def _help_width_within_bounds() -> Iterator[None]:
+    """While the command line is read, a width that is not a number from 10 to 1000 is left out (the terminal's
+    width, else 80, is used): TERMINAL_WIDTH=abc made --help an internal error, COLUMNS=10**11 a MemoryError,
+    10**6 117 MB of spaces and 0 no help at all. The launch's environment is as it was, for the instances."""
+    saved = {name: os.environ[name] for name in _HELP_WIDTHS if name in os.environ}
+    for name, value in saved.items():
+        if not (value.isdigit() and 10 <= int(value) <= _MAX_HELP_WIDTH):
+            del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def _one_line(text: str) -> str:
