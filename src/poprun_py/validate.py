@@ -132,6 +132,8 @@ def vipu_server_address(host: str | None, port: int, port_given: bool) -> tuple[
         name, own_port = parse_server(host, default_port=0)  # 0: no port in the value
     except ValueError as exc:
         raise UsageError(f"--vipu-server-host: {exc}") from None
+    if not is_dns_name_or_address(name):
+        raise UsageError(f"--vipu-server-host: {_not_a_dns_name(name)}")
     if own_port and port_given and own_port != port:
         raise UsageError(f"--vipu-server-host {_short(host)} names port {own_port} but --vipu-server-port is {port}; "
                          "give the port once")
@@ -206,18 +208,31 @@ def _unencodable(word: str) -> str | None:
 def check_host_names(hosts: Iterable[HostSpec]) -> None:
     """DNS's limits, checked before any name reaches a resolver (which fails with an internal error)."""
     for host in hosts:
-        name = host.name
-        try:
-            ipaddress.ip_address(name.split("%", 1)[0])
-            continue
-        except ValueError:
-            pass
-        labels = name.rstrip(".").split(".")
-        if len(name) > MAX_HOST_NAME or any(not label or len(label) > MAX_HOST_LABEL for label in labels):
-            raise UsageError(
-                f"host name {_short(name)!r} is not a valid DNS name: at most {MAX_HOST_NAME} characters, "
-                f"dot-separated labels of 1 to {MAX_HOST_LABEL}; check the --host/--host-file value"
-            )
+        if not is_dns_name_or_address(host.name):
+            raise UsageError(f"{_not_a_dns_name(host.name)}; check the --host/--host-file value")
+
+
+def is_dns_name_or_address(name: str) -> bool:
+    """An IP address, or a name within DNS's limits that the resolver's IDNA codec takes (it raises UnicodeError,
+    an internal error, for an empty label or one over 63 characters, ``a..b``)."""
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+        return True
+    except ValueError:
+        pass
+    labels = name.rstrip(".").split(".")
+    if len(name) > MAX_HOST_NAME or any(not label or len(label) > MAX_HOST_LABEL for label in labels):
+        return False
+    try:
+        name.encode("idna")
+    except UnicodeError:  # (a Unicode label longer than 63 once encoded)
+        return False
+    return True
+
+
+def _not_a_dns_name(name: str) -> str:
+    return (f"host name {_short(name)!r} is not a valid DNS name: at most {MAX_HOST_NAME} characters, "
+            f"dot-separated labels of 1 to {MAX_HOST_LABEL}")
 
 
 def warn_hosts_over_their_slots(placement: Placement) -> None:
