@@ -291,3 +291,38 @@ def test_help_is_drawn_whatever_width_the_environment_says(name: str, value: str
     assert b"Usage: poprun" in shown.stdout and len(shown.stdout) < 100_000
     launched = run_poprun("--offline-mode=1", "sh", "-c", f"echo ${name}", env=environ)
     assert launched.returncode == 0 and launched.stdout == f"{value}\n".encode(), launched.stderr
+
+
+@pytest.mark.parametrize("args, said", [
+    ((), "the instances would start in it"),
+    (("--dry-run=yes",), "the instances would start in it"),
+    (("--executable-cache-path", "cache"), "--executable-cache-path 'cache' is relative to it"),
+], ids=["launch", "dry run", "a relative path"])
+def test_a_current_directory_deleted_is_said(tmp_path, args: tuple[str, ...], said: str) -> None:
+    """A shell left in a directory removed since: before, 'internal error: FileNotFoundError', exit 70."""
+    import subprocess
+
+    from support import RUN_TIMEOUT, poprun_command
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    command = shlex.join(poprun_command("--offline-mode=1", *args, "/bin/true"))
+    result = subprocess.run(["sh", "-c", f'cd "$1" && rmdir "$1" && exec {command}', "sh", str(gone)],
+                            capture_output=True, timeout=RUN_TIMEOUT)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == EXIT_USAGE, lines
+    assert len(lines) == 1 and lines[0].startswith("poprun: error: the current directory no longer exists (deleted?)")
+    assert said in lines[0]
+
+
+def test_a_deleted_current_directory_does_not_matter_with_wdir(tmp_path) -> None:
+    import subprocess
+
+    from support import RUN_TIMEOUT, poprun_command
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    command = shlex.join(poprun_command("--offline-mode=1", f"--mpi-global-args=-wdir {tmp_path}", "pwd"))
+    result = subprocess.run(["sh", "-c", f'cd "$1" && rmdir "$1" && exec {command}', "sh", str(gone)],
+                            capture_output=True, timeout=RUN_TIMEOUT)
+    assert result.returncode == 0 and result.stdout == f"{tmp_path}\n".encode(), result.stderr

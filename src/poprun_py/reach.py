@@ -23,6 +23,7 @@ from popdist.env import CONSOLE_IS_TERMINAL, SOFT_DEFAULTS, VIPU_HOST, VIPU_PORT
 from .errors import UsageError
 from .hosts import HostSpec
 from .records import Placement, ReachSettings
+from .validate import current_directory
 
 if TYPE_CHECKING:  # the channel code loads with the agents, not for a launch on this host alone
     from .executors.channels import AgentChannel
@@ -141,7 +142,7 @@ def base_environment(here: bool, environ: Mapping[str, str], console_is_terminal
 
 def check_working_dir(settings: ReachSettings, hosts: tuple[HostSpec, ...]) -> str:
     """The instances' directory: ``-wdir`` or poprun's own; on this host it must exist now."""
-    cwd = settings.working_dir or os.getcwd()
+    cwd = settings.working_dir or current_directory()
     if any(h.is_local for h in hosts) or not hosts:
         if not os.path.isdir(cwd):
             raise UsageError(f"-wdir {cwd}: no such directory")

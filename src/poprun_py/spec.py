@@ -24,6 +24,7 @@ from .validate import (
     InputFileTooLarge,
     check_config_types,
     check_launch,
+    current_directory,
     option_flag,
     read_input_file,
     vipu_server_address,
@@ -188,10 +189,14 @@ def _optional_str(options: Mapping[str, Any], name: str) -> str | None:
     return str(value)
 
 
-def _absolute(path: str | None) -> str | None:
+def _absolute(path: str | None, flag: str) -> str | None:
     """A path made absolute against poprun's directory, where it was typed: instances that change directory,
     start in another (``-wdir``) or run on another host must reach the same place."""
-    return None if path is None else os.path.abspath(path)
+    if path is None:
+        return None
+    if not os.path.isabs(path):
+        path = os.path.join(current_directory(f"{flag} {path!r} is relative to it"), path)
+    return os.path.normpath(path)
 
 
 def build_spec(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
@@ -222,7 +227,7 @@ def _spec_from(options: Mapping[str, Any], program: list[str]) -> LaunchSpec:
         instance=InstanceSettings(
             env=global_args.env + local_args.env,
             instance_env={index: args.env for index, args in instance_args.items()},
-            executable_cache_path=_absolute(_optional_str(o, "executable_cache_path")),
+            executable_cache_path=_absolute(_optional_str(o, "executable_cache_path"), "--executable-cache-path"),
             compat_imports=parse_bool("compat_imports", o["compat_imports"]),
         ),
         output=_output_settings(o, global_args, local_args, placement.num_instances),

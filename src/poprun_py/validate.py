@@ -102,6 +102,17 @@ def seconds(name: str, value: Any, allow_zero: bool = False) -> float:
         raise UsageError(f"{option_flag(name)}: {exc}") from None
 
 
+def current_directory(needed_for: str = "the instances would start in it") -> str:
+    """poprun's own directory; one deleted since the shell entered it is a usage error, not a FileNotFoundError
+    (an internal error) from ``os.getcwd``."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError(f"the current directory no longer exists (deleted?), and {needed_for}; "
+                         "cd to a directory that exists, or give absolute paths (-wdir DIR in --mpi-global-args "
+                         "for the instances' directory)") from None
+
+
 class InputFileTooLarge(ValueError):
     """A file the user named holds more than ``MAX_INPUT_FILE`` bytes; the caller says which option named it."""
 
