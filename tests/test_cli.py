@@ -222,6 +222,33 @@ def test_a_script_whose_interpreter_is_missing_says_so(tmp_path) -> None:
         "poprun: error: ./prog: cannot execute: its interpreter /nonexistent/python3 (its '#!' line) was not found"]
 
 
+@pytest.mark.parametrize("content, code, said", [
+    (b"#!/bin/sh\r\necho hi\r\n", EXIT_NOT_FOUND, "./prog: cannot execute: its '#!' line names the interpreter "
+     "/bin/sh\\r, with a carriage return: the file has Windows line endings (convert it, e.g. with dos2unix)"),
+    (b"#!/\necho hi\n", EXIT_NOT_EXECUTABLE, "./prog: cannot execute: its interpreter / (its '#!' line) is a directory"),
+    (b"#!./data\necho hi\n", EXIT_NOT_EXECUTABLE,
+     "./prog: cannot execute: its interpreter ./data (its '#!' line) is not executable"),
+], ids=["Windows line endings", "interpreter a directory", "interpreter not executable"])
+def test_a_script_whose_interpreter_cannot_run_says_why(tmp_path, content: bytes, code: int, said: str) -> None:
+    """Before: "its interpreter /bin/sh ... was not found" of a /bin/sh that is there (the \\r was taken for a
+    space), and "permission denied (is it executable?)" of a script that is."""
+    (tmp_path / "prog").write_bytes(content)
+    (tmp_path / "prog").chmod(0o755)
+    (tmp_path / "data").write_text("not a program\n")
+    result = run_poprun("--offline-mode=1", "./prog", cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    assert result.stderr.decode().splitlines() == [f"poprun: error: {said}"]
+
+
+def test_a_pipe_as_the_program_is_126_and_said(tmp_path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "pipe", 0o755)
+    result = run_poprun("--offline-mode=1", "./pipe", cwd=tmp_path)
+    assert result.returncode == EXIT_NOT_EXECUTABLE, result.stderr
+    assert result.stderr.decode().splitlines() == ["poprun: error: ./pipe: cannot execute: not a regular file"]
+
+
 def test_help_and_version_exit_0() -> None:
     assert run_poprun("--help").returncode == 0
     version = run_poprun("--version")

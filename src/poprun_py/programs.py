@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Collection, Mapping
@@ -77,7 +79,7 @@ def exec_program(
     except FileNotFoundError:
         raise ProgramNotFound(_not_found(plan.argv[0], plan.cwd)) from None
     except PermissionError:
-        raise ProgramNotExecutable(f"{plan.argv[0]}: permission denied (is it executable?)") from None
+        raise ProgramNotExecutable(_denied(plan.argv[0], plan.cwd)) from None
     except OSError as exc:
         if exc.errno != errno.ENOEXEC:
             raise
@@ -87,13 +89,54 @@ def exec_program(
 
 def _not_found(program: str, cwd: str | None) -> str:
     """Why exec found no ``program``: it is not there, or (as the kernel says ENOENT for both) it is a script
-    whose '#!' interpreter is not."""
-    try:
-        with open(os.path.join(cwd or ".", program), "rb") as file:
-            first = file.readline(256)
-    except OSError:
+    whose '#!' interpreter is not; often one that ends in a carriage return, from a file with Windows line
+    endings (``/bin/sh\\r``), which is said as such rather than as a /bin/sh that is missing."""
+    first = _first_line(program, cwd)
+    if first is None:
         return f"{program}: no such program"
-    if first.startswith(b"#!") and first[2:].split():
-        interpreter = first[2:].split()[0].decode(errors="replace")
-        return f"{program}: cannot execute: its interpreter {interpreter} (its '#!' line) was not found"
-    return f"{program}: cannot execute: a file it needs (its interpreter or loader) was not found"
+    interpreter = _interpreter(first)
+    if interpreter is None:
+        return f"{program}: cannot execute: a file it needs (its interpreter or loader) was not found"
+    if interpreter.endswith("\r"):
+        return (f"{program}: cannot execute: its '#!' line names the interpreter {interpreter[:-1]}\\r, with a "
+                "carriage return: the file has Windows line endings (convert it, e.g. with dos2unix)")
+    return f"{program}: cannot execute: its interpreter {interpreter} (its '#!' line) was not found"
+
+
+def _denied(program: str, cwd: str | None) -> str:
+    """Why exec said EACCES: not a regular file (a pipe, a device), a script whose '#!' interpreter cannot be
+    executed, or (most often) a file without execute permission."""
+    path = os.path.join(cwd or ".", program)
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        regular = True
+    if not regular:
+        return f"{program}: cannot execute: not a regular file"
+    first = _first_line(program, cwd)
+    interpreter = _interpreter(first) if first is not None else None
+    if interpreter is not None:
+        where = os.path.join(cwd or ".", interpreter)  # (a relative one is found from the instance's directory)
+        if os.path.isdir(where):
+            return f"{program}: cannot execute: its interpreter {interpreter} (its '#!' line) is a directory"
+        if os.path.exists(where) and not os.access(where, os.X_OK):
+            return f"{program}: cannot execute: its interpreter {interpreter} (its '#!' line) is not executable"
+    return f"{program}: permission denied (is it executable?)"
+
+
+def _first_line(program: str, cwd: str | None) -> bytes | None:
+    """The start of the program's first line, None if it cannot be read (never waiting: a pipe has none)."""
+    try:
+        with open(os.open(os.path.join(cwd or ".", program), os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+            return file.readline(256)
+    except OSError:
+        return None
+
+
+def _interpreter(first: bytes) -> str | None:
+    """The interpreter a '#!' line names, as the kernel reads it: up to a space, a tab or the newline, so a
+    carriage return stays part of it. None for a line that is not one."""
+    if not first.startswith(b"#!"):
+        return None
+    name = re.split(rb"[ \t\n]", first[2:].lstrip(b" \t"), maxsplit=1)[0]
+    return name.decode(errors="replace") or None
