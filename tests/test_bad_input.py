@@ -188,6 +188,13 @@ BAD_INPUT = [
      b"/a_file' is not a directory"),  # as the launch refuses it, the path made absolute
     ("--dry-run --executable-cache-path under a file",
      [O, "--dry-run=yes", "--executable-cache-path", "{d}/a_file/cache", "true"], b"a_file' is not a directory"),
+    ("--dry-run --executable-cache-path name too long (was exit 0)",
+     [O, "--dry-run=yes", "--executable-cache-path", "{d}/" + "x" * 300, "true"], b"File name too long"),
+    ("--dry-run --executable-cache-path path too long (was exit 0)",
+     [O, "--dry-run=yes", "--executable-cache-path", "{d}/" + "/".join(["y" * 200] * 21), "true"],
+     b"File name too long"),
+    ("--executable-cache-path name too long", [O, "--executable-cache-path", "x" * 300, "true"],
+     b"--executable-cache-path: cannot create"),
     ("--vipu-partition blank", ["--vipu-partition", " ", "true"], b"the value is empty"),
     ("--remote-python empty", [O, "--remote-python", "", "true"], b"the value is empty"),
     ("--export-config in a missing directory", [O, "--export-config", "{d}/nowhere/x.json", "true"], b"cannot write"),

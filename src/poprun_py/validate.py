@@ -31,6 +31,7 @@ The bounds, and why:
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
@@ -302,6 +303,21 @@ def check_cache_dir(path: str | None) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise UsageError(f"{flag}: cannot create {path!r}: {existing!r} is not a directory")
+    if existing != path and _name_too_long(path, existing):
+        raise UsageError(f"{flag}: cannot create {path!r}: {os.strerror(errno.ENAMETOOLONG)}")
+
+
+def _name_too_long(path: str, existing: str) -> bool:
+    """Whether making ``path`` under its deepest ``existing`` directory would fail with ENAMETOOLONG: a name
+    in it longer than that file system's NAME_MAX, or the whole longer than PATH_MAX (in bytes, as the kernel
+    counts). The launch's ``mkdir`` says so; before, ``--dry-run`` accepted such a path."""
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        path_max = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):  # a file system that does not say: the launch will
+        return False
+    missing = os.path.relpath(path, existing).split(os.sep)
+    return len(os.fsencode(path)) >= path_max or any(len(os.fsencode(name)) > name_max for name in missing)
 
 
 def check_vipu_names(vipu: VipuSettings) -> None:
