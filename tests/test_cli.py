@@ -267,6 +267,14 @@ def test_a_host_file_may_be_a_pipe() -> None:
     assert b"hosts: localhost (this host)" in result.stdout
 
 
+def test_a_host_file_with_a_byte_order_mark_is_read_as_a_config_is(tmp_path) -> None:
+    """Saved by Notepad; before: "bad host name '\\ufefflocalhost'" and exit 2."""
+    (tmp_path / "hosts").write_bytes(b"\xef\xbb\xbflocalhost\n")
+    result = run_poprun("--offline-mode=1", "--dry-run=yes", "--host-file", "hosts", "true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert b"hosts: localhost (this host)" in result.stdout
+
+
 @pytest.mark.parametrize("typed", ["./adir", "adir"])
 def test_a_directory_as_the_program_is_126_and_said(tmp_path, typed: str) -> None:
     """As bash: "is a directory", 126; not advice to chmod it, nor "not found" for one in the current directory."""

@@ -242,6 +242,16 @@ def test_read_host_file(tmp_path: Path) -> None:
     assert read_host_file(str(path))[0] == HostSpec("node1", slots=4)
 
 
+def test_a_host_file_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """As Notepad saves UTF-8; a config file with one is read too. Before: bad host name '\\ufeffnode1'."""
+    path = tmp_path / "hosts"
+    path.write_bytes(b"\xef\xbb\xbfnode1 slots=2\nnode2\n")
+    assert read_host_file(path) == (HostSpec("node1", slots=2), HostSpec("node2"))
+    path.write_bytes(b"node1\n\xef\xbb\xbfnode2\n")  # only at the start is it a mark; elsewhere, a mistake
+    with pytest.raises(HostListError, match=":2: bad host name"):
+        read_host_file(path)
+
+
 def test_missing_host_file_names_the_path(tmp_path: Path) -> None:
     path = tmp_path / "nope"
     with pytest.raises(HostListError, match=f"cannot read host file {path}"):

@@ -116,7 +116,7 @@ def read_host_file(path: str | os.PathLike[str]) -> tuple[HostSpec, ...]:
     """
     shown = os.fspath(path)
     try:
-        text = read_input_file(path).decode("utf-8")
+        text = read_input_file(path).decode("utf-8-sig")  # a leading byte-order mark (Notepad) is not a host
     except OSError as error:
         raise HostListError(f"cannot read host file {shown}: {error.strerror or error}") from error
     except InputFileTooLarge as error:
