@@ -172,6 +172,8 @@ BAD_INPUT = [
     ("-H unclosed range", [O, "-H", "node[1-3", "true"], b"unclosed"),
     ("-H slash", [O, "-H", "no/de", "true"], b"bad host name"),
     ("-H -foo", [O, "-H", "-foo", "true"], b"cannot start with '-'"),
+    ("-H=localhost (was: bad host name '=localhost')", [O, "-H=localhost", "true"],
+     b"-H=localhost: a short option takes its value after a space, as in -H localhost"),
     ("--host-file naming -foo", [O, "--host-file", "{d}/hosts_dash", "true"], b"hosts_dash:2: bad host name '-foo'"),
     ("-H same host twice", [O, "-H", "a,A", "true"], b"appears twice"),
     ("-H this machine twice", [O, "-H", "localhost,127.0.0.1", "true"], b"are both this machine"),

@@ -16,6 +16,7 @@ own options (everything from the program on is left alone):
 
 from __future__ import annotations
 
+import shlex
 from typing import Iterable, Sequence
 
 from .errors import UsageError
@@ -61,6 +62,8 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
             raise UsageError(_count_hint(name, token, following))
         if name in _MPIRUN_HABITS and name not in flags and name not in takes_value:  # (should poprun take one)
             raise UsageError(_mpirun_hint(name, token, following))
+        if has_value and name in takes_value and not name.startswith("--"):
+            raise UsageError(_short_option_hint(name, token))
         if name in flags and not has_value:
             if following is not None and following.strip().lower() in BOOLEAN_WORDS:
                 if swallowed is not None:
@@ -78,6 +81,17 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
         out.append(token)
         i += 1
     return out + list(argv[i:])
+
+
+def _short_option_hint(name: str, token: str) -> str:
+    """``-H=a``: the parser would take ``=a`` for the value (a host named '=a'); say how to write it."""
+    value = token.partition("=")[2]
+    example = f"{name} {shlex.quote(value)}" if value else f"{name} VALUE"
+    return f"{_shown(token)}: a short option takes its value after a space, as in {_shown(example)}"
+
+
+def _shown(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _count_hint(name: str, token: str, following: str | None) -> str:
