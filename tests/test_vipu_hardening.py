@@ -31,7 +31,7 @@ from simipu.vipu import (
     VipuUnauthorized,
     VipuUnreachable,
 )
-from simipu.vipu.api import default_token_path
+from simipu.vipu.api import default_token_path, parse_server
 from simipu.vipu.errors import VipuProtocolError, VipuStateError
 from simipu.vipu.testing import RunningServer, server_process, start_server_process, stop_process
 from simipu.vipu.token import read_token
@@ -410,3 +410,18 @@ def test_a_full_cluster_is_said_right_and_advised_once(tmp_path: Path) -> None:
     assert launched.returncode == errors.EXIT_NO_DEVICES, launched.stderr
     line = launched.stderr.decode()
     assert "all 64 IPUs are in partitions" in line and line.count("remove a partition") == 1, line
+
+
+@pytest.mark.parametrize("address, parsed", [
+    ("127.0.0.1", ("127.0.0.1", 8090)), ("h:1", ("h", 1)), ("[::1]", ("::1", 8090)), ("[::1]:9", ("::1", 9)),
+    ("fe80::", ("fe80::", 8090)), ("::1", ("::1", 8090)),  # a bare IPv6 address may end in ':'
+])
+def test_a_server_address_is_host_and_port(address: str, parsed: tuple[str, int]) -> None:
+    assert parse_server(address) == parsed
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:", "[::1]:", "h:x", ":", "[::1]x"])
+def test_a_server_address_with_a_colon_and_no_port_is_refused(address: str) -> None:
+    """Before, '127.0.0.1:' was the default port, while poprun -H refused 'a:'."""
+    with pytest.raises(ValueError, match="invalid server address"):
+        parse_server(address)

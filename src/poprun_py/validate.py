@@ -144,6 +144,9 @@ def vipu_server_address(host: str | None, port: int, port_given: bool) -> tuple[
         name, own_port = parse_server(host, default_port=0)  # 0: no port in the value
     except ValueError as exc:
         raise UsageError(f"--vipu-server-host: {exc}") from None
+    if name.startswith("-"):  # no DNS label does; most likely the next option taken for the value (as -H says)
+        raise UsageError(f"--vipu-server-host: bad host name {_short(name)!r}: a host name cannot start with '-'; is "
+                         "the host missing after --vipu-server-host?")
     if not is_dns_name_or_address(name):
         raise UsageError(f"--vipu-server-host: {_not_a_dns_name(name)}")
     if own_port and port_given and own_port != port:

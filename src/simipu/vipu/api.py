@@ -89,7 +89,7 @@ class VipuApi(Protocol):
 def parse_server(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
     """Split ``HOST[:PORT]`` (or ``[v6addr]:PORT``) into host and port."""
     text = address.strip()
-    port_text = ""
+    port_text: str | None = None  # None: no ':PORT' at all; "" a ':' with nothing after it
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
         if rest:
@@ -99,11 +99,13 @@ def parse_server(address: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
     elif text.count(":") == 1:
         host, port_text = text.split(":")
     else:
-        host = text
+        host = text  # (a bare IPv6 address, ``fe80::`` too)
     if not host:
         raise ValueError(f"invalid server address {address!r}: no host")
-    if not port_text:
+    if port_text is None:
         return host, default_port
+    if not port_text:  # "host:", "[addr]:": a port was meant (before, the default was used silently)
+        raise ValueError(f"invalid server address {address!r}: no port after ':'; give HOST or HOST:PORT")
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"invalid server address {address!r}: {port_text!r} is not a TCP port (1-65535)")
     return host, int(port_text)
