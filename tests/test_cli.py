@@ -275,6 +275,13 @@ def test_a_host_file_with_a_byte_order_mark_is_read_as_a_config_is(tmp_path) -> 
     assert b"hosts: localhost (this host)" in result.stdout
 
 
+def test_vipu_cluster_and_allocation_naming_the_same_one_agree(tmp_path) -> None:
+    """Two names for where partitions are created: the same one twice is no contradiction (different: exit 2)."""
+    result = run_poprun("--dry-run=yes", "--vipu-cluster", "c1", "--vipu-allocation", "c1", "true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert b" in cluster c1" in result.stdout
+
+
 @pytest.mark.parametrize("typed", ["./adir", "adir"])
 def test_a_directory_as_the_program_is_126_and_said(tmp_path, typed: str) -> None:
     """As bash: "is a directory", 126; not advice to chmod it, nor "not found" for one in the current directory."""

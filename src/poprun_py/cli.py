@@ -94,7 +94,7 @@ def poprun(
     reset_partition: Optional[str] = typer.Option(None, metavar=_BOOL, help="Reset the partition first. (default: non-reconfigurable ones only)", rich_help_panel=_V),
     remove_partition: Optional[str] = typer.Option(None, metavar=_BOOL, help="Remove a partition poprun created, after the run. (default: yes)", rich_help_panel=_V),
     vipu_cluster: Optional[str] = typer.Option(None, metavar="NAME", help="The V-IPU cluster to create partitions in. (default: the service's)", rich_help_panel=_V),
-    vipu_allocation: Optional[str] = typer.Option(None, metavar="NAME", help="The V-IPU allocation to create partitions in. (default: the service's)", rich_help_panel=_V),
+    vipu_allocation: Optional[str] = typer.Option(None, metavar="NAME", help="The V-IPU allocation to create partitions in: another name for --vipu-cluster (give one of them). (default: the service's)", rich_help_panel=_V),
     vipu_partition_attempts: Optional[int] = typer.Option(None, metavar="N", help="Attempts at creating the partition. (default: 1)", rich_help_panel=_V),
     ipu_link_routing_type: Optional[str] = typer.Option(None, metavar="TYPE", help="IPU-Link routing type of the partition. (default: ringswnc)", rich_help_panel=_V),
     gw_link_routing_type: Optional[str] = typer.Option(None, metavar="TYPE", help="GW-Link routing type of the partition. (default: ring)", rich_help_panel=_V),

@@ -346,6 +346,14 @@ def check_vipu_names(vipu: VipuSettings) -> None:
             raise UsageError(f"{option_flag(option)}: {exc}") from None
 
 
+def check_vipu_place(vipu: VipuSettings) -> None:
+    """``--vipu-cluster`` (the guide's) and ``--vipu-allocation`` (later releases' name) both say where partitions
+    are created: two different places contradict (before, the cluster was used and the allocation ignored)."""
+    if vipu.cluster is not None and vipu.allocation is not None and vipu.cluster != vipu.allocation:
+        raise UsageError(f"--vipu-cluster {_short(vipu.cluster)} and --vipu-allocation {_short(vipu.allocation)} "
+                         "both name where partitions are created; give one of them")
+
+
 def as_flag(name: str, value: object) -> str:
     """An option and its value as typed on poprun's command line: ``--num-replicas 8``."""
     return f"{option_flag(name)} {value}"
@@ -374,6 +382,7 @@ def check_launch(spec: LaunchSpec, environ: Mapping[str, str]) -> None:
     check_host_names(placement.hosts)
     check_cache_dir(spec.instance.executable_cache_path)
     check_vipu_names(spec.vipu)
+    check_vipu_place(spec.vipu)
     warn_hosts_over_their_slots(placement)
     extra = {setting.name: setting.value for setting in spec.instance.all_settings() if setting.value is not None}
     check_exec_size(spec.program, extra, environ)
