@@ -215,7 +215,14 @@ BAD_INPUT = [
     ("--import-config a directory", ["--import-config", "{d}"], b"cannot read"),
     ("--import-config empty", [O, "--import-config", "", "true"], b"--import-config: the value is empty"),
     ("--export-config empty", [O, "--export-config", "", "true"], b"--export-config: the value is empty"),
-    ("--import-config not JSON", ["--import-config", "{d}/a_file"], b"cannot read"),
+    ("--import-config not JSON", ["--import-config", "{d}/a_file"],
+     b"a_file' is not a poprun-py config: not JSON (line 1, column 1: Expecting value)"),
+    ("--import-config /dev/null (was: Expecting value: line 1 column 1)", ["--import-config", "/dev/null"],
+     b"--import-config: '/dev/null' is not a poprun-py config: the file is empty, not JSON"),
+    ("--import-config a number of 5000 digits (was: use sys.set_int_max_str_digits())",
+     ["--import-config", "{d}/long_number.json"], b"long_number.json' is not a poprun-py config: it holds a number "
+                                                  b"of 5000 digits"),
+    ("--import-config not UTF-8", ["--import-config", "{d}/hosts_binary"], b"is not a poprun-py config: not text"),
     ("--import-config without format", ["--import-config", "{d}/no_format.json"], b"not a poprun-py config"),
     # -- files without end or depth: read up to a bound, not until memory runs out ----------------
     ("--import-config /dev/zero", ["--import-config", "/dev/zero", "true"], b"'/dev/zero' is larger than 4 MiB"),
@@ -236,6 +243,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "hosts_dash").write_text("node1\n-foo\n")
     (d / "hosts_binary").write_bytes(b"\xff\xfe\x00")
     (d / "no_format.json").write_text(json.dumps({"options": {}, "program": ["true"]}))
+    long_number = json.dumps({"format": CONFIG_FORMAT, "options": {"num_replicas": 1}}).replace("1}", "9" * 5000 + "}")
+    (d / "long_number.json").write_text(long_number)  # more digits than Python converts
     (d / "deep.json").write_text("[" * 200_000 + "]" * 200_000)  # RecursionError in json.loads
     (d / "big.json").write_text(json.dumps({"format": CONFIG_FORMAT, "options": {}, "program": ["x" * 2**22]}))
     for name, (options, program) in CONFIGS.items():

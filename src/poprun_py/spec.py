@@ -128,20 +128,54 @@ def merge_options(file_options: Mapping[str, Any], given: Mapping[str, Any]) -> 
     return merged
 
 
-def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
-    """Read a saved launch: (options, program)."""
+class _NumberTooLong(Exception):
+    """A whole number in a config file longer than Python converts (``sys.get_int_max_str_digits``)."""
+
+    def __init__(self, digits: int) -> None:
+        super().__init__(digits)
+        self.digits = digits
+
+
+def _config_int(text: str) -> int:
     try:
-        data = json.loads(read_input_file(path))
+        return int(text)
+    except ValueError:  # (before, "... use sys.set_int_max_str_digits() to increase the limit")
+        raise _NumberTooLong(len(text.lstrip("-"))) from None
+
+
+def _read_config_json(path: str) -> Any:
+    """The JSON of a saved launch; a file that is not JSON (empty as /dev/null, text, a number of 5000 digits) is
+    said to be no poprun-py config, in words rather than the JSON parser's ("Expecting value")."""
+    try:
+        raw = read_input_file(path)
     except FileNotFoundError:
         raise UsageError(f"--import-config: no such file {path!r}") from None
     except InputFileTooLarge as exc:
         raise UsageError(f"--import-config: {path!r} is larger than {exc.limit}, the most poprun reads; name a "
                          "file saved with --export-config") from None
+    except OSError as exc:
+        raise UsageError(f"--import-config: cannot read {path!r}: {exc.strerror or exc}") from None
+    hint = "name a file saved with --export-config"
+    not_config = f"--import-config: {path!r} is not a poprun-py config"
+    if not raw.strip():
+        raise UsageError(f"{not_config}: the file is empty, not JSON; {hint}")
+    try:
+        return json.loads(raw, parse_int=_config_int)
     except RecursionError:  # JSON nested thousands deep: no saved launch looks like that
-        raise UsageError(f"--import-config: cannot read {path!r}: its JSON is nested too deeply; name a file "
-                         "saved with --export-config") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--import-config: cannot read {path!r}: {exc}") from None
+        raise UsageError(f"--import-config: cannot read {path!r}: its JSON is nested too deeply; {hint}") from None
+    except _NumberTooLong as exc:
+        raise UsageError(f"{not_config}: it holds a number of {exc.digits} digits; {hint}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{not_config}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); {hint}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{not_config}: not text (UTF-8), so not JSON; {hint}") from None
+    except ValueError as exc:
+        raise UsageError(f"{not_config}: {exc}; {hint}") from None
+
+
+def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
+    """Read a saved launch: (options, program)."""
+    data = _read_config_json(path)
     if not isinstance(data, dict) or data.get("format") != CONFIG_FORMAT:
         raise UsageError(f"--import-config: {path!r} is not a poprun-py config (expected format {CONFIG_FORMAT})")
     options = data.get("options", {})
