@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 import pytest
@@ -188,6 +189,27 @@ def test_missing_program_is_127(tmp_path) -> None:
     assert result.stderr.decode().splitlines() == [
         "poprun: error: program 'no-such-program-xyz' not found in PATH or the current directory"
     ]
+
+
+@pytest.mark.parametrize("order, code", [(("plain",), EXIT_NOT_EXECUTABLE), (("plain", "runnable"), 0),
+                                         (("runnable", "plain"), 0)])
+def test_a_program_in_path_that_is_not_executable_is_126_unless_one_is(tmp_path, order, code: int) -> None:
+    """As bash: the first executable one in PATH runs; only files without execute permission there is 126,
+    "Permission denied" (before: 127, "not found in PATH")."""
+    for name, mode in (("plain", 0o644), ("runnable", 0o755)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a-tool").write_text("#!/bin/sh\necho ran\n")
+        (tmp_path / name / "a-tool").chmod(mode)
+    (tmp_path / "work").mkdir()
+    path = os.pathsep.join([*(str(tmp_path / name) for name in order), os.environ["PATH"]])
+    result = run_poprun("--offline-mode=1", "a-tool", cwd=tmp_path / "work", env={**os.environ, "PATH": path})
+    assert result.returncode == code, result.stderr
+    if code:
+        assert result.stderr.decode().splitlines() == [
+            f"poprun: error: program 'a-tool' in PATH is {tmp_path / 'plain' / 'a-tool'}, which is not executable "
+            "(chmod +x, or run it with its interpreter)"]
+    else:
+        assert result.stdout == b"ran\n"
 
 
 def test_program_not_executable_is_126(tmp_path) -> None:

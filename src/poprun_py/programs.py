@@ -29,14 +29,29 @@ def resolve_program(name: str, environ: Mapping[str, str], cwd: str, searched: s
             raise ProgramNotFound(f"program {name!r} not found")
         _check_runnable(path, f"program {name!r}")
         return name
-    found = shutil.which(name, path=environ.get("PATH", os.defpath))
+    search = environ.get("PATH", os.defpath)
+    found = shutil.which(name, path=search)
     if found:
         return found
     local = Path(cwd, name)
     if _exists(local, None):
         _check_runnable(local, f"program {name!r} in the current directory")
         return str(local)
+    unusable = _first_file_in(search, name)
+    if unusable is not None:  # as bash: 126 "Permission denied" when no executable one is in PATH (was 127)
+        raise ProgramNotExecutable(f"program {name!r} in {searched} is {unusable}, which is not executable "
+                                   "(chmod +x, or run it with its interpreter)")
     raise ProgramNotFound(f"program {name!r} not found in {searched} or the current directory")
+
+
+def _first_file_in(path: str, name: str) -> str | None:
+    """The first ``name`` in the directories of ``path`` that is there and not a directory, as ``shutil.which``
+    looks (it found none executable); bash runs it, and the kernel refuses it: 126, "Permission denied"."""
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory, name)
+        if os.path.exists(candidate) and not os.path.isdir(candidate):
+            return candidate
+    return None
 
 
 def _exists(path: Path, what: str | None) -> bool:
