@@ -169,24 +169,35 @@ def test_a_wait_beside_its_peer_moves_the_later_instance_away() -> None:
 _BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nprint(flush=True)\nwhile True: pass\n"
 
 
-def test_two_instances_the_kernel_keeps_on_one_cpu_part() -> None:
-    """Two instances on one CPU of two, another process busy on the other: before, each wait spun its first
-    ``ALONE_SECONDS`` while the peer it waited for could not run, and the kernel kept them so for the whole job
-    (a 4 KiB allreduce took 55-63 us a call at the median, against 4-5 apart). Now the later one moves."""
+def _two_cpus() -> tuple[int, int]:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
-    here, there = cpus[0], cpus[1]
+    return cpus[0], cpus[1]
+
+
+def _beside_a_busy_process(there: int, instances: int, program: str, *argv: str) -> subprocess.CompletedProcess[bytes]:
+    """``program`` under poprun with ``instances`` instances while another process is busy pinned to CPU ``there``
+    (killed after, and checked gone); the launch's result."""
     busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(there)], stdout=subprocess.PIPE)
     try:
         assert busy.stdout is not None and busy.stdout.readline() == b"\n"  # (pinned, from here on busy)
-        result = run_poprun("--offline-mode=1", "--num-instances", "2", "--num-replicas", "2",
-                            *python_program("cpu_neighbours.py", str(here), str(there)))
+        result = run_poprun("--offline-mode=1", "--num-instances", str(instances), "--num-replicas", str(instances),
+                            *python_program(program, *argv))
     finally:
         busy.kill()
         busy.wait(timeout=30)
     assert_all_gone([busy.pid])
     assert result.returncode == 0, result.stderr.decode()[-3000:]
+    return result
+
+
+def test_two_instances_the_kernel_keeps_on_one_cpu_part() -> None:
+    """Two instances on one CPU of two, another process busy on the other: before, each wait spun its first
+    ``ALONE_SECONDS`` while the peer it waited for could not run, and the kernel kept them so for the whole job
+    (a 4 KiB allreduce took 55-63 us a call at the median, against 4-5 apart). Now the later one moves."""
+    here, there = _two_cpus()
+    result = _beside_a_busy_process(there, 2, "cpu_neighbours.py", str(here), str(there))
     record, = (json.loads(line) for line in result.stdout.splitlines() if line.startswith(b"{"))
     assert record["masks"] == [[here, there]] * 2, record
     # (the first wait finds them together; the kernel may put them back together now and then, for a call or two)
@@ -199,20 +210,8 @@ def test_a_crowded_broadcast_root_waits_for_a_slow_reader_instead_of_sending_by_
     socket; the reader then waited its whole spin for a frame that was not coming to its mailbox, and so on, call
     after call (1,506-1,517 of 2,000 broadcasts fell back on the root; 218-239 us a 4 KiB broadcast at the median,
     mpi4py 25-30 us). Now the crowded root waits longer for a slot (60-132 fell back; 14-24 us a call)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("needs two CPUs")
-    here, there = cpus[0], cpus[1]
-    busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(there)], stdout=subprocess.PIPE)
-    try:
-        assert busy.stdout is not None and busy.stdout.readline() == b"\n"  # (pinned, from here on busy)
-        result = run_poprun("--offline-mode=1", "--num-instances", "4", "--num-replicas", "4",
-                            *python_program("crowded_broadcast.py", str(here), str(there)))
-    finally:
-        busy.kill()
-        busy.wait(timeout=30)
-    assert_all_gone([busy.pid])
-    assert result.returncode == 0, result.stderr.decode()[-3000:]
+    here, there = _two_cpus()
+    result = _beside_a_busy_process(there, 4, "crowded_broadcast.py", str(here), str(there))
     records = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith(b"{")),
                      key=lambda r: r["instance"])
     assert [r["instance"] for r in records] == [0, 1, 2, 3] and all(r["wrong"] == [] for r in records), records
