@@ -76,7 +76,7 @@ SPREAD_BROADCASTS = 16
 #: short there: beside one busy process, four instances on two CPUs, the reader that needs our CPU often runs
 #: only after the busy process's time slice (milliseconds); each frame then took the socket, the reader waited
 #: its whole spin for a frame that was not coming to its mailbox, and every later call did the same. A 4 KiB
-#: broadcast took 218-239 us a call at the median where mpi4py's took 25-30 us; with this wait, 11-21 us.
+#: broadcast took 218-260 us a call at the median where mpi4py's took 25-30 us; with this wait, 11-24 us.
 #: A reader gone or busy elsewhere costs the root this long once before the engine's fallback sends the frame.
 CROWDED_ROOT_PATIENCE = 2e-3
 
