@@ -17,7 +17,7 @@ own options (everything from the program on is left alone):
 from __future__ import annotations
 
 import shlex
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from .errors import UsageError
 from .spec import BOOLEAN_WORDS
@@ -41,15 +41,19 @@ _MPIRUN_HABITS = {
 
 
 def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iterable[str],
-                      swallowed: list[tuple[str, str]] | None = None) -> list[str]:
+                      swallowed: list[tuple[str, str]] | None = None,
+                      valueless: Mapping[str, bool] | None = None) -> list[str]:
     """``argv`` with every bare boolean flag written ``--opt=yes``; mpirun's ``-np`` and ``-x`` get their hints.
 
     ``booleans`` are the yes/no options' names, ``valued`` every other option
     that takes a value (so its value is never mistaken for the program).
     ``swallowed`` gets each (option, word) taken as a value by the rule, so a
-    missing program can be explained (``--tag-output false``).
+    missing program can be explained (``--tag-output false``). ``valueless``
+    maps each short option that takes no value (``-v``, ``-h``) to whether it
+    counts (``-vv``): ``-v=1`` is refused saying so, as the parser says it of
+    ``--verbose=1``.
     """
-    flags, takes_value = set(booleans), set(valued)
+    flags, takes_value, no_value = set(booleans), set(valued), dict(valueless or {})
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -64,6 +68,8 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
             raise UsageError(_mpirun_hint(name, token, following))
         if has_value and name in takes_value and not name.startswith("--"):
             raise UsageError(_short_option_hint(name, token))
+        if has_value and _all_valueless(name, no_value):
+            raise UsageError(_no_value_hint(name, token, no_value))
         if name in flags and not has_value:
             if following is not None and following.strip().lower() in BOOLEAN_WORDS:
                 if swallowed is not None:
@@ -88,6 +94,20 @@ def _short_option_hint(name: str, token: str) -> str:
     value = token.partition("=")[2]
     example = f"{name} {shlex.quote(value)}" if value else f"{name} VALUE"
     return f"{_shown(token)}: a short option takes its value after a space, as in {_shown(example)}"
+
+
+def _all_valueless(name: str, no_value: Mapping[str, bool]) -> bool:
+    """``-v`` or a cluster of such letters (``-vv``): short options none of which takes a value."""
+    letters = name[1:]
+    return name.startswith("-") and not name.startswith("--") and bool(letters) and all(
+        f"-{letter}" in no_value for letter in letters)
+
+
+def _no_value_hint(name: str, token: str, no_value: Mapping[str, bool]) -> str:
+    """``-v=1``: the parser would read ``-v``, ``-=``, ``-1`` and say "No such option: -="; say what is wrong."""
+    first = name[:2]
+    repeat = f" (repeat it for more, as in {first}{first[1]})" if no_value[first] and name == first else ""
+    return f"{_shown(token)}: option {first} does not take a value; write {name} alone{repeat}"
 
 
 def _shown(text: str, limit: int = 100) -> str:

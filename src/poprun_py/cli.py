@@ -157,7 +157,7 @@ def parse_command_line(argv: list[str]) -> CommandLine | int:
     """Parse ``argv`` (without the program name); an int is an exit code (``--help``, ``--version``)."""
     command = typer.main.get_command(app)
     swallowed: list[tuple[str, str]] = []
-    argv = expand_bare_flags(argv, *_option_kinds(command), swallowed)
+    argv = expand_bare_flags(argv, *_option_kinds(command), swallowed, _short_flags(command))
     line = command.main(args=argv, prog_name="poprun", standalone_mode=False)
     if isinstance(line, CommandLine) and swallowed:
         line = dataclasses.replace(line, swallowed=swallowed[-1])
@@ -173,6 +173,15 @@ def _option_kinds(command: Any) -> tuple[list[str], list[str]]:
             continue
         (booleans if param.metavar == _BOOL else valued).extend(param.opts)
     return booleans, valued
+
+
+def _short_flags(command: Any) -> dict[str, bool]:
+    """The short options that take no value (``-v``, ``-h``), each with whether it counts (``-vv``)."""
+    flags = {name: False for name in command.context_settings.get("help_option_names", ()) if name[1:2] != "-"}
+    for param in command.params:
+        if param.param_type_name == "option" and (param.is_flag or param.count):
+            flags.update({name: bool(param.count) for name in param.opts if name[1:2] != "-"})
+    return flags
 
 
 def resolve_launch(line: CommandLine) -> LaunchSpec | None:
