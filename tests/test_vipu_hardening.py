@@ -265,6 +265,39 @@ def test_a_state_directory_others_can_change_is_refused(directory: str, how: str
     assert not list(unsafe.glob("**/*.lock"))  # nothing written in it
 
 
+@pytest.mark.parametrize("variable", ["XDG_STATE_HOME", "HOME"])
+def test_a_state_directory_that_cannot_be_made_is_a_local_error_naming_the_variable(tmp_path: Path,
+                                                                                     variable: str) -> None:
+    """XDG_STATE_HOME (or HOME, XDG_STATE_HOME unset) naming a file: before, exit 77, "the V-IPU service refused"
+    though no service was asked anything; now exit 2, one line naming the directory, the variable and the file."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory\n")
+    env = {**os.environ, variable: str(a_file)}
+    if variable == "HOME":
+        del env["XDG_STATE_HOME"]
+    result = run_poprun("--num-replicas", "1", "sh", "-c", "echo ran", env=env)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == errors.EXIT_USAGE, lines
+    assert len(lines) == 1 and lines[0].startswith("poprun: error: cannot create the state directory "), lines
+    assert f"({variable}={a_file}" in lines[0] and f"{a_file} is not a directory" in lines[0], lines
+    assert result.stdout == b""
+
+
+def test_a_state_directory_that_cannot_be_made_with_a_vipu_server_is_a_local_error(server: RunningServer,
+                                                                                  tmp_path: Path) -> None:
+    """With --vipu-server-host, poprun's own state directory holds the device locks (and the token, by default):
+    before, XDG_STATE_HOME naming a file was an internal error, exit 70 (NotADirectoryError); now as without."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory\n")
+    env = {**os.environ, "XDG_STATE_HOME": str(a_file), "SIMIPU_VIPU_TOKEN_FILE": str(default_token_path())}
+    result = run_poprun("--vipu-server-host", "127.0.0.1", "--vipu-server-port", str(server.port),
+                        "--num-replicas", "1", "true", env=env)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == errors.EXIT_USAGE, lines
+    assert len(lines) == 1 and f"(XDG_STATE_HOME={a_file}): {a_file} is not a directory" in lines[0], lines
+    assert server.client().list_partitions() == []  # the partition made for the launch was let go
+
+
 def test_state_directories_are_created_private() -> None:
     assert run_poprun("--num-replicas", "1", "true").returncode == 0
     state_dir = Path(os.environ["XDG_STATE_HOME"]) / "poprun-py"

@@ -35,7 +35,7 @@ def exit_codes() -> dict[str, int]:
 #: What each exit code tells a user, in one line (``poprun --help`` lists them; a test holds every code to one).
 _MEANINGS = {
     "EXIT_OK": "every instance exited with code 0",
-    "EXIT_USAGE": "bad options or arguments",
+    "EXIT_USAGE": "bad options or arguments, or a setting such as XDG_STATE_HOME",
     "EXIT_INTERNAL": "a bug in poprun (run with --vv for the traceback)",
     "EXIT_NO_DEVICES": "no free IPUs for the partition",
     "EXIT_PARTITION_TOO_LARGE": "the partition is larger than the V-IPU cluster",

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from simipu.devices import Device, DeviceBusy, DeviceError, attach
+from simipu.devices import Device, DeviceBusy, DeviceDirUnusable, DeviceError, attach
 from simipu.hardware import device_id
 from simipu.vipu import (
     Lease,
@@ -35,6 +35,7 @@ from simipu.vipu import (
     PartitionNotFound,
     PartitionRequest,
     PartitionTooLarge,
+    StateDirUnusable,
     VipuApi,
     VipuError,
     VipuUnreachable,
@@ -46,6 +47,7 @@ from .errors import (
     PartitionFailed,
     PartitionMismatch,
     PartitionTooBig,
+    UsageError,
     VipuServerUnreachable,
     VipuServiceError,
 )
@@ -134,6 +136,8 @@ def vipu_errors() -> Iterator[None]:
         raise PartitionTooBig(str(exc)) from None
     except NotEnoughIpus as exc:
         raise DevicesUnavailable(str(exc)) from None  # (it says what to do)
+    except StateDirUnusable as exc:  # XDG_STATE_HOME or HOME names a file, say: this machine's setting, not the service
+        raise UsageError(str(exc)) from None
     except VipuError as exc:
         raise VipuServiceError(str(exc)) from None
 
@@ -259,6 +263,8 @@ def attach_devices(placement: Placement, lease: PartitionLease, job_id: str) -> 
             device.detach()
         if isinstance(exc, DeviceBusy):
             raise DevicesUnavailable(f"{exc}; wait for it to finish, or use another partition") from None
+        if isinstance(exc, DeviceDirUnusable):  # XDG_STATE_HOME names a file, say: this machine's setting
+            raise UsageError(str(exc)) from None
         raise VipuServiceError(str(exc)) from None  # an unsafe device directory, say
     log.info("Found %d children (expected %d) of device %d with %d IPUs each", len(devices), placement.num_instances,
              partition.parent_device_id, ipus_per_instance)

@@ -34,6 +34,7 @@ from typing import Iterable, Optional, Sequence
 from simipu import hardware
 from simipu.private_files import UnsafePath, open_no_follow, private_dir
 from simipu.vipu.api import default_state_dir
+from simipu.vipu.defaults import unusable_state_dir
 from simipu.vipu.models import PS_ACTIVE, Partition, check_cluster_name
 
 log = logging.getLogger("simipu.devices")
@@ -65,6 +66,10 @@ class DeviceBusy(DeviceError):
 
 class UnsafeDeviceDir(DeviceError):
     """The device directory or a lock file in it could be changed by another user (or is a symlink)."""
+
+
+class DeviceDirUnusable(DeviceError):
+    """The user's state directory, which holds the default device directory, cannot be made (a file is in the way)."""
 
 
 class NoSuchDevice(DeviceError, ValueError):
@@ -142,11 +147,20 @@ def _private_lock_dir(device_dir: Path, cluster: str) -> None:
     """Make (or check) the device directory and its cluster directory: ours alone, as is the state directory."""
     try:
         if device_dir == default_device_dir():
-            private_dir(default_state_dir())
+            _private_state_dir()
         private_dir(device_dir)
         private_dir(device_dir / cluster)
     except UnsafePath as exc:
         raise UnsafeDeviceDir(str(exc)) from None
+
+
+def _private_state_dir() -> None:
+    try:
+        private_dir(default_state_dir())
+    except UnsafePath:
+        raise
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
+        raise DeviceDirUnusable(unusable_state_dir(exc)) from None
 
 
 def _open_lock(path: Path, flags: int) -> int:

@@ -26,6 +26,29 @@ def default_state_dir() -> Path:
     return root / "poprun-py"
 
 
+def state_dir_origin() -> str:
+    """Which variable :func:`default_state_dir` comes from, with its value, for errors about that directory."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    if base and os.path.isabs(base):
+        return f"XDG_STATE_HOME={base}"
+    why = "relative, so ignored" if base else "unset"
+    return f"HOME={os.environ.get('HOME', Path.home())}, as XDG_STATE_HOME is {why}"
+
+
+def unusable_state_dir(exc: Exception) -> str:
+    """Why :func:`default_state_dir` cannot be made (``exc``), naming it, the variable it comes from, and what to do."""
+    where = default_state_dir()
+    blocker = next((path for path in (where, *where.parents) if os.path.lexists(path) and not path.is_dir()), None)
+    if blocker is not None:
+        reason = f"{blocker} is not a directory"
+    elif isinstance(exc, OSError) and exc.strerror:
+        reason = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    else:
+        reason = str(exc)
+    return (f"cannot create the state directory {where} ({state_dir_origin()}): {reason}; set XDG_STATE_HOME to "
+            "a directory you can write")
+
+
 def default_token_path() -> Path:
     """The V-IPU server's credential: ``$SIMIPU_VIPU_TOKEN_FILE``, or ``<state dir>/vipu-server.token``."""
     named = os.environ.get(TOKEN_FILE_ENV, "")

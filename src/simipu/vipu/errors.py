@@ -85,6 +85,10 @@ class VipuStateError(VipuError):
     http_status = 500
 
 
+class StateDirUnusable(VipuStateError):
+    """The user's state directory (``$XDG_STATE_HOME/poprun-py``) cannot be made: a local setting, not the service."""
+
+
 class VipuProtocolError(VipuError):
     """The server answered something the client does not understand (or failed internally)."""
 

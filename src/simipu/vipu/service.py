@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 from simipu import hardware
 from simipu.private_files import UnsafePath, private_dir, private_file
 from simipu.vipu.allocation import choose_ipus
-from simipu.vipu.defaults import default_state_dir, default_state_path
+from simipu.vipu.defaults import default_state_dir, default_state_path, unusable_state_dir
 from simipu.vipu.errors import (
     ClusterMismatch,
     ClusterNotFound,
@@ -40,6 +40,7 @@ from simipu.vipu.errors import (
     PartitionExists,
     PartitionInUse,
     PartitionNotFound,
+    StateDirUnusable,
     VipuStateError,
 )
 from simipu.vipu.lease import Lease
@@ -167,6 +168,8 @@ class VipuService:
         except UnsafePath as exc:
             raise VipuStateError(f"unsafe V-IPU state directory: {exc}") from None
         except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
+            if not explicit:
+                raise StateDirUnusable(unusable_state_dir(exc)) from None
             raise VipuStateError(f"cannot create the directory of the V-IPU state file {self.state_path}: {exc}") from None
         try:
             private_file(self.state_path, _OWN_STATE)

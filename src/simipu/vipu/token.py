@@ -29,7 +29,7 @@ def read_token(path: Path, missing_ok: bool = False) -> Optional[str]:
     """The token in ``path``; None if it does not exist and ``missing_ok``; UnsafePath if others can read it."""
     try:
         fd = open_no_follow(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (no file there: a file is where a directory would be)
         if missing_ok:
             return None
         raise
