@@ -110,6 +110,19 @@ def test_missing_instances_are_named_when_start_up_times_out(server_factory) -> 
     assert timeouts == [(2,)]
 
 
+@pytest.mark.parametrize("startup_timeout", [0.001, 0.3])
+def test_an_instance_given_the_start_up_timeout_hears_the_rendezvous_name_the_missing(server_factory,
+                                                                                     startup_timeout) -> None:
+    """An instance joins with the same start-up timeout as the rendezvous (as under poprun). Before, its own
+    clock, started when it connected (before its check-in, from which the rendezvous counts), ran out first:
+    "timed out waiting for the job's rendezvous", and poprun reported the instance's exit 1, not the start-up
+    timeout (79), whenever that exit was seen first."""
+    server = server_factory(2, checkin_timeout=startup_timeout)
+    with pytest.raises(RendezvousTimeout, match="instances 1 did not check in") as info:
+        join(server.address, TOKEN, peer(0), 2, job_id="j", timeout=startup_timeout)
+    assert info.value.missing == (1,)
+
+
 @pytest.mark.parametrize("exits_first", [True, False], ids=["before any check-in", "while the others wait"])
 def test_an_instance_that_exits_without_checking_in_fails_start_up_at_once(server_factory, exits_first) -> None:
     """The launcher says instance 2 exited cleanly, never having checked in: the others' joins fail naming it,

@@ -15,6 +15,12 @@ from .addresses import host_port
 from .membership import Membership, Peer
 from .messages import HEARTBEAT_INTERVAL, LAUNCHER, LEAVE_REASONS, FrameReader, challenge_answer, encode_frame
 
+#: Seconds an instance waits for the rendezvous beyond the start-up timeout. The rendezvous counts that timeout
+#: from the first check-in, which comes after this side has connected, and then names the missing instances; this
+#: side's own bound only ends a wait on a rendezvous that stopped answering, so it must never come first (with
+#: --startup-timeout 0.001 it did: an instance gave up before its check-in was answered, exit 1, not 79).
+RENDEZVOUS_GRACE = 5.0
+
 
 class ControlChannel:
     """An instance's open line to the rendezvous: heartbeats out, loss and leave notices in.
@@ -152,11 +158,15 @@ def join(
     timeout: float,
     beat_every: float = HEARTBEAT_INTERVAL,
 ) -> tuple[Membership, ControlChannel]:
-    """Check in, wait (at most ``timeout`` seconds) for every peer, and keep the line open (a heartbeat
-    every ``beat_every`` seconds)."""
-    deadline = time.monotonic() + timeout
+    """Check in, wait for every peer, and keep the line open (a heartbeat every ``beat_every`` seconds).
+
+    ``timeout`` is the rendezvous's start-up timeout: it says when peers are missing, naming them
+    (``RendezvousTimeout``); this side gives up on its own only ``RENDEZVOUS_GRACE`` seconds later.
+    """
+    bound = timeout + RENDEZVOUS_GRACE
+    deadline = time.monotonic() + bound
     try:
-        sock = socket.create_connection(address, timeout=timeout)
+        sock = socket.create_connection(address, timeout=bound)
     except OSError as exc:
         raise RendezvousError(f"cannot reach the job's rendezvous at {host_port(*address)}: {exc}") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
