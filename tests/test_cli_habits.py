@@ -157,6 +157,13 @@ def test_timeout_stops_the_job_with_its_own_exit_code() -> None:
     assert b"timed out after 2s: poprun stopped the instances" in result.stderr
 
 
+def test_a_tiny_timeout_is_said_as_given() -> None:
+    """Before, --timeout 1e-320 said "timed out after 9.99989e-321s" (``:g`` of a float that small)."""
+    result = run_poprun(*OFFLINE, "--timeout", "1e-320", "sleep", "30")
+    assert result.returncode == EXIT_TIMEOUT, result.stderr
+    assert b"timed out after 1e-320s: poprun stopped the instances" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "soon", "nan"])
 def test_a_bad_timeout_is_a_usage_error(value: str) -> None:
     result = run_poprun("--offline-mode", "--timeout", value, "true")

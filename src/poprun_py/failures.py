@@ -13,7 +13,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-from .ranges import format_indices
+from .ranges import format_indices, format_seconds
 
 #: ``RemoteError.outcome`` values: an ordinary exception, or pytest's skip and xfail raised in an instance.
 ERROR, SKIP, XFAIL = "error", "skip", "xfail"
@@ -141,8 +141,9 @@ class InstancesFailed(Exception):
         lines: list[str] = []
         if self.timed_out is not None:
             hung = [f.index for f in self.failures if f.stacks is not None]
-            lines.append(f"timed out after {self.timed_out:g}s; the stacks of the instances still running "
-                         f"({format_indices(hung)}) follow" if hung else f"timed out after {self.timed_out:g}s")
+            after = f"timed out after {format_seconds(self.timed_out)}s"
+            lines.append(f"{after}; the stacks of the instances still running ({format_indices(hung)}) follow" if hung
+                         else after)
         if self.note:
             lines.append(self.note)
         for number, failure in enumerate(self.failures):

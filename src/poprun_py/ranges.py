@@ -26,6 +26,12 @@ def counted(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
+def format_seconds(seconds: float) -> str:
+    """2.0 -> '2', 0.25 -> '0.25', 1e-320 -> '1e-320': the shortest text that reads back as the same number (as a
+    user wrote it), where ``:g`` shows a tiny value's float rounding ('9.99989e-321')."""
+    return repr(float(seconds)).removesuffix(".0")
+
+
 def named_instances(indices: Iterable[int]) -> str:
     """'instance 0', 'instances 0-2, 5' ('no instances'): indices for log lines with the noun they need."""
     found = sorted(indices)

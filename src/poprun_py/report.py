@@ -7,7 +7,7 @@ import signal
 
 from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST
 from .job import Failure, JobReport
-from .ranges import counted, format_indices, named_instances
+from .ranges import counted, format_indices, format_seconds, named_instances
 
 log = logging.getLogger("poprun")
 
@@ -55,7 +55,7 @@ def summary_lines(report: JobReport) -> list[str]:
         # it stopped the job, so every failure after it is a knock-on (first is None)
         lines.append(f"start-up timed out: {report.startup_timeout.message} (see --startup-timeout)")
     if report.timed_out is not None:
-        lines.append(f"timed out after {report.timed_out.seconds:g}s: poprun stopped the instances")
+        lines.append(f"timed out after {format_seconds(report.timed_out.seconds)}s: poprun stopped the instances")
     if first is not None:
         pid = f"pid {first.pid}" if first.pid is not None else "pid unknown"
         lines.append(f"instance {first.instance} of {n} ({pid} on {first.host}) {describe_failure(first)}")
