@@ -16,7 +16,6 @@ own options (everything from the program on is left alone):
 
 from __future__ import annotations
 
-import shlex
 from typing import Iterable, Mapping, Sequence
 
 from .errors import UsageError
@@ -91,6 +90,8 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
 
 def _short_option_hint(name: str, token: str) -> str:
     """``-H=a``: the parser would take ``=a`` for the value (a host named '=a'); say how to write it."""
+    import shlex  # (only here, on a usage error: a launch does not load it)
+
     value = token.partition("=")[2]
     example = f"{name} {shlex.quote(value)}" if value else f"{name} VALUE"
     return f"{_shown(token)}: a short option takes its value after a space, as in {_shown(example)}"
