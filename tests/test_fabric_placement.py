@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from simipu.fabric.algorithms.board import alone_waiter
 from simipu.fabric.algorithms.placement import CPU, Spreader, _current_cpu, crowded_move
+from simipu.fabric.algorithms.waits import alone_waiter
 from support import assert_all_gone, python_program, run_poprun
 
 
@@ -97,7 +97,7 @@ def test_spreading_stays_when_the_host_is_balanced() -> None:
 # when the waiter yields (no time slices among equal FIFO tasks), so a waiter that only reads the word times out.
 _SHARED_CPU_WAIT = r"""
 import mmap, os, sys, time
-from simipu.fabric.algorithms.board import alone_waiter
+from simipu.fabric.algorithms.waits import alone_waiter
 from simipu.fabric.algorithms.placement import Spreader
 os.sched_setaffinity(0, {int(sys.argv[1])})
 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))

@@ -61,7 +61,6 @@ other yields at once until it has.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Callable, cast
 
@@ -84,6 +83,7 @@ from .calls import UFUNCS, Group, reduce_in_order
 from .phases import Phase
 from .placement import Spreader
 from .steady_calls import SteadyCall
+from .waits import Await, alone_waiter, await_crowded
 
 #: With more instances than CPUs, every this many calls (a power of two) an instance may move (``placement``).
 SPREAD_EVERY = 256
@@ -112,51 +112,9 @@ class HotCalls:
     fallback: Callable[..., np.ndarray]
 
 
-#: How long a wait for a peer's publication only reads the word before it yields between reads, when the host
-#: has a CPU for each instance: a yield is a system call, and a frame that lands during one is seen a few hundred
-#: nanoseconds late, a fifth of a small call; but a peer that shares our CPU anyway (another process holds the
-#: other one, and the kernel put both instances here) runs only when we let it. Without yielding, each such wait
-#: lasted the whole spin (200 us) or until the kernel's tick took the CPU from us: with a busy loop on the other
-#: CPU of two, a 256 KiB allreduce of two instances took 90-390 us a call instead of 55-115 us.
-ALONE_SECONDS = 20e-6
-
 #: ``b[WHOLE] = a`` copies as ``b[:] = a`` does, without building the slice on each call (CPython 3.11 makes one per
 #: ``[:]``: a few hundredths of a 4 KiB call in ``one_peer_call``, which has four).
 WHOLE = slice(None)
-
-
-#: ``(words, at, wanted, spin, peer) -> bool``: whether ``words[at]`` (a peer's publication) becomes ``wanted``
-#: within ``spin`` s; ``peer``: that peer's header words (where it says which CPU it is on).
-Await = Callable[[memoryview, int, int, float, memoryview], bool]
-
-
-def alone_waiter(beside: Callable[[memoryview], bool]) -> Await:
-    """The wait with a CPU for each instance: it reads, and after ``ALONE_SECONDS`` yields between reads; from
-    the start if the peer is on our CPU and we did not move away (``beside``: ``Spreader.beside``). Called only
-    when the publication is not there yet."""
-
-    def await_alone(words: memoryview, at: int, wanted: int, spin: float, peer: memoryview) -> bool:
-        start = time.perf_counter()
-        alone_until, deadline = start if beside(peer) else start + min(ALONE_SECONDS, spin), start + spin
-        while words[at] != wanted:
-            now = time.perf_counter()
-            if now > alone_until:
-                if now > deadline:
-                    return False
-                os.sched_yield()
-        return True
-    return await_alone
-
-
-def await_crowded(words: memoryview, at: int, wanted: int, spin: float, peer: memoryview | None = None) -> bool:
-    """The wait with more instances than CPUs: it yields between all reads (the peer we wait for may need our
-    CPU)."""
-    deadline = time.perf_counter() + spin
-    while words[at] != wanted:
-        if time.perf_counter() > deadline:
-            return False
-        os.sched_yield()
-    return True
 
 
 class BoardAllreduces:

@@ -61,11 +61,12 @@ import numpy as np
 from ..frames.header import ALLGATHER, BROADCAST, SEQ_AT, HeaderTemplate, put_seq
 from ..frames.link import Link, send_boxed
 from ..frames.mailbox import FENCE_ACQUIRE, FENCE_RELEASE, SLEEPING, MailboxSegment
-from .board import ALONE_SECONDS, MAX_PLANS, WHOLE, BoardAllreduce, BoardAllreduces, HotCalls, publisher
+from .board import MAX_PLANS, WHOLE, BoardAllreduce, BoardAllreduces, HotCalls, publisher
 from .calls import Group, byte_rows
 from .phases import Phase
 from .placement import Spreader
 from .steady_calls import SteadyCall, hot_pair
+from .waits import ALONE_SECONDS
 
 #: With more instances than CPUs, every this many broadcasts (a power of two) an instance may move
 #: (``placement``): more often than the allreduce's ``board.SPREAD_EVERY``, as the shared-memory allreduce's
