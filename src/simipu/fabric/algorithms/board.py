@@ -50,7 +50,7 @@ and the reduction of the whole array, and letting one racer skip the yield
 made a 256 KiB allreduce and broadcast at N=4 take 1.14x and 1.18x as long.
 
 With a CPU for each instance, a wait for a peer only reads for its first
-``ALONE_SECONDS``, then yields between reads: the kernel may still put two
+``ALONE_SECONDS`` (``waits``), then yields between reads: the kernel may still put two
 instances on one CPU (another process holds the other), and then the peer
 runs only when we let it. So a wait first says which CPU it is on, and if the
 peer it waits for last said the same, the later of the two by position moves

@@ -330,7 +330,7 @@ def reader_call(plan: RootBroadcast) -> Callable[..., np.ndarray]:
                 alone_until = start if crowded or beside(root_header) else start + min(ALONE_SECONDS, spin)
                 deadline = start + spin
                 while not done and (now := time.perf_counter()) < deadline:
-                    if now > alone_until:  # (board's ``alone_waiter`` and ``await_crowded``)
+                    if now > alone_until:  # (``waits.alone_waiter`` and ``await_crowded``)
                         os.sched_yield()
                     done = take(link.received, header, dest)
             if done:
