@@ -65,6 +65,21 @@ def test_bind_to_core_gives_each_instance_a_whole_core() -> None:
     assert [cpus for _, cpus in place(2, nodes, allowed=range(8), unit="hwthread")] == [(0,), (1,)]
 
 
+def test_a_placement_holds_one_round_of_its_nodes_and_units_however_many_instances() -> None:
+    """A dry run may place 2**20 instances on a host: the placement repeats once every node and unit has had
+    its turn (nodes of 1, 2 and 3 hardware threads here: 3 * lcm(1, 2, 3) = 18), so one round is kept."""
+    nodes = (NumaNode(0, (0,)), NumaNode(1, (1, 2)), NumaNode(2, (3, 4, 5)))
+    placed = place(2**20, nodes, allowed=range(6), unit="hwthread")
+    assert len(placed) == 2**20 and len(placed.round) == 18
+    expected = [(k % 3, nodes[k % 3].cpus[(k // 3) % len(nodes[k % 3].cpus)]) for k in range(40)]
+    assert [(node.index, cpus[0]) for node, cpus in placed[:40]] == expected
+    last = 2**20 - 1
+    assert placed[last] == placed[-1] == placed[last % 18]
+    with pytest.raises(IndexError):
+        placed[2**20]
+    assert len(place(2**20, nodes, allowed=range(6)).round) == 3
+
+
 def fake_threads(root: Path, siblings: dict[int, str]) -> None:
     """sysfs's ``cpuN/topology/thread_siblings_list`` for each CPU given."""
     for cpu, cpulist in siblings.items():

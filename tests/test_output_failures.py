@@ -19,6 +19,7 @@ import pytest
 from poprun_py.errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_USAGE
 from poprun_py.job import Failure, JobReport
 from poprun_py.output import OutputLoss
+from poprun_py.validate import MAX_COUNT
 from support import RUN_TIMEOUT, poprun_command, program, read_line
 
 OFFLINE = "--offline-mode=1"
@@ -256,16 +257,22 @@ def test_the_topology_on_a_full_stderr_is_exit_80() -> None:
     assert (result.returncode, result.stdout) == (EXIT_OUTPUT_LOST, b"")
 
 
-def test_a_dry_run_on_a_full_disk_is_not_cut_silently(full_disk: Path) -> None:
-    """Before: the file held the first 64 KiB, nothing was said, and the exit code was 0."""
+#: A dry run whose listing (~3.2 MB) is written in pieces as it is made (``writers.OWN_OUTPUT_CHUNK``).
+STREAMED_DRY_RUN = (OFFLINE, "--num-instances", "2000", "--num-replicas", "2000", "--dry-run=yes", "true")
+
+
+@pytest.mark.parametrize("args", [BIG_DRY_RUN, STREAMED_DRY_RUN], ids=["whole", "in pieces"])
+def test_a_dry_run_on_a_full_disk_is_not_cut_silently(full_disk: Path, args: tuple[str, ...]) -> None:
+    """Before: the file held the first 64 KiB, nothing was said, and the exit code was 0. A listing written in
+    pieces counts what it lost after the first piece that failed too."""
     plan = full_disk / "plan.txt"
     with open(plan, "wb") as out:
-        result = subprocess.run(poprun_command(*BIG_DRY_RUN), stdout=out, stderr=subprocess.PIPE,
+        result = subprocess.run(poprun_command(*args), stdout=out, stderr=subprocess.PIPE,
                                 timeout=RUN_TIMEOUT)
     assert result.returncode == EXIT_OUTPUT_LOST, result.stderr
     one_line_error(result.stderr, b"cannot write poprun's stdout (No space left on device): ")
     lost = int(re.search(rb": (\d+) bytes were not written", result.stderr).group(1))
-    complete = subprocess.run(poprun_command(*BIG_DRY_RUN), capture_output=True, timeout=RUN_TIMEOUT).stdout
+    complete = subprocess.run(poprun_command(*args), capture_output=True, timeout=RUN_TIMEOUT).stdout
     assert plan.stat().st_size + lost == len(complete)
 
 
@@ -277,6 +284,22 @@ def test_a_dry_run_whose_reader_leaves_is_141() -> None:
     try:
         with os.fdopen(read_end, "rb") as reader:
             assert len(reader.read(1000)) == 1000
+        _, stderr = poprun.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        stop(poprun)
+    assert (poprun.returncode, stderr) == (EXIT_BROKEN_PIPE, b"")
+
+
+def test_the_largest_dry_run_starts_at_once_and_a_reader_that_leaves_ends_it() -> None:
+    """``poprun --dry-run ... | head -1`` with the most instances poprun accepts (2**20): before, every instance's
+    lines were made before the first was written, minutes and gigabytes before ``head`` saw a byte (20,000
+    instances took 4 s and 206 MB). Now the listing is written as it is made, and ``head`` leaving ends it."""
+    most = str(MAX_COUNT)
+    poprun = subprocess.Popen(poprun_command(OFFLINE, "--num-instances", most, "--num-replicas", most, "--dry-run=yes",
+                                             "true"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_line(poprun.stdout) == b"poprun --dry-run: nothing was started and no partition was created\n"
+        poprun.stdout.close()
         _, stderr = poprun.communicate(timeout=RUN_TIMEOUT)
     finally:
         stop(poprun)

@@ -10,10 +10,11 @@ partition, no process: what needs those is named as decided at launch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shlex
-from typing import Mapping
+from typing import Iterable, Iterator, Mapping
 
 from popdist.env import (
     CONSOLE_IS_TERMINAL,
@@ -26,13 +27,14 @@ from popdist.env import (
 )
 
 from .executors.guardian import MARKER_VARIABLE
+from .hosts import HostSpec
 from .mpiargs import shell_word
-from .plan import Allocation, Plan, Programs, make_plan, offline_allocation
+from .plan import Allocation, InstancePlan, Programs, offline_allocation, plan_hosts, plan_instances
 from .planning import find_programs, local_host_cpus, numa_binding
 from .ranges import format_cpus
 from .reach import base_environment, check_working_dir, with_allocation_hosts
 from .spec import LaunchSpec
-from .writers import write_own_output
+from .writers import write_own_lines
 
 MASK = "********"
 #: Names whose values are never printed: the job token and anything that looks like a secret.
@@ -42,6 +44,7 @@ _AT_LAUNCH = {MASTER_PORT, RENDEZVOUS_PORT, JOB_ID, TORCHELASTIC_RUN_ID, CONSOLE
 _PLACEHOLDER_PORT = 1  # any port: make_plan leaves a port of 0 out, and the real ones are picked at launch
 
 
+@functools.lru_cache(maxsize=4096)  # each instance of a dry run asks of the same few dozen names
 def is_secret(name: str) -> bool:
     return name == JOB_TOKEN or name == MARKER_VARIABLE or bool(_SECRET_NAME.search(name))
 
@@ -66,8 +69,9 @@ def shown_value(name: str, value: str, offline: bool = True) -> str:
 def dry_run(spec: LaunchSpec) -> int:
     """Print what the launch would run, where and with what; start nothing. Exit code 0.
 
-    Written whole or not at all silently (``write_own_output``): ``poprun --dry-run ... > plan.txt`` on a
-    full disk is exit 80, and ``| head`` 141.
+    Each instance is planned and listed before the next (``plan_instances``, ``write_own_lines``): a million
+    instances take a million instances' time but one chunk's memory. Never cut silently: ``poprun --dry-run
+    ... > plan.txt`` on a full disk is exit 80 and says how much was lost, and ``| head`` is 141.
     """
     placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
     spec = dataclasses.replace(spec, placement=placement)
@@ -75,16 +79,16 @@ def dry_run(spec: LaunchSpec) -> int:
     found = {} if via_srun else find_programs(spec.program, placement, spec.instance, os.environ, cwd)
     remote = frozenset(str(h) for h in placement.hosts if via_srun or not h.is_local)  # their agent finds the program
     allocation, partition = _partition(spec)
-    plan = make_plan(placement, spec.instance, programs=Programs(spec.program, spec.program, remote, found), job_id="dry-run",
-                     allocation=allocation, master_port=_PLACEHOLDER_PORT,
-                     rendezvous=("127.0.0.1", _PLACEHOLDER_PORT), launcher_environ=os.environ, cwd=cwd,
-                     fabric=dataclasses.replace(spec.fabric, token="dry-run"),
-                     cpus=numa_binding(placement, remote), host_cpus=local_host_cpus(placement, remote))
+    instances = plan_instances(placement, spec.instance, programs=Programs(spec.program, spec.program, remote, found),
+                               job_id="dry-run", allocation=allocation, master_port=_PLACEHOLDER_PORT,
+                               rendezvous=("127.0.0.1", _PLACEHOLDER_PORT), launcher_environ=os.environ, cwd=cwd,
+                               fabric=dataclasses.replace(spec.fabric, token="dry-run"),
+                               cpus=numa_binding(placement, remote), host_cpus=local_host_cpus(placement, remote))
     if via_srun:
-        from .executors.slurm import with_task_variables
+        from .executors.slurm import TaskVariables
 
-        plan = with_task_variables(plan, os.environ)
-    write_own_output(1, "\n".join(_lines(spec, plan, via_srun, partition)) + "\n")
+        instances = map(TaskVariables(placement.blocks(), os.environ).add_to, instances)
+    write_own_lines(1, _lines(spec, plan_hosts(placement), instances, via_srun, partition))
     return 0
 
 
@@ -115,37 +119,39 @@ def _partition(spec: LaunchSpec) -> tuple[Allocation, str]:
     return allocation, line
 
 
-def _lines(spec: LaunchSpec, plan: Plan, via_srun: bool, partition: str) -> list[str]:
+def _lines(spec: LaunchSpec, hosts: tuple[HostSpec, ...], instances: Iterable[InstancePlan], via_srun: bool,
+           partition: str) -> Iterator[str]:
+    """The listing, line by line: what the whole launch would be, then each instance as it is planned."""
     placement = spec.placement
     if via_srun:
         reached = "reached by srun in this Slurm allocation"
-    elif all(h.is_local for h in plan.hosts):
+    elif all(h.is_local for h in hosts):
         reached = "this host"
     else:
         reached = "reached by SSH, except this host"
-    lines = [
-        "poprun --dry-run: nothing was started and no partition was created",
-        f"hosts: {', '.join(str(h) for h in plan.hosts)} ({reached})",
-        f"partition: {partition}",
-        f"instances: {placement.num_instances}, replicas: {placement.num_replicas} "
-        f"({placement.replicas_per_instance} per instance), IPUs per replica: {placement.ipus_per_replica}",
-    ]
+    yield "poprun --dry-run: nothing was started and no partition was created"
+    yield f"hosts: {', '.join(str(h) for h in hosts)} ({reached})"
+    yield f"partition: {partition}"
+    yield (f"instances: {placement.num_instances}, replicas: {placement.num_replicas} "
+           f"({placement.replicas_per_instance} per instance), IPUs per replica: {placement.ipus_per_replica}")
     if spec.supervision.timeout is not None:
-        lines.append(f"time limit: {spec.supervision.timeout:g}s")
-    for instance in plan.instances:
-        here = via_srun is False and instance.host.is_local
-        lines.append(f"instance {instance.index} on {instance.host}:")
-        lines.append(f"  command: {shlex.join(instance.argv)}" + ("" if here else " (found there by poprun's agent)"))
-        lines.append(f"  cwd: {instance.cwd}")
-        if instance.cpus is not None:
-            lines.append(f"  cpus: {format_cpus(instance.cpus)}")
-        elif placement.numa_aware and not here:
-            lines.append("  cpus: placed on that host's NUMA nodes by its agent")
-        lines.append("  env (besides poprun's own environment):" if here else "  env:")
-        env = {**executor_additions(here, os.environ), **instance.env}
-        lines.extend(f"    {name}={shown_value(name, shell_word(v), spec.offline_mode)}" for name, v in _sorted(env))
-    return lines
+        yield f"time limit: {spec.supervision.timeout:g}s"
+    additions = {here: executor_additions(here, os.environ) for here in {not via_srun and h.is_local for h in hosts}}
+    for instance in instances:
+        yield from _instance_lines(spec, instance, via_srun is False and instance.host.is_local, additions)
 
 
-def _sorted(env: Mapping[str, str]) -> list[tuple[str, str]]:
-    return sorted(env.items())
+def _instance_lines(spec: LaunchSpec, instance: InstancePlan, here: bool,
+                    additions: Mapping[bool, Mapping[str, str]]) -> Iterator[str]:
+    """One instance's lines: its host, command, directory, CPUs and environment (secrets masked)."""
+    yield f"instance {instance.index} on {instance.host}:"
+    yield f"  command: {shlex.join(instance.argv)}" + ("" if here else " (found there by poprun's agent)")
+    yield f"  cwd: {instance.cwd}"
+    if instance.cpus is not None:
+        yield f"  cpus: {format_cpus(instance.cpus)}"
+    elif spec.placement.numa_aware and not here:
+        yield "  cpus: placed on that host's NUMA nodes by its agent"
+    yield "  env (besides poprun's own environment):" if here else "  env:"
+    env = {**additions[here], **instance.env}
+    for name, value in sorted(env.items()):
+        yield f"    {name}={shown_value(name, shell_word(value), spec.offline_mode)}"

@@ -10,22 +10,49 @@ node with none of them is skipped, as Graphcore's poprun does with cpusets.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeVar, overload
 
 log = logging.getLogger("poprun.numa")
 
 SYSFS_ROOT_VARIABLE = "POPRUN_SYSFS_ROOT"
 _NODE = re.compile(r"node(\d+)$")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
 class NumaNode:
     index: int
     cpus: tuple[int, ...]
+
+
+class Repeating(Sequence[_T]):
+    """``length`` items that repeat ``round`` over and over: a placement as long as a host's instances, held in
+    the memory of one round of its nodes and units."""
+
+    def __init__(self, one_round: Sequence[_T], length: int) -> None:
+        self.round = one_round
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> _T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[_T]: ...
+
+    def __getitem__(self, index: int | slice) -> _T | Sequence[_T]:
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(self._length))]
+        if not -self._length <= index < self._length:
+            raise IndexError(index)
+        return self.round[index % self._length % len(self.round)]
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
@@ -79,21 +106,26 @@ def read_core_siblings(cpus: Iterable[int], sysfs_root: str | os.PathLike[str] =
 
 
 def place(num_instances: int, nodes: Sequence[NumaNode], allowed: Iterable[int], unit: str | None = None,
-          siblings: Mapping[int, tuple[int, ...]] | None = None) -> list[tuple[NumaNode, tuple[int, ...]]]:
+          siblings: Mapping[int, tuple[int, ...]] | None = None) -> Repeating[tuple[NumaNode, tuple[int, ...]]]:
     """Node and CPUs for each of a host's instances, round-robin over the nodes with allowed CPUs. With a
     ``unit`` (mpirun's ``--bind-to``), each gets one of its node's units in turn, round-robin again once every
     unit has an instance: ``"hwthread"`` one CPU, ``"core"`` one core's allowed CPUs (``siblings``: each CPU's
-    hardware threads; none given: every CPU a core)."""
+    hardware threads; none given: every CPU a core).
+
+    The placement repeats once every node and unit has had its turn: only that round is made, so a dry run of
+    a million instances on a host holds a round of CPUs, not a million."""
     allowed_set = set(allowed)
     usable = [(node, tuple(c for c in node.cpus if c in allowed_set)) for node in nodes]
     usable = [(node, cpus) for node, cpus in usable if cpus]
     if not usable:
         raise ValueError(f"no NUMA node has any of the CPUs poprun may use ({sorted(allowed_set)})")
-    placed = [usable[k % len(usable)] for k in range(num_instances)]
     if unit is None:
-        return placed
+        return Repeating([usable[k % len(usable)] for k in range(min(num_instances, len(usable)))], num_instances)
     units = {node.index: _units(cpus, unit, siblings or {}) for node, cpus in usable}
-    return [(node, units[node.index][(k // len(usable)) % len(units[node.index])]) for k, (node, _) in enumerate(placed)]
+    period = len(usable) * math.lcm(*(len(found) for found in units.values()))
+    placed = [usable[k % len(usable)][0] for k in range(min(num_instances, period))]
+    return Repeating([(node, units[node.index][(k // len(usable)) % len(units[node.index])])
+                      for k, node in enumerate(placed)], num_instances)
 
 
 def _units(cpus: tuple[int, ...], unit: str, siblings: Mapping[int, tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -107,7 +139,7 @@ def _units(cpus: tuple[int, ...], unit: str, siblings: Mapping[int, tuple[int, .
 
 
 def local_placement(num_instances: int, unit: str | None = None,
-                    overload_allowed: bool = False) -> list[tuple[NumaNode, tuple[int, ...]]]:
+                    overload_allowed: bool = False) -> Repeating[tuple[NumaNode, tuple[int, ...]]]:
     """Placement on this host: sysfs (or the injected root) and the launcher's own cpuset. Cores or threads
     shared under ``--bind-to`` are said once, as Open MPI refuses them without ``overload-allowed``: with more
     instances than cores, unbound instances share them better (the scheduler moves them apart)."""
@@ -115,7 +147,7 @@ def local_placement(num_instances: int, unit: str | None = None,
     root = os.environ.get(SYSFS_ROOT_VARIABLE, "/sys")
     siblings = read_core_siblings(allowed, root) if unit == "core" else None
     placed = place(num_instances, read_numa_nodes(root), allowed, unit, siblings)
-    units_used = len({cpus for _, cpus in placed})
+    units_used = len({cpus for _, cpus in placed.round})
     if unit is not None and not overload_allowed and num_instances > units_used:
         noun = "core" if unit == "core" else "CPU"
         log.warning("--bind-to %s: %d instances on %d %s%s here, so some share one (Open MPI refuses this without "

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from popdist.env import (
     COMPAT_IMPORTS,
@@ -31,7 +31,8 @@ from .validate import MASTER_CHOICES
 
 log = logging.getLogger("poprun.plan")
 
-__all__ = ["LOCALHOST", "Allocation", "InstancePlan", "Plan", "make_plan", "offline_allocation"]
+__all__ = ["LOCALHOST", "Allocation", "InstancePlan", "Plan", "make_plan", "offline_allocation", "plan_hosts",
+           "plan_instances"]
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
 
@@ -192,7 +193,39 @@ def make_plan(
     addresses: Mapping[str, str] = MappingProxyType({}),
     host_cpus: Mapping[str, int] = MappingProxyType({}),
 ) -> Plan:
-    """Give each instance, on the host ``placement`` puts it on, its command and environment.
+    """Give each instance, on the host ``placement`` puts it on, its command and environment (``plan_instances``,
+    all of them at once: a launch needs every instance's before it starts any)."""
+    instances = plan_instances(placement, settings, programs=programs, job_id=job_id, allocation=allocation,
+                               master_port=master_port, launcher_environ=launcher_environ, cwd=cwd,
+                               rendezvous=rendezvous, fabric=fabric, device_fds=device_fds, cpus=cpus,
+                               addresses=addresses, host_cpus=host_cpus)
+    return Plan(job_id, plan_hosts(placement), tuple(instances))
+
+
+def plan_hosts(placement: Placement) -> tuple[HostSpec, ...]:
+    """The hosts of a plan, in order: the placement's, or this host alone."""
+    return tuple(host for host, _ in placement.blocks())
+
+
+def plan_instances(
+    placement: Placement,
+    settings: InstanceSettings,
+    *,
+    programs: Programs,
+    job_id: str,
+    allocation: Allocation,
+    master_port: int,
+    launcher_environ: Mapping[str, str],
+    cwd: str,
+    rendezvous: tuple[str, int] = ("127.0.0.1", 0),
+    fabric: FabricSettings = FabricSettings(),
+    device_fds: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
+    cpus: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
+    addresses: Mapping[str, str] = MappingProxyType({}),
+    host_cpus: Mapping[str, int] = MappingProxyType({}),
+) -> Iterator[InstancePlan]:
+    """Each instance's plan in index order, made as it is asked for: ``--dry-run`` prints one before the next
+    is made, so its memory does not grow with the instances.
 
     ``addresses`` maps a host (as ``str(host)``) to the address its instances
     are reached at from other hosts; hosts not in it are on loopback.
@@ -209,7 +242,6 @@ def make_plan(
     warned: set[str] = set()
     shared = _resolve_env_settings(settings.env, launcher_environ, warned)
     job_contract = _with_chosen_master(job_contract, shared)
-    instances = []
     for host_index, (host, block) in enumerate(blocks):
         for local_index, index in enumerate(block):
             user_env = {**shared, **_resolve_env_settings(settings.instance_env.get(index, ()), launcher_environ, warned)}
@@ -228,8 +260,5 @@ def make_plan(
             )
             env = {**user_env, **_omp_setting(host, len(block), user_env, launcher_environ, host_cpus, warned),
                    **contract.render(), COMPAT_IMPORTS: "1" if settings.compat_imports else "0"}
-            instances.append(
-                InstancePlan(index, host, local_index, programs.of(index, host), MappingProxyType(env), cwd,
-                             device_fds.get(index, ()), cpus.get(index))
-            )
-    return Plan(job_id, tuple(host for host, _ in blocks), tuple(instances))
+            yield InstancePlan(index, host, local_index, programs.of(index, host), MappingProxyType(env), cwd,
+                               device_fds.get(index, ()), cpus.get(index))

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Collection, Mapping, Sequence
+from typing import Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
 from popdist.env import FabricSettings
 
@@ -22,6 +22,7 @@ from .programs import resolve_program
 from .records import LOCALHOST, InstanceSettings, Placement
 
 log = logging.getLogger("poprun")
+_V = TypeVar("_V")
 
 
 def free_port() -> int:
@@ -50,25 +51,51 @@ def instance_path(settings: InstanceSettings, index: int, environ: Mapping[str, 
     return path
 
 
+class PerInstance(Mapping[int, _V]):
+    """A value for each instance of the ``local`` blocks (``Placement.blocks``: contiguous, of one size), made
+    when asked: the plan's programs and CPUs of every instance here, without a dict of them all (a dry run may
+    list a million instances)."""
+
+    def __init__(self, value: Callable[[int], _V], local: Sequence[range]) -> None:
+        self._value = value
+        self._local = tuple(local)
+        self._starts = frozenset(block.start for block in self._local)
+        self._size = max(1, len(self._local[0])) if self._local else 1
+
+    def __getitem__(self, index: int) -> _V:
+        if not isinstance(index, int) or index < 0 or index - index % self._size not in self._starts:
+            raise KeyError(index)
+        return self._value(index)
+
+    def __iter__(self) -> Iterator[int]:
+        return (index for block in self._local for index in block)
+
+    def __len__(self) -> int:
+        return sum(len(block) for block in self._local)
+
+
 def find_programs(program: Sequence[str], placement: Placement, settings: InstanceSettings,
-                  environ: Mapping[str, str], cwd: str) -> dict[int, tuple[str, ...]]:
+                  environ: Mapping[str, str], cwd: str) -> Mapping[int, tuple[str, ...]]:
     """The program of each instance this host starts, found with that instance's own PATH, before anything starts.
 
     Open MPI searches the PATH of the app's environment, ``-x PATH=...`` applied, and each app context
     (each instance, with ``--instance-mpi-local-args``) with its own; remote agents do the same on
-    their hosts. Searched once per distinct PATH; the error names a PATH that is not poprun's.
+    their hosts. Searched once per distinct PATH, in the order of the instances first using each (the error
+    names a PATH that is not poprun's); only instances with settings of their own can differ from the first
+    of the others, so only those are looked at, however many instances there are.
     """
+    local = tuple(block for host, block in placement.blocks() if host.is_local)
+    own = {index for index in settings.instance_env if any(index in block for block in local)}
+    plain = next((index for block in local for index in block if index not in own), None)
     found: dict[str | None, str] = {}
-    programs: dict[int, tuple[str, ...]] = {}
-    for index, host in enumerate(placement.instance_hosts()):
-        if not host.is_local:
-            continue
+    for index in sorted(own | ({plain} if plain is not None else set())):
         path = instance_path(settings, index, environ)
         if path not in found:
             searched = "PATH" if path == environ.get("PATH") else f"instance {index}'s PATH (set with -x)"
             found[path] = resolve_program(program[0], {} if path is None else {"PATH": path}, cwd, searched)
-        programs[index] = (found[path], *program[1:])
-    return programs
+    resolved = {index: found[instance_path(settings, index, environ)] for index in own}
+    default = found[instance_path(settings, plain, environ)] if plain is not None else program[0]
+    return PerInstance(lambda index: (resolved.get(index, default), *program[1:]), local)
 
 
 def local_host_cpus(placement: Placement, remote_hosts: Collection[str] = ()) -> dict[str, int]:
@@ -77,7 +104,7 @@ def local_host_cpus(placement: Placement, remote_hosts: Collection[str] = ()) ->
     return {str(host): cpus for host in placement.hosts or (LOCALHOST,) if str(host) not in remote_hosts}
 
 
-def numa_binding(placement: Placement, remote_hosts: Collection[str] = ()) -> dict[int, tuple[int, ...]]:
+def numa_binding(placement: Placement, remote_hosts: Collection[str] = ()) -> Mapping[int, tuple[int, ...]]:
     """CPUs per instance on this host: a NUMA node's, or a core's or one (``--bind-to core|hwthread``). None for
     the instances of ``remote_hosts``: their agents place them on their own hosts' nodes (before, this host's
     CPUs were shown for them by --print-topology and --dry-run, a binding that did not exist)."""
@@ -91,8 +118,8 @@ def numa_binding(placement: Placement, remote_hosts: Collection[str] = ()) -> di
     except ValueError as exc:
         log.warning("NUMA placement is off: %s", exc)
         return {}
-    remote = {index for host, block in placement.blocks() if str(host) in remote_hosts for index in block}
-    return {index: cpus[index % per_host][1] for index in range(placement.num_instances) if index not in remote}
+    local = [block for host, block in placement.blocks() if str(host) not in remote_hosts]
+    return PerInstance(lambda index: cpus[index % per_host][1], local)
 
 
 def plan_job(

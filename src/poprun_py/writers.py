@@ -13,7 +13,7 @@ import logging
 import os
 import select
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from .errors import OwnOutputLost
@@ -56,6 +56,41 @@ def write_own_output(fd: int, text: str) -> None:
     if error.errno in READER_GONE:
         raise BrokenPipeError(error.errno, error.strerror)
     raise own_output_lost(fd, error, len(data) - written)
+
+
+#: How much of a streamed listing is gathered before it is written: a dry run of a few hundred instances is
+#: still made whole before its first byte goes out (its warnings first, as before), a larger one in pieces.
+OWN_OUTPUT_CHUNK = 1 << 20
+
+
+def write_own_lines(fd: int, lines: Iterable[str], chunk: int = OWN_OUTPUT_CHUNK) -> None:
+    """``write_own_output`` of ``lines`` (each ended with a newline) as they are made, ``chunk`` bytes at a time:
+    a listing of any length in the memory of one chunk. After a failure other than a reader gone, the rest is
+    still made, without being written, to say exactly how many bytes were lost."""
+    pieces = _encoded_chunks(lines, chunk)
+    for data in pieces:
+        written, error = write_fully(fd, data)
+        if error is None:
+            continue
+        if error.errno in READER_GONE:
+            raise BrokenPipeError(error.errno, error.strerror)
+        raise own_output_lost(fd, error, len(data) - written + sum(len(rest) for rest in pieces))
+
+
+def _encoded_chunks(lines: Iterable[str], chunk: int) -> Iterator[bytes]:
+    """``lines`` with their newlines, encoded as ``write_own_output`` encodes, joined into pieces of ``chunk`` bytes
+    or more (the last one may be smaller)."""
+    encoding = sys.getfilesystemencoding()
+    pending: list[bytes] = []
+    size = 0
+    for line in lines:
+        pending.append(f"{line}\n".encode(encoding, "surrogateescape"))
+        size += len(pending[-1])
+        if size >= chunk:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if pending:
+        yield b"".join(pending)
 
 
 def own_output_lost(fd: int, error: OSError, lost_bytes: int | None = None) -> OwnOutputLost:

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
 from ..hosts import MAX_HOSTS, HostListError, HostSpec, parse_host_list
-from ..plan import Plan
+from ..plan import InstancePlan, Plan
 from .channels import PipeChannel
 from .greeting import HostCheckFailed, agent_script, greet, verdict_error
 
@@ -74,27 +74,44 @@ def compress_counts(counts: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def with_task_variables(plan: Plan, environ: Mapping[str, str]) -> Plan:
+class TaskVariables:
     """Each instance's Slurm variables as if one ``srun`` step of the instances had started them: its own
     SLURM_PROCID, SLURM_LOCALID and SLURM_NODEID, the launch's task counts, and the job's name as poprun saw it
     (not those of the one-task agent step it really runs in, which would make every instance rank 0 of 1 in a
-    job named poprun-agent for Slurm-aware code)."""
-    per_host = [sum(1 for i in plan.instances if i.host == host) for host in plan.hosts]
-    shared = {"SLURM_NTASKS": str(len(plan.instances)), "SLURM_NPROCS": str(len(plan.instances)),
-              "SLURM_TASKS_PER_NODE": compress_counts(per_host), "SLURM_STEP_NUM_TASKS": str(len(plan.instances)),
-              "SLURM_STEP_TASKS_PER_NODE": compress_counts(per_host), "SLURM_STEP_NUM_NODES": str(len(plan.hosts)),
-              "SLURM_STEP_NODELIST": ",".join(host.name for host in plan.hosts)}
-    if "SLURM_JOB_NAME" in environ:
-        shared["SLURM_JOB_NAME"] = environ["SLURM_JOB_NAME"]
-    instances = []
-    for instance in plan.instances:
-        node = plan.hosts.index(instance.host)
-        on_node = [str(i.index) for i in plan.instances if i.host == instance.host]
+    job named poprun-agent for Slurm-aware code).
+
+    Made from each host's instances (``Placement.blocks``; hosts are never repeated), so that ``--dry-run``
+    adds them one instance at a time; a host's SLURM_GTIDS is joined once, for its first instance.
+    """
+
+    def __init__(self, blocks: Sequence[tuple[HostSpec, Sequence[int]]], environ: Mapping[str, str]) -> None:
+        per_host = [len(block) for _, block in blocks]
+        tasks = str(sum(per_host))
+        self._shared = {"SLURM_NTASKS": tasks, "SLURM_NPROCS": tasks, "SLURM_TASKS_PER_NODE": compress_counts(per_host),
+                        "SLURM_STEP_NUM_TASKS": tasks, "SLURM_STEP_TASKS_PER_NODE": compress_counts(per_host),
+                        "SLURM_STEP_NUM_NODES": str(len(blocks)),
+                        "SLURM_STEP_NODELIST": ",".join(host.name for host, _ in blocks)}
+        if "SLURM_JOB_NAME" in environ:
+            self._shared["SLURM_JOB_NAME"] = environ["SLURM_JOB_NAME"]
+        self._nodes = {host: (node, block) for node, (host, block) in enumerate(blocks)}
+        self._gtids: tuple[HostSpec | None, str] = (None, "")
+
+    def add_to(self, instance: InstancePlan) -> InstancePlan:
+        node, block = self._nodes[instance.host]
+        if self._gtids[0] != instance.host:  # a host's instances come together: one host's list is kept
+            self._gtids = (instance.host, ",".join(str(index) for index in block))
         own = {"SLURM_PROCID": str(instance.index), "SLURM_LOCALID": str(instance.local_index),
-               "SLURM_NODEID": str(node), "SLURM_GTIDS": ",".join(on_node)}
-        env = {**shared, **own, **instance.env}  # what poprun or -x set wins
-        instances.append(replace(instance, env=MappingProxyType(env)))
-    return replace(plan, instances=tuple(instances))
+               "SLURM_NODEID": str(node), "SLURM_GTIDS": self._gtids[1]}
+        return replace(instance, env=MappingProxyType({**self._shared, **own, **instance.env}))  # poprun's, -x's win
+
+
+def with_task_variables(plan: Plan, environ: Mapping[str, str]) -> Plan:
+    """The plan with each instance's Slurm variables (``TaskVariables``)."""
+    on_host: dict[HostSpec, list[int]] = {host: [] for host in plan.hosts}
+    for instance in plan.instances:
+        on_host[instance.host].append(instance.index)
+    tasks = TaskVariables([(host, on_host[host]) for host in plan.hosts], environ)
+    return replace(plan, instances=tuple(tasks.add_to(instance) for instance in plan.instances))
 
 
 @dataclass(eq=False)
