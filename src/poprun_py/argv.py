@@ -65,7 +65,7 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
             raise UsageError(_count_hint(name, token, following))
         if name in _MPIRUN_HABITS and name not in flags and name not in takes_value:  # (should poprun take one)
             raise UsageError(_mpirun_hint(name, token, following))
-        if has_value and name in takes_value and not name.startswith("--"):
+        if has_value and _short_taking_value(name, takes_value, no_value):
             raise UsageError(_short_option_hint(name, token))
         if has_value and _all_valueless(name, no_value):
             raise UsageError(_no_value_hint(name, token, no_value))
@@ -95,6 +95,14 @@ def _short_option_hint(name: str, token: str) -> str:
     value = token.partition("=")[2]
     example = f"{name} {shlex.quote(value)}" if value else f"{name} VALUE"
     return f"{_shown(token)}: a short option takes its value after a space, as in {_shown(example)}"
+
+
+def _short_taking_value(name: str, takes_value: set[str], no_value: Mapping[str, bool]) -> bool:
+    """``-H``, or a cluster that ends with it (``-vH``): the parser reads whatever follows its last letter, an
+    ``=`` included, as that option's value."""
+    letters = name[1:]
+    return name.startswith("-") and not name.startswith("--") and bool(letters) and f"-{letters[-1]}" in takes_value \
+        and all(f"-{letter}" in no_value for letter in letters[:-1])
 
 
 def _all_valueless(name: str, no_value: Mapping[str, bool]) -> bool:
