@@ -77,6 +77,14 @@ def test_a_value_that_looks_like_a_boolean_stays_with_its_own_option() -> None:
     assert list(line.given["host"]) == ["no"] and line.program == ("prog",)
 
 
+def test_a_host_after_flags_in_one_cluster_is_the_hosts_not_the_program() -> None:
+    """``-vH node1 --offline-mode prog``: before, ``node1`` ended poprun's options, so ``--offline-mode`` was
+    left bare for the parser, which took ``prog`` for its value ('--offline-mode: 'prog' is not a boolean')."""
+    line = given(["-vH", "node1", "--offline-mode", "prog"])
+    assert list(line.given["host"]) == ["node1"] and line.given["verbose"] == 1
+    assert line.given["offline_mode"] == "yes" and line.program == ("prog",)
+
+
 def test_bare_flags_become_the_launch_they_say() -> None:
     line = given(["--offline-mode", "--print-topology", "--tag-output", "--numa-aware", "--update-partition",
                   "--remove-partition", "no", "--allow-run-as-root", "python3", "x.py"])

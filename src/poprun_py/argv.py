@@ -79,7 +79,8 @@ def expand_bare_flags(argv: Sequence[str], booleans: Iterable[str], valued: Iter
                 out.append(f"{name}=yes")
                 i += 1
             continue
-        if name in takes_value and not has_value and following is not None:
+        if (name in takes_value or _short_taking_value(name, takes_value, no_value)) and not has_value \
+                and following is not None:  # (its value, never the program: -vH node1 --offline-mode ...)
             out += [token, following]
             i += 2
             continue
