@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -35,7 +36,7 @@ from simipu.vipu.api import default_token_path, parse_server
 from simipu.vipu.errors import VipuProtocolError, VipuStateError
 from simipu.vipu.testing import RunningServer, server_process, start_server_process, stop_process
 from simipu.vipu.token import read_token
-from support import run_poprun
+from support import RUN_TIMEOUT, poprun_command, run_poprun
 
 REPLY_WAIT = 30.0
 """Bound on any raw read in these tests: far beyond the server's own limits (5 s per read, 15 s per request)."""
@@ -244,25 +245,89 @@ def test_a_planted_symlink_lock_is_refused_and_its_target_unchanged(tmp_path: Pa
     assert secret.read_bytes() == b"root's secret\n"
 
 
-@pytest.mark.parametrize("directory, how", [("poprun-py", "owned by nobody"), ("poprun-py", "writable by all"),
-                                            ("poprun-py/devices", "owned by nobody")])
-def test_a_state_directory_others_can_change_is_refused(directory: str, how: str) -> None:
+@pytest.mark.parametrize("directory, how, advice", [
+    ("poprun-py", "owned by nobody", "another user could read or replace what poprun keeps in it: set XDG_STATE_HOME "
+                                     "to a directory you own"),
+    ("poprun-py", "writable by all", "can be written by other users (mode 0777); run 'chmod 700 {unsafe}'"),
+    ("poprun-py/devices", "owned by nobody", "set XDG_STATE_HOME to a directory you own"),
+], ids=["owned by nobody", "writable by all", "its devices owned by nobody"])
+def test_a_state_directory_others_can_change_is_refused(directory: str, how: str, advice: str) -> None:
+    """As ssh refuses a ~/.ssh that is not the user's alone: another user could read or replace the partitions
+    and device locks kept there. Before, exit 77 ("unsafe V-IPU state directory"), as if the V-IPU service had
+    refused; it is this machine's setting: exit 2, one line naming the directory, the variable and what to do."""
     unsafe = Path(os.environ["XDG_STATE_HOME"]) / directory
     unsafe.mkdir(mode=0o700, parents=True)
     unsafe.parent.chmod(0o700)
     if how == "owned by nobody":
-        if os.geteuid() != 0:
-            pytest.skip("giving a directory to another user needs root")
-        import pwd
-
-        os.chown(unsafe, pwd.getpwnam("nobody").pw_uid, -1)
+        give_to_nobody(unsafe)
     else:
         unsafe.chmod(0o777)
     result = run_poprun("--num-replicas", "1", "sh", "-c", "echo ran")
-    assert result.returncode == errors.EXIT_VIPU_ERROR, result.stderr
-    assert len(result.stderr.splitlines()) == 1 and str(unsafe).encode() in result.stderr
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == errors.EXIT_USAGE, lines
+    assert len(lines) == 1 and lines[0].startswith("poprun: error: refusing the state directory (XDG_STATE_HOME="), lines
+    assert f"{unsafe} " in lines[0] and advice.format(unsafe=unsafe) in lines[0], lines
     assert result.stdout == b""
-    assert not list(unsafe.glob("**/*.lock"))  # nothing written in it
+    assert not list(unsafe.glob("**/*.lock")) and not list(unsafe.glob("*.sqlite"))  # nothing written in it
+
+
+def test_a_state_directory_owned_by_another_user_with_a_vipu_server_is_a_local_error(server: RunningServer) -> None:
+    """With --vipu-server-host the state directory holds the device locks: before, exit 77 (the V-IPU service's
+    code) for a directory the user had to change; now exit 2, as without a server, and the partition let go."""
+    unsafe = default_token_path().parent  # the server's token is there, as it is by default
+    give_to_nobody(unsafe)
+    env = {**os.environ, "SIMIPU_VIPU_TOKEN_FILE": str(default_token_path())}
+    result = run_poprun("--vipu-server-host", "127.0.0.1", "--vipu-server-port", str(server.port),
+                        "--num-replicas", "1", "true", env=env)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == errors.EXIT_USAGE, lines
+    assert len(lines) == 1 and f"{unsafe} belongs to uid " in lines[0] and "XDG_STATE_HOME to a directory you own" \
+        in lines[0], lines
+    assert server.client().list_partitions() == []
+
+
+#: Runs a command as root without the capabilities that let root write any directory: the kernel then checks
+#: a directory's mode bits for it as for any user (os.setuid would do too, were this interpreter not under /root).
+AS_AN_ORDINARY_WRITER = ("setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                         "--bounding-set=-dac_override,-dac_read_search")
+
+
+def test_a_state_directory_you_cannot_write_is_a_local_error() -> None:
+    """Your own state directory, mode 0500: before, exit 77 and "cannot use the V-IPU state file ...: unable to
+    open database file" (sqlite's words); now exit 2, naming the directory, its mode and what to do."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("dropping root's power to write any directory needs root and setpriv")
+    state = Path(os.environ["XDG_STATE_HOME"]) / "poprun-py"
+    state.mkdir(mode=0o700, parents=True)
+    state.chmod(0o500)
+    result = subprocess.run([*AS_AN_ORDINARY_WRITER, *poprun_command("--num-replicas", "1", "true")],
+                            capture_output=True, timeout=RUN_TIMEOUT)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == errors.EXIT_USAGE, lines
+    assert lines == [f"poprun: error: cannot write the state directory {state} (XDG_STATE_HOME={state.parent}): it is "
+                     f"not writable for you (mode 0500); run 'chmod 700 {state}', or set XDG_STATE_HOME to a directory "
+                     "you can write"], lines
+    assert list(state.iterdir()) == []
+
+
+def test_a_state_directory_on_a_read_only_file_system_is_a_local_error(tmp_path: Path) -> None:
+    """Before, exit 77 and sqlite's "unable to open database file"; now exit 2, saying the file system is read-only."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a read-only file system needs root and mount")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp_path)], capture_output=True,
+                             timeout=30)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        (tmp_path / "poprun-py").mkdir(mode=0o700)
+        subprocess.run(["mount", "-o", "remount,ro", str(tmp_path)], check=True, capture_output=True, timeout=30)
+        result = run_poprun("--num-replicas", "1", "true", env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True, timeout=30)
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == errors.EXIT_USAGE, lines
+    assert lines == [f"poprun: error: cannot write the state directory {tmp_path}/poprun-py (XDG_STATE_HOME={tmp_path}): "
+                     "it is on a read-only file system; set XDG_STATE_HOME to a directory you can write"], lines
 
 
 @pytest.mark.parametrize("variable", ["XDG_STATE_HOME", "HOME"])

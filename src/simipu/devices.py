@@ -34,7 +34,8 @@ from typing import Iterable, Optional, Sequence
 from simipu import hardware
 from simipu.private_files import UnsafePath, open_no_follow, private_dir
 from simipu.vipu.api import default_state_dir
-from simipu.vipu.defaults import unusable_state_dir
+from simipu.vipu.defaults import own_state_dir
+from simipu.vipu.errors import StateDirUnusable
 from simipu.vipu.models import PS_ACTIVE, Partition, check_cluster_name
 
 log = logging.getLogger("simipu.devices")
@@ -69,7 +70,8 @@ class UnsafeDeviceDir(DeviceError):
 
 
 class DeviceDirUnusable(DeviceError):
-    """The user's state directory, which holds the default device directory, cannot be made (a file is in the way)."""
+    """The user's state directory, which holds the default device directory, cannot be used: a file is in the way,
+    another user owns it (or the device directory), or the user cannot write it."""
 
 
 class NoSuchDevice(DeviceError, ValueError):
@@ -144,23 +146,19 @@ def _lock_path(device_dir: Path, cluster: str, ipu: int) -> Path:
 
 
 def _private_lock_dir(device_dir: Path, cluster: str) -> None:
-    """Make (or check) the device directory and its cluster directory: ours alone, as is the state directory."""
+    """Make (or check) the device directory and its cluster directory: ours alone, as is the state directory (in
+    which the default one is, refused as that directory's setting: ``own_state_dir``)."""
+    if device_dir == default_device_dir():
+        try:
+            own_state_dir(device_dir.name, cluster)
+        except StateDirUnusable as exc:
+            raise DeviceDirUnusable(str(exc)) from None
+        return
     try:
-        if device_dir == default_device_dir():
-            _private_state_dir()
         private_dir(device_dir)
         private_dir(device_dir / cluster)
     except UnsafePath as exc:
         raise UnsafeDeviceDir(str(exc)) from None
-
-
-def _private_state_dir() -> None:
-    try:
-        private_dir(default_state_dir())
-    except UnsafePath:
-        raise
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
-        raise DeviceDirUnusable(unusable_state_dir(exc)) from None
 
 
 def _open_lock(path: Path, flags: int) -> int:

@@ -1,13 +1,18 @@
 """Where a V-IPU service keeps its state and credential by default, and its default port and timeout.
 
 Its own module because every side needs them: the service (the state file), the client (port, timeout),
-the server and ``api.open_vipu``, which builds either, so none of them imports another for these.
+the server and ``api.open_vipu``, which builds either, so none of them imports another for these; the device
+locks (``simipu.devices``) are kept in the same state directory, checked the same way (``own_state_dir``).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from simipu.private_files import UnsafePath, private_dir
+from simipu.vipu.errors import StateDirUnusable
 
 DEFAULT_PORT = 8090
 """The V-IPU server's port, as Graphcore's (``IPUOF_VIPU_API_PORT``)."""
@@ -47,6 +52,42 @@ def unusable_state_dir(exc: Exception) -> str:
         reason = str(exc)
     return (f"cannot create the state directory {where} ({state_dir_origin()}): {reason}; set XDG_STATE_HOME to "
             "a directory you can write")
+
+
+#: What to do about a state directory another user owns: what poprun keeps there (partitions, device locks, the
+#: server's token) is then theirs to read or replace, so it is refused, as ssh refuses a ~/.ssh not the user's.
+_NOT_YOURS = "another user could read or replace what poprun keeps in it: set XDG_STATE_HOME to a directory you own"
+
+
+def own_state_dir(*below: str) -> Path:
+    """:func:`default_state_dir` (then ``below``, a directory in it), made 0700 where missing and checked: the
+    user's own, that no one else can write and that the user can. ``StateDirUnusable`` otherwise, one line naming
+    the directory, the variable it comes from and what to do (a user's setting, not a V-IPU service's refusal)."""
+    where = default_state_dir()
+    try:
+        for part in ("", *below):
+            where = where / part if part else where
+            private_dir(where, _NOT_YOURS)
+            _refuse_unwritable(where)
+    except UnsafePath as exc:
+        raise StateDirUnusable(f"refusing the state directory ({state_dir_origin()}): {exc}") from None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
+        raise StateDirUnusable(unusable_state_dir(exc)) from None
+    return where
+
+
+def _refuse_unwritable(where: Path) -> None:
+    """Our own directory that we cannot write (mode 0500, a read-only mount): said now, not as the V-IPU state file
+    sqlite cannot open ("unable to open database file") or a lock that cannot be made."""
+    if os.access(where, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        return
+    if os.statvfs(where).f_flag & os.ST_RDONLY:
+        why, fix = "it is on a read-only file system", ""
+    else:
+        why, fix = f"it is not writable for you (mode {stat.S_IMODE(os.stat(where).st_mode):04o})", \
+            f"run 'chmod 700 {where}', or "
+    raise StateDirUnusable(f"cannot write the state directory {where} ({state_dir_origin()}): {why}; {fix}set "
+                           "XDG_STATE_HOME to a directory you can write")
 
 
 def default_token_path() -> Path:

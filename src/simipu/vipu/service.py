@@ -31,7 +31,7 @@ from typing import Iterator, Optional
 from simipu import hardware
 from simipu.private_files import UnsafePath, private_dir, private_file
 from simipu.vipu.allocation import choose_ipus
-from simipu.vipu.defaults import default_state_dir, default_state_path, unusable_state_dir
+from simipu.vipu.defaults import default_state_path, own_state_dir
 from simipu.vipu.errors import (
     ClusterMismatch,
     ClusterNotFound,
@@ -40,7 +40,6 @@ from simipu.vipu.errors import (
     PartitionExists,
     PartitionInUse,
     PartitionNotFound,
-    StateDirUnusable,
     VipuStateError,
 )
 from simipu.vipu.lease import Lease
@@ -159,22 +158,24 @@ class VipuService:
     def _refuse_unsafe_state(self, explicit: bool) -> None:
         """Whoever can write the state file, or the directory it is in, can rewrite partitions and leases without
         the server's token: both must be ours alone, the default as a file named with ``--state``."""
-        try:
-            if explicit:  # checked where it really is (symlinks followed), and opened there
-                self.state_path = self.state_path.resolve()
-                private_dir(self.state_path.parent, _OWN_STATE, _OWN_STATE)
-            else:  # the user's own state directory: 0700, and refused if others can change it
-                private_dir(default_state_dir())
-        except UnsafePath as exc:
-            raise VipuStateError(f"unsafe V-IPU state directory: {exc}") from None
-        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
-            if not explicit:
-                raise StateDirUnusable(unusable_state_dir(exc)) from None
-            raise VipuStateError(f"cannot create the directory of the V-IPU state file {self.state_path}: {exc}") from None
+        if not explicit:  # the user's own state directory: 0700, refused unless theirs alone (StateDirUnusable)
+            own_state_dir()
+        else:
+            self._private_state_parent()
         try:
             private_file(self.state_path, _OWN_STATE)
         except UnsafePath as exc:
             raise VipuStateError(f"unsafe V-IPU state file: {exc}") from None
+
+    def _private_state_parent(self) -> None:
+        """A state file named with ``--state`` is checked where it really is (symlinks followed), and opened there."""
+        try:
+            self.state_path = self.state_path.resolve()
+            private_dir(self.state_path.parent, _OWN_STATE, _OWN_STATE)
+        except UnsafePath as exc:
+            raise VipuStateError(f"unsafe V-IPU state directory: {exc}") from None
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
+            raise VipuStateError(f"cannot create the directory of the V-IPU state file {self.state_path}: {exc}") from None
 
     def __repr__(self) -> str:
         return f"VipuService({str(self.state_path)!r}, cluster_name={self.default_cluster!r})"
