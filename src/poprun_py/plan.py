@@ -176,30 +176,12 @@ class Programs:
         return self.typed if str(host) in self.remote_hosts else self.found.get(index, self.here)
 
 
-def make_plan(
-    placement: Placement,
-    settings: InstanceSettings,
-    *,
-    programs: Programs,
-    job_id: str,
-    allocation: Allocation,
-    master_port: int,
-    launcher_environ: Mapping[str, str],
-    cwd: str,
-    rendezvous: tuple[str, int] = ("127.0.0.1", 0),
-    fabric: FabricSettings = FabricSettings(),
-    device_fds: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
-    cpus: Mapping[int, tuple[int, ...]] = MappingProxyType({}),
-    addresses: Mapping[str, str] = MappingProxyType({}),
-    host_cpus: Mapping[str, int] = MappingProxyType({}),
-) -> Plan:
-    """Give each instance, on the host ``placement`` puts it on, its command and environment (``plan_instances``,
-    all of them at once: a launch needs every instance's before it starts any)."""
-    instances = plan_instances(placement, settings, programs=programs, job_id=job_id, allocation=allocation,
-                               master_port=master_port, launcher_environ=launcher_environ, cwd=cwd,
-                               rendezvous=rendezvous, fabric=fabric, device_fds=device_fds, cpus=cpus,
-                               addresses=addresses, host_cpus=host_cpus)
-    return Plan(job_id, plan_hosts(placement), tuple(instances))
+def make_plan(placement: Placement, settings: InstanceSettings, **options: Any) -> Plan:
+    """Give each instance, on the host ``placement`` puts it on, its command and environment: ``plan_instances``
+    (which takes these ``options``), all of them at once, since a launch needs every instance's before it starts
+    any."""
+    instances = tuple(plan_instances(placement, settings, **options))
+    return Plan(options["job_id"], plan_hosts(placement), instances)
 
 
 def plan_hosts(placement: Placement) -> tuple[HostSpec, ...]:
