@@ -695,10 +695,10 @@ def bench_breakdown(anchors: dict[str, Anchor], quick: bool) -> tuple[str, list[
     launch = poprun_argv(anchors["poprun"], 2) + ["true"]
     steps: dict[str, tuple[list[str], dict[str, str]]] = {
         "python -c pass (interpreter start-up)": ([py, "-c", "pass"], cached),
-        "python -c 'import typer' (Typer alone)": ([py, "-c", "import typer"], cached),
-        "python -c 'import poprun_py.cli' (+ CLI imports)": ([py, "-c", "import poprun_py.cli"], cached),
-        "python -c 'import ...cli, ...launcher' (+ launch imports)": (
-            [py, "-c", "import poprun_py.cli, poprun_py.launcher"], cached),
+        "python -c 'import typer' (Typer, for --help and usage errors)": ([py, "-c", "import typer"], cached),
+        "python -c 'import poprun_py.command' (the command line)": ([py, "-c", "import poprun_py.command"], cached),
+        "python -c 'import ...command, ...launcher' (+ launch imports)": (
+            [py, "-c", "import poprun_py.command, poprun_py.launcher"], cached),
         "poprun ... N=2 true (whole launch)": (launch, cached),
         "poprun ... N=2 true, PYTHONDONTWRITEBYTECODE=1": (launch, uncached),
         "poprun --help": ([anchors["poprun"].path or "poprun", "--help"], cached),

@@ -8,7 +8,9 @@ import shlex
 
 import pytest
 
-from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
+from poprun_py.cli import parse_command_line
+from poprun_py.command import resolve_launch
+from poprun_py.command_line import CommandLine
 from poprun_py.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_USAGE
 from poprun_py.mpiargs import EnvSetting
 from support import run_poprun

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from poprun_py.cli import CommandLine, parse_command_line, resolve_launch
+from poprun_py.cli import parse_command_line
+from poprun_py.command import resolve_launch
+from poprun_py.command_line import CommandLine
 from poprun_py.errors import _MEANINGS, EXIT_TIMEOUT, EXIT_USAGE, exit_code_meanings, exit_codes
 from poprun_py.plan import OMP_NUM_THREADS, Programs, make_plan, offline_allocation
 from poprun_py.spec import build_spec
@@ -270,7 +272,7 @@ def test_dry_run_is_not_saved_with_the_launch(tmp_path: Path) -> None:
 
 #: poprun's dry run in this interpreter (its listing to stdout), then its exit code and the most memory it held
 #: (the peak resident set, KiB) on stderr's last line.
-DRY_RUN_PEAK = ("import resource, sys\nfrom poprun_py.cli import main\ncode = main(sys.argv[1:])\n"
+DRY_RUN_PEAK = ("import resource, sys\nfrom poprun_py.command import main\ncode = main(sys.argv[1:])\n"
                 "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
 
 

@@ -67,13 +67,13 @@ def test_sigint_stops_all_instances() -> None:
 
 
 def test_ctrl_c_while_poprun_imports_its_command_line_is_one_line_and_130(tmp_path) -> None:
-    """A Ctrl-C in poprun's first ~0.1 s, before ``cli.main``'s handler is in place: before, a traceback.
+    """A Ctrl-C in poprun's first ~0.1 s, before ``command.main``'s handler is in place: before, a traceback.
 
-    A module named ``typer`` first on PYTHONPATH (the CLI's first import of its own) says that it is being
-    imported, then waits for a signal: the SIGINT provably lands inside the import.
+    A module named ``shutil`` first on PYTHONPATH (``poprun_py.command`` imports it, and nothing before it does)
+    says that it is being imported, then waits for a signal: the SIGINT provably lands inside the import.
     """
     read_end, write_end = os.pipe()
-    (tmp_path / "typer.py").write_text(f"import os, signal\nos.write({write_end}, b'importing\\n')\n"
+    (tmp_path / "shutil.py").write_text(f"import os, signal\nos.write({write_end}, b'importing\\n')\n"
                                        "while True:\n    signal.pause()\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))}
     # (SIGINT at its default in poprun, as a terminal's foreground job has it: a background job of a

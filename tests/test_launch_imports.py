@@ -21,10 +21,12 @@ from support import RUN_TIMEOUT
 LAUNCH = ["--offline-mode=1", "--num-instances", "2", "--num-replicas", "2"]
 
 #: What a local launch of a program never needs: remote hosts (SSH, agents), Slurm,
-#: V-IPU partitions and devices, the instances' side of PopDist, and the stdlib
-#: modules only rare options use (shlex: --mpi-*-args; glob: nothing any more).
+#: V-IPU partitions and devices, the instances' side of PopDist, the stdlib
+#: modules only rare options use (shlex: --mpi-*-args; glob: nothing any more),
+#: and Typer, whose definition of the options a plain command line is read from
+#: (``quick_options``).
 NOT_FOR_A_LOCAL_LAUNCH = (
-    "paramiko", "numpy", "psutil", "asyncio", "logging.handlers", "sqlite3", "glob", "shlex",
+    "paramiko", "numpy", "psutil", "asyncio", "logging.handlers", "sqlite3", "glob", "shlex", "typer", "poprun_py.cli",
     "popdist.core", "popdist.backend", "popdist.collectives", "popdist.options",
     "poprun_py.executors.ssh", "poprun_py.executors.remote", "poprun_py.executors.fanout",
     "poprun_py.executors.slurm", "poprun_py.partition", "poprun_py.dryrun", "poprun_py.topology",
@@ -41,7 +43,7 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_a_local_launch_loads_nothing_only_other_launches_use() -> None:
-    code = f"from poprun_py.cli import main\nassert main({[*LAUNCH, 'true']!r}) == 0"
+    code = f"from poprun_py.command import main\nassert main({[*LAUNCH, 'true']!r}) == 0"
     loaded = _modules_after(code)
     assert "poprun_py.launcher" in loaded  # the probe did launch
     assert loaded.isdisjoint(NOT_FOR_A_LOCAL_LAUNCH), sorted(loaded.intersection(NOT_FOR_A_LOCAL_LAUNCH))
@@ -77,7 +79,7 @@ def test_the_guardian_starts_before_the_launcher_loads() -> None:
         "            with open(f'/proc/self/task/{os.getpid()}/children') as children:\n"
         "                seen.extend(os.readlink(f'/proc/{pid}/exe') for pid in children.read().split())\n"
         "sys.meta_path.insert(0, Spy())\n"
-        "from poprun_py.cli import main\n"
+        "from poprun_py.command import main\n"
         f"assert main({[*LAUNCH, 'true']!r}) == 0\n"
         "print(seen)\n"
     )

@@ -2,7 +2,7 @@
 
 ``run`` is the process entry (the ``poprun`` script calls it too); it tunes the
 garbage collector for a short-lived command line and ends the process itself,
-which ``cli.main`` (called in-process by tests) must not do.
+which ``command.main`` (called in-process by tests) must not do.
 """
 
 import atexit
@@ -23,7 +23,7 @@ def run() -> int:
     launch; gc.freeze moves them out of every later collection. The collector
     runs as usual while the job runs.
 
-    A Ctrl-C before ``cli.main``'s own handler is in place (while the CLI is
+    A Ctrl-C before ``command.main``'s own handler is in place (while the CLI is
     imported, the first ~0.1 s) ends as one after it does: one line, 130, and
     no traceback.
     """
@@ -31,7 +31,7 @@ def run() -> int:
     try:
         gc.disable()
         try:
-            from .cli import main
+            from .command import main
         finally:
             gc.freeze()  # what the imports made lives until exit: no later collection scans it
             gc.enable()

@@ -1,7 +1,9 @@
-"""The ``poprun`` command: options -> ``LaunchSpec`` -> launch -> exit code.
+"""The ``poprun`` command's options, defined with Typer, and the parse of any command line by Typer.
 
-Nothing else lives here: every error a user can cause becomes one line on
-stderr and the exit code of its category (see ``errors.py``).
+``command.py`` runs the command. It reads a plain command line from the
+table ``option_table`` derives from this definition (``quick_options``,
+kept equal to it by ``tests/test_quick_options.py``); every other one,
+``--help``, ``--version`` and every usage error come here.
 
 No ``from __future__ import annotations`` here: Typer reads the options from
 ``poprun``'s annotations, and real objects spare it evaluating ~50 strings at
@@ -10,34 +12,18 @@ every start (~1 ms).
 
 import contextlib
 import dataclasses
-import logging
 import os
-import shutil
 import sys
-from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import typer
 
 from . import __version__
 from .argv import expand_bare_flags
-from .console import quiet_closed_streams, say, stdout_lost_its_reader
-from .errors import (
-    EXIT_BROKEN_PIPE,
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    InterruptedAndLogged,
-    PoprunError,
-    UsageError,
-    exit_code_meanings,
-)
-from .logs import configure_logging
-from .spec import MERGED_LISTS, LaunchSpec, build_spec, load_config, merge_options, parse_bool, save_config
-from .validate import option_flag
+from .command_line import APART, CommandLine, one_line
+from .console import say, stdout_lost_its_reader
+from .errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, exit_code_meanings
 from .writers import READER_GONE, own_output_lost
-
-log = logging.getLogger("poprun")
 
 app = typer.Typer(
     add_completion=False,
@@ -129,8 +115,7 @@ def poprun(
     given = {
         name: value
         for name, value in ctx.params.items()
-        if name not in ("program", "import_config", "export_config", "overwrite_config", "version", "dry_run")
-        and _given_on_command_line(ctx, name)
+        if name not in APART and _given_on_command_line(ctx, name)
     }
     return CommandLine(given, tuple(program or ()), import_config, export_config, overwrite_config, dry_run)
 
@@ -138,19 +123,6 @@ def poprun(
 def _given_on_command_line(ctx: typer.Context, name: str) -> bool:
     source = ctx.get_parameter_source(name)
     return source is not None and source.name != "DEFAULT"
-
-
-@dataclass(frozen=True)
-class CommandLine:
-    """What the user typed: the options given (not defaulted) and the program."""
-
-    given: dict[str, Any]
-    program: tuple[str, ...]
-    import_config: str | None = None
-    export_config: str | None = None
-    overwrite_config: str | None = None
-    dry_run: str | None = None  # a way of running this command line, never saved with it
-    swallowed: tuple[str, str] | None = None  # the last (yes/no option, word) read as its value: see argv.py
 
 
 def parse_command_line(argv: list[str]) -> CommandLine | int:
@@ -184,123 +156,22 @@ def _short_flags(command: Any) -> dict[str, bool]:
     return flags
 
 
-def resolve_launch(line: CommandLine) -> LaunchSpec | None:
-    """Merge a config file under the command line and validate; save the launch if asked.
-
-    Returns no spec when there is nothing to run (only ``--export-config``).
-    """
-    _refuse_empty(("--import-config", line.import_config), ("--export-config", line.export_config))
-    options, program = dict(line.given), list(line.program)
-    file_options: dict[str, Any] = {}
-    if line.import_config is not None:
-        file_options, file_program = load_config(line.import_config)
-        options = merge_options(file_options, line.given)
-        program = program or file_program
-    configure_logging(2 if options.get("vv") else int(options.get("verbose") or 0))
+def parse(args: list[str]) -> CommandLine | int:
+    """The command line as Typer reads it, or an exit code: of ``--help``/``--version`` (their text written by
+    now), or of a usage error Typer found (said in one line, as every error of poprun's)."""
     try:
-        spec = build_spec(options, program)
-    except UsageError as exc:
-        _name_the_config(exc, line, file_options)
-        raise
-    if program and not program[0]:  # ("$PROGRAM" unset): not the current directory, "a directory" as before
-        raise UsageError("the program's name is empty (an unset variable?); usage: poprun [options] program "
-                         "[program args]")
-    if line.export_config is not None:
-        save_config(line.export_config, options, program, parse_bool("overwrite_config", line.overwrite_config or "no"))
-        if not program:
-            return None
-    if not program:
-        raise UsageError("no program given; usage: poprun [options] program [program args]" + _swallowed_hint(line))
-    return spec
-
-
-def _name_the_config(exc: UsageError, line: CommandLine, file_options: dict[str, Any]) -> None:
-    """A bad value read from ``--import-config`` is said with the file's name: the user would look for it on the
-    command line. (The checks name the option first, ``--timeout: ...``, which is how it is recognised.)"""
-    flag = str(exc).partition(":")[0]
-    from_file = {option_flag(name) for name in file_options if name not in line.given or name in MERGED_LISTS}
-    if line.import_config is not None and flag in from_file:
-        exc.args = (f"{exc} (in --import-config {line.import_config!r})",)
-
-
-def _swallowed_hint(line: CommandLine) -> str:
-    """When a bare yes/no option took the program for its value (``--tag-output false``), say how to write it."""
-    if line.swallowed is None:
-        return ""
-    flag, word = line.swallowed
-    if shutil.which(word) is None:  # 'on', 'y', '1': not a program anyone meant
-        return ""
-    return f" (did you mean the program {word!r}? write {flag}=yes {word})"
-
-
-def _refuse_empty(*values: tuple[str, str | None]) -> None:
-    """A file option given an empty value (``--export-config ""``, an unset variable) is a mistake, not "no file"."""
-    for flag, value in values:
-        if value is not None and not value.strip():
-            raise UsageError(f"{flag}: the value is empty; name a file")
-
-
-def _launch(line: CommandLine) -> int:
-    spec = resolve_launch(line)
-    if spec is None:
-        return 0
-    if line.dry_run is not None and parse_bool("dry_run", line.dry_run):
-        from .dryrun import dry_run
-
-        return dry_run(spec)
-    # The guardian is a Python process of its own: started before the launcher's modules load, its
-    # start-up runs on another core meanwhile, instead of competing with the instances' (~10 ms).
-    from .executors.guardian import Guardian
-
-    guardian = Guardian(spec.supervision.stop_grace)
-    try:
-        from .launcher import run_launch  # imported late: --help and usage errors stay fast
-
-        return run_launch(spec, guardian)
-    finally:
-        guardian.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: never a traceback for a user's mistake, always a distinct exit code."""
-    try:
-        return _main(sys.argv[1:] if argv is None else argv)
-    finally:
-        quiet_closed_streams()
-
-
-def _main(args: list[str]) -> int:
-    try:
-        line = _parse(args)
-        if not isinstance(line, CommandLine):
-            return line
-        return _launch(line)
+        return _parse(args)
     except typer.Abort:
         return EXIT_INTERRUPTED
     except typer.TyperException as exc:
-        say(f"poprun: error: {_one_line(exc.format_message())} (see 'poprun --help')")
+        say(f"poprun: error: {one_line(exc.format_message())} (see 'poprun --help')")
         return EXIT_USAGE
-    except PoprunError as exc:
-        say(f"poprun: error: {_one_line(str(exc))}", *(f"  {_one_line(line)}" for line in exc.details))
-        return exc.exit_code
-    except InterruptedAndLogged:
-        return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
-        say("poprun: interrupted")
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:  # poprun's own output (the topology, say) lost its reader: as a pipeline expects
-        return EXIT_BROKEN_PIPE
-    except Exception as exc:  # a bug: one line, the traceback only with --vv
-        log.debug("internal error", exc_info=True)
-        say(f"poprun: internal error: {type(exc).__name__}: {exc} (run with --vv for the traceback)")
-        return EXIT_INTERNAL
 
 
 def _parse(args: list[str]) -> CommandLine | int:
-    """The command line, or the exit code of ``--help``/``--version``, whose text is written by now.
-
-    That text goes through the parser's stream: flushed here, so that a failure to write it (a full disk,
-    /dev/full) is one line and exit 80 rather than an internal error, or nothing at all.
+    """``parse``, less Typer's errors. The text of ``--help``/``--version`` goes through the parser's stream:
+    flushed here, so that a failure to write it (a full disk, /dev/full) is one line and exit 80 rather than an
+    internal error, or nothing at all.
     """
     try:
         with _help_width_within_bounds():
@@ -317,6 +188,28 @@ def _parse(args: list[str]) -> CommandLine | int:
         if exc.errno in READER_GONE:
             return EXIT_BROKEN_PIPE
         raise own_output_lost(1, exc) from None
+
+
+def option_table() -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """The command's options as ``quick_options.OPTIONS`` lists them: (name, flags, kind), in the order Typer
+    has them, the help option last. Kinds: what the quick parse does with the option (``quick_options``)."""
+    command = typer.main.get_command(app)
+    rows = [(str(param.name), tuple(param.opts), _kind(param))
+            for param in command.params if param.param_type_name == "option"]
+    rows.append(("help", tuple(command.context_settings["help_option_names"]), "eager"))
+    return tuple(rows)
+
+
+def _kind(param: Any) -> str:
+    if param.count:
+        return "count"
+    if param.is_flag:
+        return "eager" if param.is_eager else "flag"
+    if param.multiple:
+        return "list"
+    if param.metavar == _BOOL:
+        return "yesno"
+    return {"str": "str", "int": "int", "float": "float"}[param.type.name]  # (any other type: add it to both)
 
 
 #: What rich (COLUMNS) and typer (TERMINAL_WIDTH) read, unchecked, as the width to draw --help at.
@@ -337,7 +230,3 @@ def _help_width_within_bounds() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

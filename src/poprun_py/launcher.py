@@ -72,7 +72,7 @@ def _detach_all(devices: Mapping[int, Device]) -> None:
 def run_launch(spec: LaunchSpec, guardian: Guardian | None = None) -> int:
     """Run a validated launch of a program; the exit code is the job's.
 
-    ``guardian``: one the caller started early and closes (see ``cli._launch``).
+    ``guardian``: one the caller started early and closes (see ``command._launch``).
     """
     placement, via_srun = with_allocation_hosts(spec.placement, os.environ)
     spec = dataclasses.replace(spec, placement=placement)
