@@ -14,7 +14,7 @@ import os
 import select
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import OwnOutputLost
 
@@ -100,9 +100,9 @@ def own_output_lost(fd: int, error: OSError, lost_bytes: int | None = None) -> O
     return OwnOutputLost(f"cannot write {stream} ({error.strerror or error}){lost}")
 
 
-@dataclass(frozen=True)
-class OutputLoss:
-    """Bytes meant for one destination that never reached it, and why (for the summary)."""
+class OutputLoss(NamedTuple):
+    """Bytes meant for one destination that never reached it, and why (for the summary). A named tuple: see
+    ``job.Failure``."""
 
     destination: str  # a file's path, or "poprun's stdout"
     lost_bytes: int
