@@ -51,10 +51,14 @@ def test_the_table_is_the_one_typers_definition_gives() -> None:
     assert quick_options.OPTIONS == cli.option_table(), (
         "cli.py's options changed: set quick_options.OPTIONS to cli.option_table(), which is\n"
         + "\n".join(f"    {row!r}," for row in cli.option_table()))
-    booleans, valued = cli._option_kinds(COMMAND)
-    assert sorted(quick_options.BOOLEANS) == sorted(booleans)
-    assert sorted(quick_options.VALUED) == sorted(valued)
-    assert quick_options.SHORT_FLAGS == cli._short_flags(COMMAND)
+    options = [param for param in COMMAND.params if param.param_type_name == "option"]
+    valueless = [param for param in options if param.is_flag or param.count]
+    assert sorted(quick_options.BOOLEANS) == sorted(
+        flag for param in options if param not in valueless and param.metavar == cli._BOOL for flag in param.opts)
+    assert sorted(quick_options.VALUED) == sorted(
+        flag for param in options if param not in valueless and param.metavar != cli._BOOL for flag in param.opts)
+    assert quick_options.SHORT_FLAGS == {"-h": False, **{flag: bool(param.count) for param in valueless
+                                                         for flag in param.opts if flag[1:2] != "-"}}
 
 
 PLAIN = [

@@ -23,6 +23,7 @@ from .argv import expand_bare_flags
 from .command_line import APART, CommandLine, one_line
 from .console import say, stdout_lost_its_reader
 from .errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, exit_code_meanings
+from .quick_options import BOOLEANS, SHORT_FLAGS, VALUED
 from .writers import READER_GONE, own_output_lost
 
 app = typer.Typer(
@@ -129,31 +130,11 @@ def parse_command_line(argv: list[str]) -> CommandLine | int:
     """Parse ``argv`` (without the program name); an int is an exit code (``--help``, ``--version``)."""
     command = typer.main.get_command(app)
     swallowed: list[tuple[str, str]] = []
-    argv = expand_bare_flags(argv, *_option_kinds(command), swallowed, _short_flags(command))
+    argv = expand_bare_flags(argv, BOOLEANS, VALUED, swallowed, SHORT_FLAGS)  # (as Typer's definition says)
     line = command.main(args=argv, prog_name="poprun", standalone_mode=False)
     if isinstance(line, CommandLine) and swallowed:
         line = dataclasses.replace(line, swallowed=swallowed[-1])
     return line
-
-
-def _option_kinds(command: Any) -> tuple[list[str], list[str]]:
-    """(yes/no options' names, other options that take a value), as the parser knows them."""
-    booleans: list[str] = []
-    valued: list[str] = []
-    for param in command.params:
-        if param.param_type_name != "option" or param.is_flag or param.count:
-            continue
-        (booleans if param.metavar == _BOOL else valued).extend(param.opts)
-    return booleans, valued
-
-
-def _short_flags(command: Any) -> dict[str, bool]:
-    """The short options that take no value (``-v``, ``-h``), each with whether it counts (``-vv``)."""
-    flags = {name: False for name in command.context_settings.get("help_option_names", ()) if name[1:2] != "-"}
-    for param in command.params:
-        if param.param_type_name == "option" and (param.is_flag or param.count):
-            flags.update({name: bool(param.count) for name in param.opts if name[1:2] != "-"})
-    return flags
 
 
 def parse(args: list[str]) -> CommandLine | int:
