@@ -17,8 +17,8 @@ from typing import Iterator
 import pytest
 
 from poprun_py.errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_USAGE
-from poprun_py.job import Failure, JobReport
 from poprun_py.output import OutputLoss
+from poprun_py.report import Failure, JobReport
 from poprun_py.validate import MAX_COUNT
 from support import RUN_TIMEOUT, poprun_command, program, read_line
 

@@ -27,11 +27,11 @@ from simipu.hardware import is_power_of_two
 
 from .executors.forked import ForkSpawner
 from .failures import SKIP, XFAIL, InstanceFailure, InstancesFailed, RemoteError, describe_exception
-from .job import JobReport, TimeLimit
+from .job import TimeLimit
 from .launcher import JobOptions, run_job
 from .plan import InstancePlan
 from .records import InstanceSettings, OutputSettings, Placement, ReachSettings, Supervision, VipuSettings
-from .report import describe_failure
+from .report import JobReport, describe_failure
 from .spec import LaunchSpec
 from .validate import MAX_SECONDS, check_launch, too_many_ipus
 

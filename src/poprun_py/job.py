@@ -14,11 +14,9 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Callable, Mapping, NamedTuple, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from .console import log_to_open_stream
-from .errors import EXIT_BROKEN_PIPE, EXIT_OUTPUT_LOST, EXIT_STARTUP_TIMEOUT, EXIT_TIMEOUT
 from .events import (
     ConsoleClosed,
     EventQueue,
@@ -33,9 +31,10 @@ from .events import (
     Stream,
 )
 from .hosts import HostSpec
-from .output import OutputLoss, OutputRouter
+from .output import OutputRouter
 from .plan import InstancePlan
 from .ranges import counted, named_instances
+from .report import Failure, JobReport
 from .status import StatusLine
 
 log = logging.getLogger("poprun.job")
@@ -71,58 +70,6 @@ class TimeLimit:
 
     seconds: float
     signum: int = signal.SIGTERM
-
-
-class Failure(NamedTuple):
-    """A failed instance, as the summary shows it. (This and ``JobReport`` are named tuples, not frozen
-    dataclasses: their classes are made at every launch, about 6x faster, see ``events``.)"""
-
-    instance: int
-    host: str
-    pid: int | None
-    returncode: int | None
-    signal: int | None
-    stderr_tail: tuple[str, ...]
-    lost_reason: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        if self.signal is not None:
-            return 128 + self.signal
-        return self.returncode if self.returncode is not None else 1
-
-
-class JobReport(NamedTuple):
-    """How a job ended: the first failure, the knock-ons, or the signal that stopped it."""
-
-    num_instances: int
-    first_failure: Failure | None
-    knock_ons: tuple[Failure, ...]
-    stopped_by_signal: int | None
-    signalled: frozenset[int]
-    unreaped: tuple[int, ...] = ()
-    pids: Mapping[int, int] = MappingProxyType({})
-    startup_timeout: StartupTimedOut | None = None
-    timed_out: TimeLimit | None = None  # the job ran out of time and was stopped
-    console_closed: Stream | None = None  # poprun's stdout/stderr lost its reader and that stopped the job
-    output_lost: tuple[OutputLoss, ...] = ()  # files (or a console) that did not get all their bytes
-
-    @property
-    def exit_code(self) -> int:
-        """What stopped the job first decides; lost output only turns a success into 80."""
-        if self.startup_timeout is not None:
-            return EXIT_STARTUP_TIMEOUT
-        if self.timed_out is not None:
-            return EXIT_TIMEOUT
-        if self.first_failure is not None:
-            return self.first_failure.exit_code
-        if self.stopped_by_signal is not None:
-            return 128 + self.stopped_by_signal
-        if self.console_closed is not None:
-            return EXIT_BROKEN_PIPE
-        if self.output_lost:
-            return EXIT_OUTPUT_LOST
-        return 0
 
 
 class Executor(Protocol):

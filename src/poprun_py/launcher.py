@@ -33,14 +33,14 @@ from .events import ConsoleClosed, EventQueue, PeerGone, StartupTimedOut, Stream
 from .executors.descriptors import check_descriptor_limit
 from .executors.guardian import Guardian
 from .executors.local import LocalExecutor, Spawner
-from .job import Job, JobReport, TimeLimit
+from .job import Job, TimeLimit
 from .output import OutputOptions, OutputRouter
 from .plan import Allocation, Plan, Programs, offline_allocation
 from .planning import find_programs, plan_job
 from .programs import exec_program
 from .reach import Reach, base_environment, check_working_dir, reach_hosts, with_allocation_hosts
 from .records import OutputSettings
-from .report import log_report
+from .report import JobReport, log_report
 from .spec import LaunchSpec
 from .status import StatusLine
 

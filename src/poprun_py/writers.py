@@ -102,7 +102,7 @@ def own_output_lost(fd: int, error: OSError, lost_bytes: int | None = None) -> O
 
 class OutputLoss(NamedTuple):
     """Bytes meant for one destination that never reached it, and why (for the summary). A named tuple: see
-    ``job.Failure``."""
+    ``report.Failure``."""
 
     destination: str  # a file's path, or "poprun's stdout"
     lost_bytes: int
