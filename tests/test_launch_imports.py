@@ -28,6 +28,7 @@ LAUNCH = ["--offline-mode=1", "--num-instances", "2", "--num-replicas", "2"]
 NOT_FOR_A_LOCAL_LAUNCH = (
     "paramiko", "numpy", "psutil", "asyncio", "logging.handlers", "sqlite3", "glob", "shlex", "typer", "poprun_py.cli",
     "encodings.idna",  # (the resolver's codec: ASCII names go to getaddrinfo as bytes)
+    "pathlib",  # (os.path on the launch path; Path only with --output-filename, --export-config)
     "popdist.core", "popdist.backend", "popdist.collectives", "popdist.options",
     "poprun_py.executors.ssh", "poprun_py.executors.remote", "poprun_py.executors.fanout",
     "poprun_py.executors.slurm", "poprun_py.partition", "poprun_py.dryrun", "poprun_py.topology",

@@ -14,7 +14,6 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TypeVar, overload
 
 log = logging.getLogger("poprun.numa")
@@ -66,26 +65,31 @@ def parse_cpulist(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(cpus)))
 
 
-def _node_number(entry: Path) -> int:
+def _node_number(name: str) -> int:
     """``nodeN`` -> N; -1 for anything else in the directory."""
-    match = _NODE.match(entry.name)
+    match = _NODE.match(name)
     return int(match.group(1)) if match else -1
+
+
+def _read(path: str) -> str:
+    with open(path) as file:
+        return file.read()
 
 
 def read_numa_nodes(sysfs_root: str | os.PathLike[str] = "/sys") -> tuple[NumaNode, ...]:
     """The machine's NUMA nodes; one node with every CPU when sysfs does not say."""
-    base = Path(sysfs_root) / "devices" / "system" / "node"
+    base = os.path.join(sysfs_root, "devices", "system", "node")  # (os.path: a launch does without pathlib)
     nodes = []
     try:
-        entries = sorted(base.iterdir(), key=_node_number)
+        entries = sorted(os.listdir(base), key=_node_number)
     except OSError:
         entries = []
     for entry in entries:
-        match = _NODE.match(entry.name)
+        match = _NODE.match(entry)
         if not match:
             continue
         try:
-            cpus = parse_cpulist((entry / "cpulist").read_text())
+            cpus = parse_cpulist(_read(os.path.join(base, entry, "cpulist")))
         except (OSError, ValueError):
             continue
         nodes.append(NumaNode(int(match.group(1)), cpus))
@@ -95,11 +99,11 @@ def read_numa_nodes(sysfs_root: str | os.PathLike[str] = "/sys") -> tuple[NumaNo
 def read_core_siblings(cpus: Iterable[int], sysfs_root: str | os.PathLike[str] = "/sys") -> dict[int, tuple[int, ...]]:
     """Each CPU's core: the hardware threads it shares a core with, itself included (sysfs's
     ``thread_siblings_list``); a CPU sysfs does not describe is a core of its own."""
-    base = Path(sysfs_root) / "devices" / "system" / "cpu"
+    base = os.path.join(sysfs_root, "devices", "system", "cpu")
     siblings = {}
     for cpu in cpus:
         try:
-            siblings[cpu] = parse_cpulist((base / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
+            siblings[cpu] = parse_cpulist(_read(os.path.join(base, f"cpu{cpu}", "topology", "thread_siblings_list")))
         except (OSError, ValueError):
             siblings[cpu] = (cpu,)
     return siblings

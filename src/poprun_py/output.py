@@ -43,11 +43,14 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from poprun_py.events import Output, Stream
 from poprun_py.writers import FdWriter, OutputLoss
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["FdWriter", "LineFramer", "OutputLoss", "OutputOptions", "OutputRouter"]
 
@@ -85,8 +88,10 @@ def ctime_stamp() -> bytes:
     return time.ctime().encode("ascii")
 
 
-def instance_output_dir(output_dir: Path, instance: int, num_instances: int) -> Path:
+def instance_output_dir(output_dir: str | os.PathLike[str], instance: int, num_instances: int) -> Path:
     """``DIR/1/rank.<i>``, zero-padded like Open MPI so listings sort."""
+    from pathlib import Path  # (here, with --output-filename only: a launch does without pathlib's import)
+
     width = len(str(max(num_instances, 1)))
     return Path(output_dir) / JOB_DIR / f"rank.{instance:0{width}d}"
 
@@ -267,9 +272,7 @@ class OutputRouter:
     def _open_files(self, instance: int, num_instances: int) -> dict[Stream, FdWriter]:
         if self.options.output_dir is None:
             return {}
-        directory = instance_output_dir(
-            Path(self.options.output_dir).absolute(), instance, num_instances
-        )
+        directory = instance_output_dir(os.path.join(os.getcwd(), self.options.output_dir), instance, num_instances)
         directory.mkdir(parents=True, exist_ok=True)
         files: dict[Stream, FdWriter] = {}
         try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from pathlib import Path
 from typing import Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
 from popdist.env import FabricSettings
@@ -36,7 +35,7 @@ def prepare_cache(path: str | None) -> None:
     if path is None:
         return
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--executable-cache-path: cannot create {path!r}: {exc.strerror}") from None
 

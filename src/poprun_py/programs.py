@@ -8,7 +8,6 @@ import re
 import shutil
 import stat
 import subprocess
-from pathlib import Path
 from typing import TYPE_CHECKING, Collection, Mapping
 
 from .errors import ProgramNotExecutable, ProgramNotFound
@@ -24,7 +23,7 @@ def resolve_program(name: str, environ: Mapping[str, str], cwd: str, searched: s
     environment after ``-x``); ``searched`` names that ``PATH`` in the error when it is not poprun's.
     """
     if os.sep in name:
-        path = Path(cwd, name)
+        path = os.path.join(cwd, name)
         if not _exists(path, f"program {name!r}"):
             raise ProgramNotFound(f"program {name!r} not found")
         _check_runnable(path, f"program {name!r}")
@@ -33,10 +32,10 @@ def resolve_program(name: str, environ: Mapping[str, str], cwd: str, searched: s
     found = shutil.which(name, path=search)
     if found:
         return found
-    local = Path(cwd, name)
+    local = os.path.join(cwd, name)
     if _exists(local, None):
         _check_runnable(local, f"program {name!r} in the current directory")
-        return str(local)
+        return local
     unusable = _first_file_in(search, name)
     if unusable is not None:  # as bash: 126 "Permission denied" when no executable one is in PATH (was 127)
         raise ProgramNotExecutable(f"program {name!r} in {searched} is {unusable}, which is not executable "
@@ -54,12 +53,12 @@ def _first_file_in(path: str, name: str) -> str | None:
     return None
 
 
-def _exists(path: Path, what: str | None) -> bool:
+def _exists(path: str, what: str | None) -> bool:
     """Whether ``path`` is there, never an ``OSError`` that would surface as an internal error. A path the OS
     will not look up (a name too long, a directory not searchable) is, as bash says it, a program that cannot
     be executed (126) when the user named it (``what``), and not there when only looked for (``what`` None)."""
     try:
-        path.stat()
+        os.stat(path)
     except OSError as exc:
         if what is None or exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EBADF):
             return False  # (ELOOP, EBADF: as Path.exists)
@@ -67,9 +66,9 @@ def _exists(path: Path, what: str | None) -> bool:
     return True
 
 
-def _check_runnable(path: Path, what: str) -> None:
+def _check_runnable(path: str, what: str) -> None:
     """A directory is said as bash says it (126), not with advice to chmod it."""
-    if path.is_dir():
+    if os.path.isdir(path):
         raise ProgramNotExecutable(f"{what} is a directory")
     if not os.access(path, os.X_OK):
         raise ProgramNotExecutable(f"{what} is not executable (chmod +x, or run it with its interpreter)")

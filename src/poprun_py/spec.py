@@ -11,7 +11,6 @@ import json
 import logging
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Mapping
 
 from popdist.env import FABRIC_TRANSPORTS, FabricSettings
@@ -187,6 +186,8 @@ def load_config(path: str) -> tuple[dict[str, Any], list[str]]:
 
 
 def save_config(path: str, options: Mapping[str, Any], program: list[str], overwrite: bool) -> None:
+    from pathlib import Path  # (only here: a launch does without pathlib's import)
+
     target = Path(path)
     body = {"format": CONFIG_FORMAT, "options": dict(options), "program": program}
     try:  # (the checks too: a name too long for the file system is an OSError of the first stat)
