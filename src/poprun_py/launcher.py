@@ -252,15 +252,10 @@ def describe_compat_imports(enabled: bool) -> str:
 def _output_router(settings: OutputSettings, num_instances: int, events: EventQueue,
                    on_console: Callable[[Stream, bytes], None] | None = None) -> OutputRouter:
     """The router; an output directory that cannot be made is the user's to fix (exit 2), not our bug."""
-    output_dir = None
-    if settings.output_filename:
-        from pathlib import Path  # (only with --output-filename: a launch does without pathlib's import)
-
-        output_dir = Path(settings.output_filename)
     options = OutputOptions(
         tag_output=settings.tag_output,
         timestamp_output=settings.timestamp_output,
-        output_dir=output_dir,
+        output_dir=settings.output_filename or None,
         only_instance=settings.only_instance,
         console_copy=not settings.output_nocopy,
         merge_stderr=settings.merge_stderr,

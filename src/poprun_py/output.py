@@ -69,7 +69,7 @@ class OutputOptions:
 
     tag_output: bool = False  # mpirun --tag-output
     timestamp_output: bool = False  # mpirun --timestamp-output
-    output_dir: Path | None = None  # mpirun --output-filename DIR
+    output_dir: str | os.PathLike[str] | None = None  # mpirun --output-filename DIR
     only_instance: int | None = None  # poprun --only-output-from-instance N
     console_copy: bool = True  # False: mpirun --output-filename DIR:nocopy (the files only)
     merge_stderr: bool = False  # mpirun --merge-stderr-to-stdout
